@@ -1,0 +1,308 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("mcp_session", parseMCPSession)
+	httpcaddyfile.RegisterDirectiveOrder("mcp_session", httpcaddyfile.Before, "reverse_proxy")
+	httpcaddyfile.RegisterDirective("mcp_proxy", parseMCPProxy)
+	httpcaddyfile.RegisterDirectiveOrder("mcp_proxy", httpcaddyfile.After, "reverse_proxy")
+}
+
+// Defaults that the mcp_proxy directive puts in front of the user's
+// reverse_proxy subdirectives; each can be overridden in its block.
+const (
+	// proxyRetries lets a new session's initialize try another upstream when
+	// dialing one fails (dial errors only: nothing was sent).
+	proxyRetries = 2
+	// proxyFailDuration is the passive health check window: an upstream that
+	// refused a connection gets no new sessions for this long.
+	proxyFailDuration = 10 * time.Second
+	// proxyHostHeader makes the upstream see its own host:port as Host, which
+	// the DNS-rebinding protection of MCP SDK servers bound to loopback requires.
+	proxyHostHeader = "{http.reverse_proxy.upstream.hostport}"
+)
+
+// parseMCPSession sets up the handler from Caddyfile tokens.
+func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(Handler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	mcp_session [<matcher>] {
+//	    table                 <name>
+//	    max_sessions          <count>
+//	    session_ttl           <duration>
+//	    max_session_id_length <bytes>
+//	    unknown_session       reject|forward
+//	}
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for d.NextBlock(0) {
+		ok, err := h.unmarshalOption(d, seen)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return d.Errf("unrecognized mcp_session option '%s'", d.Val())
+		}
+	}
+	return nil
+}
+
+// unmarshalOption parses the handler option at the dispenser's cursor, which
+// takes exactly one argument, and reports whether it was one of the
+// handler's options. It rejects an option given twice.
+func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) (bool, error) {
+	name := d.Val()
+	var set func(string) error
+	switch name {
+	case "table":
+		set = func(v string) error { h.Table = v; return nil }
+	case "max_sessions":
+		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxSessions) }
+	case "max_session_id_length":
+		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxSessionIDLength) }
+	case "session_ttl":
+		set = func(v string) error {
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return d.Errf("session_ttl: '%s' is not a positive duration such as 30m or 24h", v)
+			}
+			h.SessionTTL = caddy.Duration(dur)
+			return nil
+		}
+	case "unknown_session":
+		set = func(v string) error {
+			if v != UnknownSessionReject && v != UnknownSessionForward {
+				return d.Errf("unknown_session: '%s' must be '%s' or '%s'", v, UnknownSessionReject, UnknownSessionForward)
+			}
+			h.UnknownSession = v
+			return nil
+		}
+	default:
+		return false, nil
+	}
+	if seen[name] {
+		return true, d.Errf("duplicate option '%s'", name)
+	}
+	seen[name] = true
+	if !d.NextArg() {
+		return true, d.ArgErr()
+	}
+	v := d.Val()
+	if d.NextArg() {
+		return true, d.ArgErr()
+	}
+	return true, set(v)
+}
+
+func parsePositiveInt(d *caddyfile.Dispenser, name, v string, dst *int) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return d.Errf("%s: '%s' is not a positive whole number", name, v)
+	}
+	*dst = n
+	return nil
+}
+
+// UnmarshalCaddyfile sets up the selection policy from Caddyfile tokens. Syntax:
+//
+//	lb_policy mcp_session {
+//	    fallback <policy> [<policy options...>]
+//	}
+func (s *SessionSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume policy name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		if d.Val() != "fallback" {
+			return d.Errf("unrecognized mcp_session policy option '%s'", d.Val())
+		}
+		if s.FallbackRaw != nil {
+			return d.Err("fallback selection policy already specified")
+		}
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		raw, err := unmarshalFallback(d)
+		if err != nil {
+			return err
+		}
+		s.FallbackRaw = raw
+	}
+	return nil
+}
+
+// unmarshalFallback parses the selection policy whose name is at the
+// dispenser's cursor, with its arguments and block.
+func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
+	name := d.Val()
+	if name == "mcp_session" {
+		return nil, d.Err("the fallback policy cannot be mcp_session itself")
+	}
+	modID := "http.reverse_proxy.selection_policies." + name
+	unm, err := caddyfile.UnmarshalModule(d, modID)
+	if err != nil {
+		return nil, err
+	}
+	sel, ok := unm.(reverseproxy.Selector)
+	if !ok {
+		return nil, d.Errf("module %s (%T) is not a selection policy", modID, unm)
+	}
+	return caddyconfig.JSONModuleObject(sel, "policy", name, nil), nil
+}
+
+// parseMCPProxy expands the mcp_proxy directive into the mcp_session handler
+// followed by a reverse_proxy that uses the mcp_session selection policy.
+// Syntax:
+//
+//	mcp_proxy [<matcher>] [<upstreams...>] {
+//	    # session affinity
+//	    table                 <name>
+//	    max_sessions          <count>
+//	    session_ttl           <duration>
+//	    max_session_id_length <bytes>
+//	    unknown_session       reject|forward
+//	    fallback              <policy> [<policy options...>]
+//
+//	    # any reverse_proxy subdirective except lb_policy
+//	}
+//
+// Defaults that differ from reverse_proxy's, each overridable in the block:
+// `lb_retries 2`, `fail_duration 10s`, `header_up Host {upstream_hostport}`.
+func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
+	if !h.Next() {
+		return nil, h.ArgErr()
+	}
+	userMatcherSet, err := h.ExtractMatcherSet()
+	if err != nil {
+		return nil, err
+	}
+	d := h.NewFromNextSegment()
+	handler, policy, err := extractAffinityOptions(d)
+	if err != nil {
+		return nil, err
+	}
+	d.Reset()
+
+	rp := newProxyHandler(policy)
+	d.Next() // the segment starts with an empty token; see fastcgi's caddyfile.go
+	if err := rp.UnmarshalCaddyfile(d); err != nil {
+		return nil, err
+	}
+	if err := rp.FinalizeUnmarshalCaddyfile(h); err != nil {
+		return nil, err
+	}
+
+	subroute := caddyhttp.Subroute{Routes: caddyhttp.RouteList{{
+		HandlersRaw: []json.RawMessage{
+			caddyconfig.JSONModuleObject(handler, "handler", "mcp_session", nil),
+			caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil),
+		},
+	}}}
+	if userMatcherSet != nil {
+		return []httpcaddyfile.ConfigValue{{Class: "route", Value: caddyhttp.Route{
+			MatcherSetsRaw: []caddy.ModuleMap{userMatcherSet},
+			HandlersRaw:    []json.RawMessage{caddyconfig.JSONModuleObject(subroute, "handler", "subroute", nil)},
+		}}}, nil
+	}
+	return []httpcaddyfile.ConfigValue{{Class: "route", Value: subroute}}, nil
+}
+
+// extractAffinityOptions reads the session affinity options out of an
+// mcp_proxy block and deletes their tokens, so that reverse_proxy's parser
+// sees only its own.
+func extractAffinityOptions(d *caddyfile.Dispenser) (*Handler, *SessionSelection, error) {
+	handler, policy := new(Handler), new(SessionSelection)
+	seen := map[string]bool{}
+	for d.Next() {
+		for d.NextBlock(0) {
+			if d.Nesting() != 1 {
+				continue
+			}
+			switch d.Val() {
+			case "lb_policy":
+				return nil, nil, d.Err("mcp_proxy chooses upstreams with the mcp_session policy; " +
+					"use 'fallback <policy>' to choose how new sessions are balanced")
+			case "fallback":
+				if err := extractFallback(d, policy); err != nil {
+					return nil, nil, err
+				}
+				continue
+			}
+			ok, err := handler.unmarshalOption(d, seen)
+			if err != nil {
+				return nil, nil, err
+			}
+			if ok {
+				d.DeleteN(2)
+			}
+		}
+	}
+	return handler, policy, nil
+}
+
+// extractFallback parses `fallback <policy> ...` at the cursor into policy
+// and deletes its tokens.
+func extractFallback(d *caddyfile.Dispenser, policy *SessionSelection) error {
+	if policy.FallbackRaw != nil {
+		return d.Err("fallback selection policy already specified")
+	}
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	seg := d.NextSegment()
+	d.DeleteN(len(seg) + 1)
+	sd := caddyfile.NewDispenser(seg)
+	sd.Next()
+	raw, err := unmarshalFallback(sd)
+	if err != nil {
+		return err
+	}
+	policy.FallbackRaw = raw
+	return nil
+}
+
+// newProxyHandler returns a reverse_proxy handler with mcp_proxy's defaults.
+func newProxyHandler(policy *SessionSelection) *reverseproxy.Handler {
+	return &reverseproxy.Handler{
+		LoadBalancing: &reverseproxy.LoadBalancing{
+			SelectionPolicyRaw: caddyconfig.JSONModuleObject(policy, "policy", "mcp_session", nil),
+			Retries:            proxyRetries,
+		},
+		HealthChecks: &reverseproxy.HealthChecks{
+			Passive: &reverseproxy.PassiveHealthChecks{FailDuration: caddy.Duration(proxyFailDuration)},
+		},
+		Headers: &headers.Handler{
+			Request: &headers.HeaderOps{Set: http.Header{"Host": []string{proxyHostHeader}}},
+		},
+	}
+}
+
+// Interface guards
+var (
+	_ caddyfile.Unmarshaler = (*Handler)(nil)
+	_ caddyfile.Unmarshaler = (*SessionSelection)(nil)
+)

@@ -1,0 +1,18 @@
+// Package caddymodule is a Caddy v2 plugin that gives MCP Streamable HTTP
+// sessions affinity to the upstream that created them.
+//
+// MCP servers on the Streamable HTTP transport (protocol 2025-03-26 to
+// 2025-11-25) keep each session in the memory of the process that answered
+// `initialize`, which names it in the `Mcp-Session-Id` response header. The
+// plugin learns session -> upstream from that response and sends every later
+// request carrying the session to the same upstream.
+//
+// Modules:
+//   - http.handlers.mcp_session ([Handler]): learns sessions from responses,
+//     rejects malformed and unknown session IDs, evicts ended sessions;
+//   - http.reverse_proxy.selection_policies.mcp_session ([SessionSelection]):
+//     pins requests of known sessions, balances the rest with a fallback policy.
+//
+// Caddyfile directives: `mcp_proxy` (both modules in one directive),
+// `mcp_session` (the handler), and `lb_policy mcp_session` inside `reverse_proxy`.
+package caddymodule

@@ -1,0 +1,299 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// HeaderSessionID is the MCP session header, in Go's canonical spelling.
+// Header names are case-insensitive (RFC 9110 §5.1); `mcp-session-id` and
+// `MCP-Session-Id` are the same field. Source: MCP 2025-03-26 transports,
+// §Session Management.
+const HeaderSessionID = "Mcp-Session-Id"
+
+// DefaultMaxSessionIDLength is the default limit of an Mcp-Session-Id value, in bytes.
+const DefaultMaxSessionIDLength = 2048
+
+// Values of [Handler.UnknownSession].
+const (
+	// UnknownSessionReject answers a request with an unknown session with 404.
+	UnknownSessionReject = "reject"
+	// UnknownSessionForward sends a request with an unknown session to the fallback policy.
+	UnknownSessionForward = "forward"
+)
+
+// Request variables through which the handler and the selection policy talk.
+const (
+	// varPinned holds the *Upstream that owns the request's session.
+	varPinned = "mcp_session.pinned"
+	// varSelected holds the *reverseproxy.Upstream the policy picked last.
+	varSelected = "mcp_session.selected"
+	// varGone is true when the pinned upstream was not in the pool or not healthy.
+	varGone = "mcp_session.upstream_gone"
+)
+
+// Handler gives MCP Streamable HTTP sessions affinity to the upstream that
+// created them. Order it before `reverse_proxy` and use the `mcp_session`
+// selection policy in that `reverse_proxy` (the `mcp_proxy` directive sets
+// up both).
+//
+// It learns a session from the response to a request that carried no
+// `Mcp-Session-Id`: a 2xx response carrying the header records session ->
+// the upstream that served it, as soon as the response headers pass, before
+// any SSE body streams. Every later request carrying the session is then
+// pinned to that upstream by the `mcp_session` selection policy.
+//
+// It answers these itself, with a JSON-RPC error body, without contacting an upstream:
+//
+// | Request | Response |
+// |---|---|
+// | `Mcp-Session-Id` sent more than once, empty, longer than `max_session_id_length`, or with bytes outside 0x21-0x7E | 400 |
+// | a session the table does not hold (unless `unknown_session` is `forward`) | 404 |
+// | a session whose upstream was removed, is unhealthy, or refused the connection | 404, and the session is dropped |
+//
+// It drops a session when the upstream answers its DELETE with 2xx or 404,
+// or any request of it with 404; the upstream's response passes unchanged.
+type Handler struct {
+	// The name of the session table. Handlers and selection policies with the
+	// same table name share sessions; the table survives config reloads while
+	// any config uses it. Default: `default`.
+	Table string `json:"table,omitempty"`
+
+	// The most sessions the table holds. When it is full, learning a new
+	// session evicts the least recently used one. Each session costs about
+	// 150 bytes plus its ID. Default: 100000 (about 20 MiB when full).
+	MaxSessions int `json:"max_sessions,omitempty"`
+
+	// How long a session may go unused before the table forgets it. Every
+	// request of the session counts as use, and a session whose GET stream is
+	// open through the proxy does not expire while the stream is open. MCP
+	// servers keep sessions until DELETE by default, so the proxy should not
+	// forget first: the default is long, and `max_sessions` bounds memory.
+	// Default: `24h`.
+	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
+
+	// The longest `Mcp-Session-Id` value accepted, in bytes. The MCP spec sets
+	// no limit; SDKs mint 26 to 48 bytes, JWT-shaped IDs are longer. Longer
+	// values get 400. Default: 2048.
+	MaxSessionIDLength int `json:"max_session_id_length,omitempty"`
+
+	// What to do with a request whose session the table does not hold:
+	// `reject` answers 404 with a JSON-RPC error, so spec-compliant clients
+	// start a new session (MCP 2025-03-26 transports, §Session Management);
+	// `forward` sends it to the fallback selection policy, for upstreams that
+	// share session state. Default: `reject`.
+	UnknownSession string `json:"unknown_session,omitempty"`
+
+	table    *Table
+	acquired bool
+	logger   *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.mcp_session",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision fills in defaults and acquires the session table, applying this
+// handler's bounds to it.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if h.Table == "" {
+		h.Table = DefaultTableName
+	}
+	if h.MaxSessions == 0 {
+		h.MaxSessions = DefaultMaxSessions
+	}
+	if h.SessionTTL == 0 {
+		h.SessionTTL = caddy.Duration(DefaultSessionTTL)
+	}
+	if h.MaxSessionIDLength == 0 {
+		h.MaxSessionIDLength = DefaultMaxSessionIDLength
+	}
+	if h.UnknownSession == "" {
+		h.UnknownSession = UnknownSessionReject
+	}
+	if err := h.Validate(); err != nil {
+		return err
+	}
+	t, err := acquireTable(h.Table, h.MaxSessions, time.Duration(h.SessionTTL))
+	if err != nil {
+		return err
+	}
+	h.table, h.acquired = t, true
+	t.Configure(h.MaxSessions, time.Duration(h.SessionTTL))
+	return nil
+}
+
+// Validate checks the handler's settings.
+func (h *Handler) Validate() error {
+	switch {
+	case h.MaxSessions < 0:
+		return fmt.Errorf("max_sessions must be positive, got %d", h.MaxSessions)
+	case h.SessionTTL < 0:
+		return fmt.Errorf("session_ttl must be positive, got %s", time.Duration(h.SessionTTL))
+	case h.MaxSessionIDLength < 0:
+		return fmt.Errorf("max_session_id_length must be positive, got %d", h.MaxSessionIDLength)
+	case h.UnknownSession != "" && h.UnknownSession != UnknownSessionReject && h.UnknownSession != UnknownSessionForward:
+		return fmt.Errorf("unknown_session must be %q or %q, got %q", UnknownSessionReject, UnknownSessionForward, h.UnknownSession)
+	}
+	return nil
+}
+
+// Cleanup releases the session table, if Provision acquired it.
+func (h *Handler) Cleanup() error {
+	if h.acquired {
+		releaseTable(h.Table)
+		h.acquired = false
+	}
+	return nil
+}
+
+// ServeHTTP pins the request to its session's upstream, or lets it be
+// balanced and learns the session its response creates.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	ids := r.Header[HeaderSessionID]
+	switch len(ids) {
+	case 0:
+		return next.ServeHTTP(newSessionWriter(w, h, r, "", nil), r)
+	case 1:
+	default:
+		return writeBadSession(w, fmt.Sprintf("Mcp-Session-Id was sent %d times; send it once", len(ids)))
+	}
+	id := ids[0]
+	if reason := checkSessionID(id, h.MaxSessionIDLength); reason != "" {
+		return writeBadSession(w, "Mcp-Session-Id "+reason)
+	}
+	up := h.table.Lookup(id)
+	if up == nil {
+		return h.serveUnknown(w, r, next, id)
+	}
+	return h.servePinned(w, r, next, id, up)
+}
+
+// serveUnknown answers a request whose session the table does not hold.
+func (h *Handler) serveUnknown(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
+	h.debug("unknown session", id, "")
+	if h.UnknownSession == UnknownSessionForward {
+		return next.ServeHTTP(w, r)
+	}
+	return writeSessionNotFound(w, "Session not found")
+}
+
+// servePinned proxies a request of a known session to its upstream and
+// applies the upstream's answer to the table.
+func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, up *Upstream) error {
+	caddyhttp.SetVar(r.Context(), varPinned, up)
+	if r.Method == http.MethodGet {
+		h.table.StreamOpened(id)
+		defer h.table.StreamClosed(id)
+	}
+	pw := newSessionWriter(w, h, r, id, up)
+	err := next.ServeHTTP(pw, r)
+	if err == nil || pw.wroteHeader || !upstreamGone(r, err) {
+		return err
+	}
+	if h.table.Evict(id, EvictUpstreamGone) {
+		h.debug("upstream gone", id, up.Dial())
+	}
+	return writeSessionNotFound(w, "Session not found: its upstream is gone")
+}
+
+// upstreamGone reports whether err, returned by reverse_proxy for a pinned
+// request, means the session's upstream is gone: the policy found it removed
+// or unhealthy, or dialing it failed.
+func upstreamGone(r *http.Request, err error) bool {
+	if gone, _ := caddyhttp.GetVar(r.Context(), varGone).(bool); gone {
+		return true
+	}
+	var dialErr reverseproxy.DialError
+	return errors.As(err, &dialErr)
+}
+
+// learn records the session a response created, if it carries exactly one
+// valid Mcp-Session-Id and the policy recorded which upstream served it.
+func (h *Handler) learn(r *http.Request, header http.Header) {
+	ids := header[HeaderSessionID]
+	if len(ids) == 0 {
+		return
+	}
+	if len(ids) > 1 || checkSessionID(ids[0], h.MaxSessionIDLength) != "" {
+		h.logger.Warn("upstream sent an unusable Mcp-Session-Id; session not pinned",
+			zap.Int("fields", len(ids)), zap.Int("max_session_id_length", h.MaxSessionIDLength))
+		return
+	}
+	sel, _ := caddyhttp.GetVar(r.Context(), varSelected).(*reverseproxy.Upstream)
+	if sel == nil {
+		h.logger.Warn("cannot learn session: the reverse_proxy after mcp_session must use lb_policy mcp_session")
+		return
+	}
+	if h.table.Learn(ids[0], sel.Dial) {
+		h.debug("learned", ids[0], sel.Dial)
+	}
+}
+
+// evictAfter applies the status of the upstream's answer to a pinned
+// request to the table: 404 to anything, or 2xx to DELETE, ends the session.
+func (h *Handler) evictAfter(r *http.Request, id string, up *Upstream, status int) {
+	reason := EvictReason("")
+	switch {
+	case status == http.StatusNotFound:
+		reason = EvictUpstream404
+	case r.Method == http.MethodDelete && status >= 200 && status < 300:
+		reason = EvictDelete
+	default:
+		return
+	}
+	if h.table.Evict(id, reason) {
+		h.debug("evicted", id, up.Dial(), zap.String("reason", string(reason)))
+	}
+}
+
+// debug logs one decision at debug level, with a fingerprint of the session
+// instead of the session ID itself.
+func (h *Handler) debug(msg, id, upstream string, fields ...zap.Field) {
+	if c := h.logger.Check(zapcore.DebugLevel, msg); c != nil {
+		c.Write(append(fields, zap.String("session", fingerprint(id)), zap.String("upstream", upstream))...)
+	}
+}
+
+// checkSessionID returns why id is not a usable Mcp-Session-Id, or "" if it
+// is: it must be 1 to maxLen bytes of visible ASCII, 0x21-0x7E (MCP
+// 2025-03-26 transports, §Session Management).
+func checkSessionID(id string, maxLen int) string {
+	if id == "" {
+		return "is empty"
+	}
+	if len(id) > maxLen {
+		return fmt.Sprintf("is %d bytes long; the limit is %d (max_session_id_length)", len(id), maxLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x21 || c > 0x7e {
+			return fmt.Sprintf("has byte 0x%02x at offset %d; only visible ASCII 0x21-0x7E is allowed", c, i)
+		}
+	}
+	return ""
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

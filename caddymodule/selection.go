@@ -1,0 +1,103 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+func init() {
+	caddy.RegisterModule(SessionSelection{})
+}
+
+// DefaultFallbackPolicy is the selection policy for requests without a
+// session when none is configured.
+const DefaultFallbackPolicy = "round_robin"
+
+// SessionSelection is a selection policy that sends every request of an MCP
+// session to the upstream that created the session, as recorded by the
+// `mcp_session` handler ordered before this `reverse_proxy`. Requests without
+// a session (`initialize`, 2026-07-28 sessionless traffic, CORS preflights)
+// are balanced by the fallback policy.
+//
+// A pinned request is never sent to another upstream: when its upstream is
+// not in the pool or is unhealthy (active or passive health checks), the
+// policy selects nothing and the `mcp_session` handler answers 404. An
+// upstream at its `max_requests` selects nothing too (503, or a wait with
+// `lb_try_duration`), but keeps its sessions.
+type SessionSelection struct {
+	// The selection policy for requests that carry no session, or an unknown
+	// one with `unknown_session forward`. Any `lb_policy` module.
+	// Default: `round_robin`, which spreads new sessions evenly.
+	FallbackRaw json.RawMessage `json:"fallback,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
+
+	fallback reverseproxy.Selector
+}
+
+// CaddyModule returns the Caddy module information.
+func (SessionSelection) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.reverse_proxy.selection_policies.mcp_session",
+		New: func() caddy.Module { return new(SessionSelection) },
+	}
+}
+
+// Provision loads the fallback policy.
+func (s *SessionSelection) Provision(ctx caddy.Context) error {
+	if s.FallbackRaw == nil {
+		s.FallbackRaw = caddyconfig.JSONModuleObject(reverseproxy.RoundRobinSelection{}, "policy", DefaultFallbackPolicy, nil)
+	}
+	mod, err := ctx.LoadModule(s, "FallbackRaw")
+	if err != nil {
+		return fmt.Errorf("loading fallback selection policy: %v", err)
+	}
+	s.fallback = mod.(reverseproxy.Selector)
+	return nil
+}
+
+// Select returns the upstream that owns the request's session, or, for a
+// request without a known session, the fallback policy's choice.
+func (s *SessionSelection) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	ctx := r.Context()
+	var up *reverseproxy.Upstream
+	if pinned, _ := caddyhttp.GetVar(ctx, varPinned).(*Upstream); pinned != nil {
+		up = selectPinned(pool, r, pinned.dial)
+	} else {
+		up = s.fallback.Select(pool, r, w)
+	}
+	if up != nil {
+		caddyhttp.SetVar(ctx, varSelected, up)
+	}
+	return up
+}
+
+// selectPinned returns the upstream of the pool dialed at dial if it is
+// healthy and below its max_requests. When it is missing or unhealthy it
+// marks the request's upstream as gone.
+func selectPinned(pool reverseproxy.UpstreamPool, r *http.Request, dial string) *reverseproxy.Upstream {
+	for _, u := range pool {
+		if u.Dial != dial {
+			continue
+		}
+		if !u.Healthy() {
+			break
+		}
+		if u.Full() {
+			return nil
+		}
+		return u
+	}
+	caddyhttp.SetVar(r.Context(), varGone, true)
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner     = (*SessionSelection)(nil)
+	_ reverseproxy.Selector = (*SessionSelection)(nil)
+)

@@ -1,0 +1,359 @@
+package caddymodule
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+)
+
+// Defaults of the session table. They are documented on [Handler].
+const (
+	// DefaultMaxSessions is the default bound of a session table (entries).
+	DefaultMaxSessions = 100_000
+	// DefaultSessionTTL is the default idle time after which a session is forgotten.
+	DefaultSessionTTL = 24 * time.Hour
+	// DefaultTableName names the table used when no table is configured.
+	DefaultTableName = "default"
+)
+
+// touchEvery is the resolution of the idle clock: a lookup rewrites a
+// session's last-use time only when it is older than this, so most lookups
+// cost one map access.
+const touchEvery = time.Second
+
+// sweepBatch is the most entries the janitor examines under one lock hold.
+const sweepBatch = 1024
+
+// EvictReason says why a session left the table. The values are the
+// `reason` label of the evictions metric.
+type EvictReason string
+
+// The reasons a session leaves the table.
+const (
+	// EvictTTL: idle for longer than the table's TTL, with no open GET stream.
+	EvictTTL EvictReason = "ttl"
+	// EvictLRU: the least recently used session, pushed out of a full table.
+	EvictLRU EvictReason = "lru"
+	// EvictDelete: the upstream answered the session's DELETE with 2xx or 404.
+	EvictDelete EvictReason = "delete"
+	// EvictUpstream404: the upstream answered a request of the session with 404.
+	EvictUpstream404 EvictReason = "upstream_404"
+	// EvictUpstreamGone: the pinned upstream was removed, unhealthy or refused connections.
+	EvictUpstreamGone EvictReason = "upstream_gone"
+	// EvictAdmin: an operator evicted the session through the admin API.
+	EvictAdmin EvictReason = "admin"
+)
+
+// Upstream is the table's record of one upstream that owns sessions. It is
+// identified by its dial address (reverseproxy.Upstream.Dial), which stays the
+// same across config reloads, unlike *reverseproxy.Upstream values.
+type Upstream struct {
+	dial string
+	live atomic.Int64
+}
+
+// Dial returns the upstream's dial address, as written in the config.
+func (u *Upstream) Dial() string { return u.dial }
+
+// LiveSessions returns the number of sessions the table pins to the upstream.
+func (u *Upstream) LiveSessions() int64 { return u.live.Load() }
+
+// entry is the table's value for one session. It is kept small: it is stored
+// inline in the LRU's list element, one per live session.
+type entry struct {
+	up *Upstream
+	// lastUsed is the time of the last use in nanoseconds since the table's epoch.
+	lastUsed int64
+	// streams counts GET streams of the session open through the proxy.
+	streams int32
+}
+
+// Table maps MCP session IDs to the upstream that created them. It is safe
+// for concurrent use. It is bounded by a maximum number of sessions, evicting
+// the least recently used, and forgets sessions idle for longer than its TTL
+// unless a GET stream of the session is open. Tables are shared across config
+// reloads through a package-level [caddy.UsagePool] keyed by table name.
+type Table struct {
+	name  string
+	now   func() time.Time
+	epoch time.Time
+	ttl   atomic.Int64 // nanoseconds
+
+	mu     sync.Mutex
+	lru    *simplelru.LRU[string, entry]
+	reason EvictReason // why the LRU's eviction callback is being called; guarded by mu
+
+	upMu sync.Mutex
+	ups  map[string]*Upstream
+
+	evictions sync.Map // EvictReason -> *atomic.Uint64
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// NewTable returns a table bounded to maxSessions entries with the given idle
+// TTL, reading time from now (time.Now when nil). It errors when maxSessions
+// is not positive. It starts no goroutine; see [Table.StartJanitor].
+func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.Time) (*Table, error) {
+	if now == nil {
+		now = time.Now
+	}
+	t := &Table{name: name, now: now, epoch: now(), ups: make(map[string]*Upstream)}
+	l, err := simplelru.NewLRU(maxSessions, t.onEvict)
+	if err != nil {
+		return nil, fmt.Errorf("session table %q: max_sessions must be at least 1, got %d", name, maxSessions)
+	}
+	t.lru = l
+	t.ttl.Store(int64(ttl))
+	return t, nil
+}
+
+// Name returns the table's name.
+func (t *Table) Name() string { return t.name }
+
+// Configure changes the table's bounds in place. Shrinking evicts the least
+// recently used sessions (reason lru). A ttl of 0 or less leaves the TTL as is.
+func (t *Table) Configure(maxSessions int, ttl time.Duration) {
+	if ttl > 0 {
+		t.ttl.Store(int64(ttl))
+	}
+	if maxSessions > 0 {
+		t.mu.Lock()
+		t.reason = EvictLRU
+		t.lru.Resize(maxSessions)
+		t.mu.Unlock()
+	}
+}
+
+// clock returns the current time in nanoseconds since the table's epoch.
+func (t *Table) clock() int64 { return int64(t.now().Sub(t.epoch)) }
+
+// expired reports whether e has been idle longer than the TTL at time now.
+func (t *Table) expired(e entry, now int64) bool {
+	return e.streams == 0 && now-e.lastUsed > t.ttl.Load()
+}
+
+// Lookup returns the upstream that owns the session id, or nil if the table
+// does not hold it (never learned, expired, evicted). A hit counts as use: it
+// refreshes the idle TTL and the session's LRU position.
+func (t *Table) Lookup(id string) *Upstream {
+	now := t.clock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.lru.Get(id)
+	if !ok {
+		return nil
+	}
+	if t.expired(e, now) {
+		t.reason = EvictTTL
+		t.lru.Remove(id)
+		return nil
+	}
+	if now-e.lastUsed >= int64(touchEvery) {
+		e.lastUsed = now
+		t.lru.Add(id, e)
+	}
+	return e.up
+}
+
+// Learn records that upstream dial owns session id. A session the table
+// already holds keeps its upstream: it reports false and changes nothing.
+// A full table evicts its least recently used session to make room.
+func (t *Table) Learn(id, dial string) bool {
+	up := t.upstream(dial)
+	now := t.clock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.lru.Peek(id); ok {
+		if !t.expired(e, now) {
+			return false
+		}
+		t.reason = EvictTTL
+		t.lru.Remove(id)
+	}
+	t.reason = EvictLRU
+	t.lru.Add(id, entry{up: up, lastUsed: now})
+	up.live.Add(1)
+	return true
+}
+
+// Evict removes session id for the given reason and reports whether the table held it.
+func (t *Table) Evict(id string, reason EvictReason) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.reason = reason
+	return t.lru.Remove(id)
+}
+
+// StreamOpened marks a GET stream of session id as open: the session does not
+// expire until every opened stream is closed with [Table.StreamClosed].
+func (t *Table) StreamOpened(id string) { t.addStreams(id, 1) }
+
+// StreamClosed undoes one [Table.StreamOpened] and counts as use of the session.
+func (t *Table) StreamClosed(id string) { t.addStreams(id, -1) }
+
+func (t *Table) addStreams(id string, delta int32) {
+	now := t.clock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.lru.Peek(id)
+	if !ok {
+		return
+	}
+	e.streams = max(e.streams+delta, 0)
+	e.lastUsed = now
+	t.lru.Add(id, e)
+}
+
+// Len returns the number of sessions in the table, expired ones not yet swept included.
+func (t *Table) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.lru.Len()
+}
+
+// Upstreams returns the table's upstream records, in no particular order.
+func (t *Table) Upstreams() []*Upstream {
+	t.upMu.Lock()
+	defer t.upMu.Unlock()
+	ups := make([]*Upstream, 0, len(t.ups))
+	for _, u := range t.ups {
+		ups = append(ups, u)
+	}
+	return ups
+}
+
+// Evictions returns how many sessions left the table for reason since it was created.
+func (t *Table) Evictions(reason EvictReason) uint64 {
+	if c, ok := t.evictions.Load(reason); ok {
+		return c.(*atomic.Uint64).Load()
+	}
+	return 0
+}
+
+// upstream returns the record of dial, creating it on first use.
+func (t *Table) upstream(dial string) *Upstream {
+	t.upMu.Lock()
+	defer t.upMu.Unlock()
+	u, ok := t.ups[dial]
+	if !ok {
+		u = &Upstream{dial: dial}
+		t.ups[dial] = u
+	}
+	return u
+}
+
+// onEvict is the LRU's eviction callback; it runs with t.mu held.
+func (t *Table) onEvict(_ string, e entry) {
+	e.up.live.Add(-1)
+	c, ok := t.evictions.Load(t.reason)
+	if !ok {
+		c, _ = t.evictions.LoadOrStore(t.reason, new(atomic.Uint64))
+	}
+	c.(*atomic.Uint64).Add(1)
+}
+
+// Sweep removes the sessions that have been idle longer than the TTL and
+// returns how many it removed. Sessions with an open GET stream are kept and
+// count as used. It holds the table's lock for at most sweepBatch entries at
+// a time.
+func (t *Table) Sweep() int {
+	removed := 0
+	for {
+		n, more := t.sweepBatch()
+		removed += n
+		if !more {
+			return removed
+		}
+	}
+}
+
+func (t *Table) sweepBatch() (removed int, more bool) {
+	now := t.clock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for range sweepBatch {
+		id, e, ok := t.lru.GetOldest()
+		if !ok || now-e.lastUsed <= t.ttl.Load() {
+			return removed, false
+		}
+		if e.streams > 0 {
+			e.lastUsed = now // in use: move it to the front
+			t.lru.Add(id, e)
+			continue
+		}
+		t.reason = EvictTTL
+		t.lru.RemoveOldest()
+		removed++
+	}
+	return removed, true
+}
+
+// StartJanitor starts a goroutine that sweeps expired sessions every interval
+// until [Table.Destruct]. It is not tied to a config's context, which every
+// reload cancels.
+func (t *Table) StartJanitor(interval time.Duration) {
+	t.stop, t.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(t.done)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+				t.Sweep()
+			case <-t.stop:
+				return
+			}
+		}
+	}()
+}
+
+// Destruct stops the janitor. The pool calls it when the last config using
+// the table is unloaded.
+func (t *Table) Destruct() error {
+	if t.stop != nil {
+		close(t.stop)
+		<-t.done
+	}
+	return nil
+}
+
+// janitorInterval returns how often to sweep for a ttl: an eighth of it,
+// between 1 s and 1 min.
+func janitorInterval(ttl time.Duration) time.Duration {
+	return min(max(ttl/8, time.Second), time.Minute)
+}
+
+// tables holds the session tables by name, across config reloads.
+var tables = caddy.NewUsagePool()
+
+// acquireTable returns the table called name, creating it with the given
+// bounds, and counts a reference to it that [releaseTable] gives back.
+func acquireTable(name string, maxSessions int, ttl time.Duration) (*Table, error) {
+	val, _, err := tables.LoadOrNew(name, func() (caddy.Destructor, error) {
+		t, err := NewTable(name, maxSessions, ttl, nil)
+		if err != nil {
+			return nil, err
+		}
+		t.StartJanitor(janitorInterval(ttl))
+		return t, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return val.(*Table), nil
+}
+
+// releaseTable gives back a reference taken by acquireTable.
+func releaseTable(name string) {
+	_, _ = tables.Delete(name)
+}
+
+// Interface guards
+var _ caddy.Destructor = (*Table)(nil)

@@ -1,0 +1,72 @@
+package caddymodule
+
+import (
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// sessionWriter sees the upstream's response headers as reverse_proxy writes
+// them to the client, before any body: there it learns the session a
+// response creates, or applies the answer to a pinned request to the table.
+// It changes nothing in the response.
+type sessionWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	h *Handler
+	r *http.Request
+	// id and up are the request's session and its upstream; empty and nil
+	// for a request without a session, whose response may teach one.
+	id          string
+	up          *Upstream
+	wroteHeader bool
+}
+
+func newSessionWriter(w http.ResponseWriter, h *Handler, r *http.Request, id string, up *Upstream) *sessionWriter {
+	return &sessionWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, r: r, id: id, up: up}
+}
+
+// WriteHeader observes the final status and headers once, then writes them.
+// Informational (1xx) responses pass through unobserved.
+func (sw *sessionWriter) WriteHeader(status int) {
+	if !sw.wroteHeader && status >= 200 {
+		sw.wroteHeader = true
+		sw.observe(status)
+	}
+	sw.ResponseWriter.WriteHeader(status)
+}
+
+func (sw *sessionWriter) observe(status int) {
+	switch {
+	case sw.up != nil:
+		sw.h.evictAfter(sw.r, sw.id, sw.up, status)
+	case status >= 200 && status < 300:
+		sw.h.learn(sw.r, sw.Header())
+	}
+}
+
+// Write writes the header first, as http.ResponseWriter does, so that it is observed.
+func (sw *sessionWriter) Write(b []byte) (int, error) {
+	if !sw.wroteHeader {
+		sw.WriteHeader(http.StatusOK)
+	}
+	return sw.ResponseWriter.Write(b)
+}
+
+// FlushError flushes the response to the client; a flush before any header
+// writes a 200, which is observed first. reverse_proxy flushes SSE through
+// http.ResponseController, which finds this method.
+func (sw *sessionWriter) FlushError() error {
+	if !sw.wroteHeader {
+		sw.WriteHeader(http.StatusOK)
+	}
+	return http.NewResponseController(sw.ResponseWriter).Flush()
+}
+
+// Flush implements http.Flusher on top of FlushError.
+func (sw *sessionWriter) Flush() { _ = sw.FlushError() }
+
+// Interface guards
+var (
+	_ http.ResponseWriter = (*sessionWriter)(nil)
+	_ http.Flusher        = (*sessionWriter)(nil)
+)
