@@ -46,6 +46,8 @@ const (
 	EvictUpstreamGone EvictReason = "upstream_gone"
 	// EvictAdmin: an operator evicted the session through the admin API.
 	EvictAdmin EvictReason = "admin"
+	// EvictRelearned: another upstream answered an initialize with the same session ID.
+	EvictRelearned EvictReason = "relearned"
 )
 
 // Upstream is the table's record of one upstream that owns sessions. It is
@@ -161,19 +163,24 @@ func (t *Table) Lookup(id string) *Upstream {
 	return e.up
 }
 
-// Learn records that upstream dial owns session id. A session the table
-// already holds keeps its upstream: it reports false and changes nothing.
-// A full table evicts its least recently used session to make room.
+// Learn records that upstream dial owns session id, and reports whether the
+// table changed. Learning is for responses to requests without a session
+// (initialize): when such a response names a session the table already
+// holds for another upstream, the newer answer wins. A full table evicts its
+// least recently used session to make room.
 func (t *Table) Learn(id, dial string) bool {
 	up := t.upstream(dial)
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e, ok := t.lru.Peek(id); ok {
-		if !t.expired(e, now) {
+		if e.up == up && !t.expired(e, now) {
 			return false
 		}
 		t.reason = EvictTTL
+		if e.up != up {
+			t.reason = EvictRelearned
+		}
 		t.lru.Remove(id)
 	}
 	t.reason = EvictLRU

@@ -1,0 +1,176 @@
+// Package whoami is a small, stateful MCP server used to demonstrate and test
+// session affinity. Every server process keeps its own in-memory sessions
+// (the go-sdk default), so a request that reaches a different process than
+// the one that created its session fails with 404 "session not found".
+//
+// The server offers three tools:
+//
+//   - whoami: reports the server's name and the session ID it sees;
+//   - echo: returns its message argument;
+//   - slow: sends progress notifications over a period of time, then
+//     returns "done", to exercise streaming through a proxy.
+package whoami
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Version is the implementation version the server reports in initialize.
+const Version = "v1.0.0"
+
+// Limits applied to the slow tool's arguments, so that a single call cannot
+// tie up a server for long.
+const (
+	// MaxSlowMilliseconds caps the duration of one slow call.
+	MaxSlowMilliseconds = 10 * 60 * 1000
+	// MaxSlowSteps caps the number of progress notifications of one slow call.
+	MaxSlowSteps = 10000
+)
+
+// Options configures a whoami server.
+type Options struct {
+	// Name identifies the server; the whoami tool returns it. Empty means
+	// "whoami".
+	Name string
+	// JSONResponse makes the server answer POSTs with application/json
+	// instead of text/event-stream (go-sdk StreamableHTTPOptions.JSONResponse).
+	// Notifications such as progress then travel on the standalone GET stream.
+	JSONResponse bool
+}
+
+// Identity is the structured output of the whoami tool.
+type Identity struct {
+	// Server is the name of the server that handled the call.
+	Server string `json:"server" jsonschema:"name of the server that handled the call"`
+	// Session is the MCP session ID as the server sees it.
+	Session string `json:"session" jsonschema:"MCP session ID as the server sees it"`
+}
+
+// EchoInput is the input of the echo tool.
+type EchoInput struct {
+	// Message is returned unchanged.
+	Message string `json:"message" jsonschema:"text to echo back"`
+}
+
+// SlowInput is the input of the slow tool.
+type SlowInput struct {
+	// Milliseconds is the total duration of the call.
+	Milliseconds int `json:"milliseconds,omitempty" jsonschema:"total duration of the call in milliseconds"`
+	// Steps is the number of progress notifications to send, evenly spread
+	// across Milliseconds, when the request carries a progress token.
+	Steps int `json:"steps,omitempty" jsonschema:"number of progress notifications to send"`
+}
+
+// NewHandler returns an http.Handler serving the whoami MCP server over
+// Streamable HTTP at any path. Sessions are kept in memory. DNS-rebinding
+// protection stays on: requests arriving on a loopback address must carry a
+// loopback Host header.
+func NewHandler(opts Options) http.Handler {
+	server := NewServer(opts.Name)
+	getServer := func(*http.Request) *mcp.Server { return server }
+	return mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
+		JSONResponse: opts.JSONResponse,
+	})
+}
+
+// NewServer returns an MCP server named name (or "whoami" if empty) with the
+// whoami, echo and slow tools.
+func NewServer(name string) *mcp.Server {
+	if name == "" {
+		name = "whoami"
+	}
+	server := mcp.NewServer(&mcp.Implementation{Name: name, Version: Version}, nil)
+	mcp.AddTool(server, &mcp.Tool{
+		Name:        "whoami",
+		Description: "Report which server handled the call and the MCP session ID it sees.",
+	}, whoamiTool(name))
+	mcp.AddTool(server, &mcp.Tool{
+		Name:        "echo",
+		Description: "Return the message unchanged.",
+	}, echoTool)
+	mcp.AddTool(server, &mcp.Tool{
+		Name:        "slow",
+		Description: "Send progress notifications spread over the given duration, then return \"done\".",
+	}, slowTool)
+	return server
+}
+
+// whoamiTool returns the whoami tool handler for a server called name.
+func whoamiTool(name string) mcp.ToolHandlerFor[struct{}, Identity] {
+	return func(_ context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, Identity, error) {
+		id := Identity{Server: name, Session: req.Session.ID()}
+		return textResult(name), id, nil
+	}
+}
+
+// echoTool returns its message.
+func echoTool(_ context.Context, _ *mcp.CallToolRequest, in EchoInput) (*mcp.CallToolResult, any, error) {
+	return textResult(in.Message), nil, nil
+}
+
+// slowTool sleeps for in.Milliseconds, sending in.Steps progress
+// notifications along the way if the request has a progress token.
+func slowTool(ctx context.Context, req *mcp.CallToolRequest, in SlowInput) (*mcp.CallToolResult, any, error) {
+	if err := validateSlow(in); err != nil {
+		return nil, nil, err
+	}
+	steps := max(in.Steps, 1)
+	interval := time.Duration(in.Milliseconds) * time.Millisecond / time.Duration(steps)
+	token := req.Params.GetProgressToken()
+	for i := 1; i <= steps; i++ {
+		if err := sleep(ctx, interval); err != nil {
+			return nil, nil, err
+		}
+		if token != nil && in.Steps > 0 {
+			notifyProgress(ctx, req, token, i, in.Steps)
+		}
+	}
+	return textResult("done"), nil, nil
+}
+
+// validateSlow rejects out-of-range slow arguments.
+func validateSlow(in SlowInput) error {
+	if in.Milliseconds < 0 || in.Milliseconds > MaxSlowMilliseconds {
+		return fmt.Errorf("milliseconds must be between 0 and %d", MaxSlowMilliseconds)
+	}
+	if in.Steps < 0 || in.Steps > MaxSlowSteps {
+		return fmt.Errorf("steps must be between 0 and %d", MaxSlowSteps)
+	}
+	return nil
+}
+
+// notifyProgress sends one progress notification; delivery errors are
+// ignored, as progress is best-effort.
+func notifyProgress(ctx context.Context, req *mcp.CallToolRequest, token any, step, steps int) {
+	_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+		ProgressToken: token,
+		Progress:      float64(step),
+		Total:         float64(steps),
+		Message:       fmt.Sprintf("step %d of %d", step, steps),
+	})
+}
+
+// sleep waits for d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// textResult returns a tool result holding one text content.
+func textResult(text string) *mcp.CallToolResult {
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+}

@@ -1,0 +1,168 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// stockRoundRobin is stock Caddy in front of the same backends: the setup
+// that breaks sessions, used as the negative control.
+func stockRoundRobin(bs []*backend) string {
+	return fmt.Sprintf("reverse_proxy %s {\n\t\tlb_policy round_robin\n\t\theader_up Host {upstream_hostport}\n\t}", addrs(bs))
+}
+
+// TestPinsSessionsUnderLoad is the main job: 100 concurrent go-sdk client
+// sessions of 5 tool calls each through mcp_proxy over 3 go-sdk servers all
+// succeed, each call answered by the server that created its session. The
+// same load through stock round_robin, in the same run, must break sessions,
+// which shows the test can see the bug.
+func TestPinsSessionsUnderLoad(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		json bool
+	}{{"sse", false}, {"json", true}} {
+		t.Run(mode.name, func(t *testing.T) {
+			bs := startBackends(t, 3, mode.json)
+
+			p := startProxy(t, "mcp_proxy "+addrs(bs))
+			res := runSessions(t, p.url(), 100, 5)
+			t.Logf("mcp_proxy: %s", res)
+			if res.ok != 100 || res.calls != 500 {
+				t.Fatalf("mcp_proxy: want 100/100 sessions and 500 pinned calls; got %s", res)
+			}
+			for _, b := range bs {
+				if res.perServe[b.name] == 0 {
+					t.Errorf("server %s got no sessions: %v", b.name, res.perServe)
+				}
+			}
+
+			stock := startProxy(t, stockRoundRobin(bs))
+			ctrl := runSessions(t, stock.url(), 100, 5)
+			t.Logf("stock round_robin (negative control): %s", ctrl)
+			if ctrl.ok == 100 {
+				t.Fatalf("negative control: stock round_robin kept every session, so this test cannot see misrouting")
+			}
+		})
+	}
+}
+
+// TestKillOneServerMidRun kills one of three servers while sessions are
+// calling tools: the sessions of the other servers are untouched, the killed
+// server's sessions fail fast with 404 instead of being re-routed, and new
+// sessions go to the live servers.
+func TestKillOneServerMidRun(t *testing.T) {
+	bs := startBackends(t, 3, false)
+	p := startProxy(t, "mcp_proxy "+addrs(bs))
+	victim := bs[1]
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+
+	const sessions = 60
+	var (
+		stop      atomic.Bool
+		killed    atomic.Bool
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		survivors = map[string]int{} // server -> sessions that made it to the end
+		lost      []string           // failures, each with its server
+		slowFail  time.Duration
+	)
+	started := make(chan struct{}, sessions)
+	for range sessions {
+		wg.Go(func() {
+			cs, err := connect(ctx, p.url(), hc)
+			if err != nil {
+				t.Errorf("connect before the kill: %v", err)
+				started <- struct{}{}
+				return
+			}
+			defer cs.Close()
+			first, err := whoami(ctx, cs)
+			started <- struct{}{}
+			if err != nil {
+				t.Errorf("first call before the kill: %v", err)
+				return
+			}
+			for !stop.Load() {
+				begin := time.Now()
+				id, err := whoami(ctx, cs)
+				took := time.Since(begin)
+				mu.Lock()
+				switch {
+				case err != nil && first.Server == victim.name && killed.Load():
+					lost = append(lost, first.Server)
+					slowFail = max(slowFail, took)
+				case err != nil:
+					t.Errorf("session on %s failed: %v", first.Server, err)
+				case id.Server != first.Server:
+					t.Errorf("session of %s answered by %s", first.Server, id.Server)
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			mu.Lock()
+			survivors[first.Server]++
+			mu.Unlock()
+		})
+	}
+	for range sessions {
+		<-started
+	}
+	time.Sleep(300 * time.Millisecond)
+	killed.Store(true)
+	victim.kill()
+	time.Sleep(1500 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+
+	t.Logf("after killing %s: survivors %v, lost sessions %d, slowest failure %v", victim.name, survivors, len(lost), slowFail)
+	if survivors[victim.name] != 0 {
+		t.Errorf("%d sessions of the killed server still succeeded: they were re-routed", survivors[victim.name])
+	}
+	if len(lost) == 0 {
+		t.Errorf("no session of the killed server %s failed; did it own any?", victim.name)
+	}
+	if slowFail > time.Second {
+		t.Errorf("a session of the killed server took %v to fail; want under 1s", slowFail)
+	}
+	if survivors[bs[0].name] == 0 || survivors[bs[2].name] == 0 {
+		t.Errorf("sessions of live servers did not survive: %v", survivors)
+	}
+
+	res := runSessions(t, p.url(), 30, 3)
+	t.Logf("new sessions after the kill: %s", res)
+	if res.ok != 30 || res.perServe[victim.name] != 0 {
+		t.Errorf("new sessions after the kill: want 30/30 on live servers; got %s", res)
+	}
+}
+
+// TestPinsOverHTTP2 pins a session's requests sent over cleartext HTTP/2
+// (h2c) connections, with the header in lowercase as HTTP/2 sends it.
+func TestPinsOverHTTP2(t *testing.T) {
+	bs := startBackends(t, 3, false)
+	p := startProxy(t, "mcp_proxy "+addrs(bs))
+	protocols := new(http.Protocols)
+	protocols.SetUnencryptedHTTP2(true)
+	hc := &http.Client{Transport: &http.Transport{Protocols: protocols}}
+	defer hc.CloseIdleConnections()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 6 {
+		rep := runSession(ctx, p.url(), hc, 5)
+		if rep.err != nil || rep.calls != 5 {
+			t.Fatalf("session %d over h2c: %d calls, error %v", i, rep.calls, rep.err)
+		}
+	}
+}
