@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // stockRoundRobin is stock Caddy in front of the same backends: the setup
@@ -165,4 +167,83 @@ func TestPinsOverHTTP2(t *testing.T) {
 			t.Fatalf("session %d over h2c: %d calls, error %v", i, rep.calls, rep.err)
 		}
 	}
+}
+
+// TestReloadKeepsSessions covers issue point 8: the session table survives
+// config reloads through the admin API (what `caddy reload` does) that keep
+// an upstream, including reloads that change the plugin's own options and
+// the upstream list: 0 mappings lost.
+func TestReloadKeepsSessions(t *testing.T) {
+	bs := startBackends(t, 4, false)
+	p := startProxy(t, "mcp_proxy "+addrs(bs[:3]))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+
+	const sessions = 30
+	css := make([]*liveSession, sessions)
+	for i := range css {
+		css[i] = openLiveSession(ctx, t, p.url(), hc)
+	}
+	reloads := []string{
+		"mcp_proxy " + addrs(bs[:3]) + " {\n\t\tmax_sessions 5000\n\t\tsession_ttl 2h\n\t}",
+		"mcp_proxy " + addrs(bs) + " {\n\t\tfallback least_conn\n\t\tlb_retries 1\n\t}",
+		"mcp_proxy " + addrs(bs[1:]) + " {\n\t\tfallback random\n\t}",
+		"mcp_proxy " + addrs(bs),
+	}
+	for n, cfg := range reloads {
+		reloadViaAdmin(t, siteConfig(p.port(), cfg))
+		lost := 0
+		for _, s := range css {
+			id, err := whoami(ctx, s.cs)
+			removed := n == 2 && s.server == bs[0].name
+			switch {
+			case removed && err == nil:
+				t.Errorf("reload %d: a session of the removed upstream %s was re-routed to %s", n+1, s.server, id.Server)
+			case removed:
+				lost++
+			case err != nil:
+				t.Errorf("reload %d: session on %s lost: %v", n+1, s.server, err)
+			case id.Server != s.server:
+				t.Errorf("reload %d: session of %s answered by %s", n+1, s.server, id.Server)
+			}
+		}
+		t.Logf("reload %d kept every session of its upstreams (%d sessions of the removed upstream ended)", n+1, lost)
+		if n == 2 {
+			css = reopenLost(ctx, t, p.url(), hc, css, bs[0].name)
+		}
+	}
+}
+
+// liveSession is an open client session and the server that owns it.
+type liveSession struct {
+	cs     *mcp.ClientSession
+	server string
+}
+
+// openLiveSession connects and learns which server owns the session.
+func openLiveSession(ctx context.Context, t testing.TB, url string, hc *http.Client) *liveSession {
+	t.Helper()
+	cs, err := connect(ctx, url, hc)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	id, err := whoami(ctx, cs)
+	if err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	return &liveSession{cs: cs, server: id.Server}
+}
+
+// reopenLost replaces the sessions owned by server with new ones.
+func reopenLost(ctx context.Context, t testing.TB, url string, hc *http.Client, css []*liveSession, server string) []*liveSession {
+	for i, s := range css {
+		if s.server == server {
+			css[i] = openLiveSession(ctx, t, url, hc)
+		}
+	}
+	return css
 }
