@@ -156,7 +156,6 @@ func globalOptions() string {
 	%s
 	auto_https off
 	persist_config off
-	grace_period 1ns
 	servers {
 		protocols h1 h2c
 	}
