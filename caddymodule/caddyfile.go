@@ -144,7 +144,7 @@ func (s *SessionSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Err("fallback selection policy already specified")
 		}
 		if !d.NextArg() {
-			return d.ArgErr()
+			return d.Err("fallback needs a selection policy name, such as 'fallback least_conn'")
 		}
 		raw, err := unmarshalFallback(d)
 		if err != nil {
@@ -233,7 +233,8 @@ func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) 
 
 // extractAffinityOptions reads the session affinity options out of an
 // mcp_proxy block and deletes their tokens, so that reverse_proxy's parser
-// sees only its own.
+// sees only its own. Only the first token of a line at the block's top level
+// names an option: `header_up X-Table table` is reverse_proxy's.
 func extractAffinityOptions(d *caddyfile.Dispenser) (*Handler, *SessionSelection, error) {
 	handler, policy := new(Handler), new(SessionSelection)
 	seen := map[string]bool{}
@@ -258,6 +259,9 @@ func extractAffinityOptions(d *caddyfile.Dispenser) (*Handler, *SessionSelection
 			}
 			if ok {
 				d.DeleteN(2)
+				continue
+			}
+			for d.NextArg() { // a reverse_proxy subdirective: skip its arguments
 			}
 		}
 	}
@@ -271,10 +275,14 @@ func extractFallback(d *caddyfile.Dispenser, policy *SessionSelection) error {
 		return d.Err("fallback selection policy already specified")
 	}
 	if !d.NextArg() {
-		return d.ArgErr()
+		return d.Err("fallback needs a selection policy name, such as 'fallback least_conn'")
 	}
 	seg := d.NextSegment()
-	d.DeleteN(len(seg) + 1)
+	n := len(seg) + 1 // the policy's tokens and "fallback"
+	if d.Val() == "}" && seg[len(seg)-1].Text != "}" {
+		n += 2 // an empty block, "{ }", which the segment leaves out
+	}
+	d.DeleteN(n)
 	sd := caddyfile.NewDispenser(seg)
 	sd.Next()
 	raw, err := unmarshalFallback(sd)

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"io"
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -52,6 +53,15 @@ func (sw *sessionWriter) Write(b []byte) (int, error) {
 	return sw.ResponseWriter.Write(b)
 }
 
+// ReadFrom writes the header first, so that it is observed, then copies
+// from r as the wrapped writer does.
+func (sw *sessionWriter) ReadFrom(r io.Reader) (int64, error) {
+	if !sw.wroteHeader {
+		sw.WriteHeader(http.StatusOK)
+	}
+	return sw.ResponseWriterWrapper.ReadFrom(r)
+}
+
 // FlushError flushes the response to the client; a flush before any header
 // writes a 200, which is observed first. reverse_proxy flushes SSE through
 // http.ResponseController, which finds this method.
@@ -69,4 +79,5 @@ func (sw *sessionWriter) Flush() { _ = sw.FlushError() }
 var (
 	_ http.ResponseWriter = (*sessionWriter)(nil)
 	_ http.Flusher        = (*sessionWriter)(nil)
+	_ io.ReaderFrom       = (*sessionWriter)(nil)
 )

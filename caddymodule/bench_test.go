@@ -1,0 +1,206 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/rand"
+	mrand "math/rand/v2"
+	"net/http"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+// benchSessions is how many live sessions the benchmarks hold.
+const benchSessions = 1_000_000
+
+// sessionIDs fills ids with IDs shaped like the MCP go-sdk's: 26 characters
+// of uppercase base32 (crypto/rand.Text).
+func sessionIDs(ids []string) {
+	for i := range ids {
+		ids[i] = rand.Text()
+	}
+}
+
+// benchTable is a table of benchSessions live sessions spread over the
+// three upstreams of pool, built once for all benchmarks.
+var benchTable = sync.OnceValues(func() (*Table, []string) {
+	ids := make([]string, benchSessions)
+	sessionIDs(ids)
+	tbl, err := NewTable("bench", benchSessions, DefaultSessionTTL, nil)
+	if err != nil {
+		panic(err)
+	}
+	pool := testPool()
+	for i, id := range ids {
+		tbl.Learn(id, pool[i%len(pool)].Dial)
+	}
+	return tbl, ids
+})
+
+// benchPolicy returns a provisioned mcp_session policy with the default fallback.
+func benchPolicy(b *testing.B) *SessionSelection {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	b.Cleanup(cancel)
+	s := new(SessionSelection)
+	if err := s.Provision(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// pinnedDecision is what a pinned request costs the plugin before
+// reverse_proxy dials: the handler's table lookup, then the policy's
+// selection of the pinned upstream from the pool.
+func pinnedDecision(tbl *Table, s *SessionSelection, pool reverseproxy.UpstreamPool, r *http.Request, id string) *reverseproxy.Upstream {
+	up := tbl.Lookup(id)
+	if up == nil {
+		return nil
+	}
+	caddyhttp.SetVar(r.Context(), varPinned, up)
+	return s.Select(pool, r, nil)
+}
+
+// BenchmarkPinnedLookup measures the decision for a request of a random
+// live session among 1,000,000: Lookup alone, and Lookup plus the policy's
+// Select over a pool of 3. At this size every lookup misses the CPU caches
+// several times (map group, key, list entry and its neighbours);
+// "lookup-active1k" draws from 1,000 sessions only, a working set that
+// stays cached, and "map-baseline" is a bare map[string]*Upstream lookup of
+// the same random IDs, the floor any hash table of this size pays.
+func BenchmarkPinnedLookup(b *testing.B) {
+	tbl, ids := benchTable()
+	pool := testPool()
+	s := benchPolicy(b)
+	b.Run("map-baseline", func(b *testing.B) {
+		m := make(map[string]*Upstream, len(ids))
+		for _, id := range ids {
+			m[id] = &Upstream{}
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for b.Loop() {
+			if m[ids[mrand.IntN(len(ids))]] == nil {
+				b.Fatal("session not found")
+			}
+		}
+	})
+	b.Run("lookup-active1k", func(b *testing.B) {
+		active := ids[:1000]
+		b.ReportAllocs()
+		for b.Loop() {
+			if tbl.Lookup(active[mrand.IntN(len(active))]) == nil {
+				b.Fatal("session not found")
+			}
+		}
+	})
+	b.Run("select", func(b *testing.B) {
+		r := pinnedRequest(pool[2].Dial)
+		b.ReportAllocs()
+		for b.Loop() {
+			if s.Select(pool, r, nil) != pool[2] {
+				b.Fatal("wrong upstream")
+			}
+		}
+	})
+	b.Run("lookup", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if tbl.Lookup(ids[mrand.IntN(len(ids))]) == nil {
+				b.Fatal("session not found")
+			}
+		}
+	})
+	b.Run("lookup+select", func(b *testing.B) {
+		r := newRequest(http.MethodPost)
+		b.ReportAllocs()
+		for b.Loop() {
+			if pinnedDecision(tbl, s, pool, r, ids[mrand.IntN(len(ids))]) == nil {
+				b.Fatal("no upstream")
+			}
+		}
+	})
+}
+
+// BenchmarkPinnedLookupParallel is BenchmarkPinnedLookup from GOMAXPROCS
+// goroutines at once, to show contention on the table's lock. Compare -cpu 1,2,4.
+func BenchmarkPinnedLookupParallel(b *testing.B) {
+	tbl, ids := benchTable()
+	pool := testPool()
+	s := benchPolicy(b)
+	b.Run("lookup", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if tbl.Lookup(ids[mrand.IntN(len(ids))]) == nil {
+					panic("session not found")
+				}
+			}
+		})
+	})
+	b.Run("lookup+select", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			r := newRequest(http.MethodPost)
+			for pb.Next() {
+				if pinnedDecision(tbl, s, pool, r, ids[mrand.IntN(len(ids))]) == nil {
+					panic("no upstream")
+				}
+			}
+		})
+	})
+}
+
+// sessionMemory is the heap cost of one session in a table of n sessions.
+type sessionMemory struct {
+	id    float64 // the ID string's bytes (allocation size class included)
+	table float64 // everything else the table keeps per session
+}
+
+// measureSessionMemory fills a table with n sessions and returns what each
+// costs on the heap, measured after GC, the IDs' own bytes apart.
+func measureSessionMemory(n int) sessionMemory {
+	var m0, m1, m2 runtime.MemStats
+	ids := make([]string, n) // not counted: the table keeps its own string headers
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	sessionIDs(ids)
+	runtime.GC()
+	runtime.ReadMemStats(&m1)
+	tbl, err := NewTable("memory", n, DefaultSessionTTL, nil)
+	if err != nil {
+		panic(err)
+	}
+	dials := []string{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"}
+	for i, id := range ids {
+		tbl.Learn(id, dials[i%len(dials)])
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&m2)
+	if tbl.Len() != n {
+		panic("sessions lost")
+	}
+	runtime.KeepAlive(ids)
+	runtime.KeepAlive(tbl)
+	return sessionMemory{
+		id:    float64(m1.HeapAlloc-m0.HeapAlloc) / float64(n),
+		table: float64(m2.HeapAlloc-m1.HeapAlloc) / float64(n),
+	}
+}
+
+var sessionMemoryAt1M = sync.OnceValue(func() sessionMemory { return measureSessionMemory(benchSessions) })
+
+// BenchmarkSessionMemory reports the heap bytes per session of a table
+// holding 1,000,000 sessions: B/session in all, of which ID-B/session for
+// the ID string and table-B/session beyond it. It measures once; its
+// ns/op is meaningless and suppressed.
+func BenchmarkSessionMemory(b *testing.B) {
+	m := sessionMemoryAt1M()
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(m.id+m.table, "B/session")
+	b.ReportMetric(m.id, "ID-B/session")
+	b.ReportMetric(m.table, "table-B/session")
+}

@@ -1,0 +1,760 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// testSessionID is shaped like the IDs the MCP go-sdk mints.
+const testSessionID = "B5CKDXQ4Z3N7RWJ2YHT6MFEA4U"
+
+// newContext returns a Caddy context for provisioning modules in tests.
+func newContext(t *testing.T) caddy.Context {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// provisionHandler provisions h with a table of its own (named after the
+// test unless h names one) and releases it when the test ends. Its logs go
+// to the returned observer.
+func provisionHandler(t *testing.T, h *Handler) (*Handler, *observer.ObservedLogs) {
+	t.Helper()
+	if h.Table == "" {
+		h.Table = "test/" + t.Name()
+	}
+	if err := h.Provision(newContext(t)); err != nil {
+		t.Fatalf("Provision: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := h.Cleanup(); err != nil {
+			t.Errorf("Cleanup: %v", err)
+		}
+	})
+	core, logs := observer.New(zapcore.DebugLevel)
+	h.logger = zap.New(core)
+	return h, logs
+}
+
+// provisionPolicy provisions s and returns it.
+func provisionPolicy(t *testing.T, s *SessionSelection) *SessionSelection {
+	t.Helper()
+	if err := s.Provision(newContext(t)); err != nil {
+		t.Fatalf("Provision: %v", err)
+	}
+	return s
+}
+
+// testPool returns a pool of three upstreams, as Caddy's own tests build them.
+func testPool() reverseproxy.UpstreamPool {
+	return reverseproxy.UpstreamPool{
+		{Host: new(reverseproxy.Host), Dial: "10.0.0.1:8080"},
+		{Host: new(reverseproxy.Host), Dial: "10.0.0.2:8080"},
+		{Host: new(reverseproxy.Host), Dial: "10.0.0.3:8080"},
+	}
+}
+
+// newRequest returns a request carrying Caddy's request variables, as the
+// server sets them up, with one Mcp-Session-Id field per id.
+func newRequest(method string, ids ...string) *http.Request {
+	r := httptest.NewRequest(method, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+	for _, id := range ids {
+		r.Header.Add(HeaderSessionID, id)
+	}
+	return r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{}))
+}
+
+// countingNext is a next handler that counts its calls and answers 200.
+type countingNext struct{ calls int }
+
+func (n *countingNext) ServeHTTP(w http.ResponseWriter, _ *http.Request) error {
+	n.calls++
+	w.WriteHeader(http.StatusOK)
+	_, err := io.WriteString(w, "from upstream")
+	return err
+}
+
+// rpcBody is the JSON-RPC error body the handler answers with.
+type rpcBody struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Error   struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// checkRPCError checks that rec holds a JSON-RPC error answer with the
+// given status and code, whose message contains msg.
+func checkRPCError(t *testing.T, rec *httptest.ResponseRecorder, status, code int, msg string) {
+	t.Helper()
+	if rec.Code != status {
+		t.Errorf("status = %d, want %d", rec.Code, status)
+	}
+	if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type = %q, want application/json", ct)
+	}
+	if cc := rec.Header().Get("Cache-Control"); cc != "no-store" {
+		t.Errorf("Cache-Control = %q, want no-store", cc)
+	}
+	wantPrefix := fmt.Sprintf(`{"jsonrpc":"2.0","id":null,"error":{"code":%d,"message":`, code)
+	if !strings.HasPrefix(rec.Body.String(), wantPrefix) {
+		t.Errorf("body = %s, want it to start with %s", rec.Body, wantPrefix)
+	}
+	var body rpcBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatalf("body %q is not JSON: %v", rec.Body, err)
+	}
+	if body.JSONRPC != "2.0" || string(body.ID) != "null" || body.Error.Code != code {
+		t.Errorf("body = %s, want jsonrpc 2.0, id null, code %d", rec.Body, code)
+	}
+	if !strings.Contains(body.Error.Message, msg) {
+		t.Errorf("error message %q does not contain %q", body.Error.Message, msg)
+	}
+}
+
+func TestCheckSessionID(t *testing.T) {
+	visible := make([]byte, 0, 0x7e-0x21+1)
+	for c := byte(0x21); c <= 0x7e; c++ {
+		visible = append(visible, c)
+	}
+	for _, tc := range []struct {
+		name   string
+		id     string
+		maxLen int    // 0: DefaultMaxSessionIDLength
+		want   string // substring of the reason; "" for a valid id
+	}{
+		{name: "go-sdk", id: testSessionID},
+		{name: "uuid", id: "3f1c1d2e-8a4b-4c6d-9e0f-1a2b3c4d5e6f"},
+		{name: "jwt", id: "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl"},
+		{name: "single byte", id: "x"},
+		{name: "punctuation", id: `.-_=+/~:,;"%`},
+		{name: "commas are part of the value", id: "a,b,c"},
+		{name: "every visible byte", id: string(visible)},
+		{name: "empty", id: "", want: "is empty"},
+		{name: "space", id: "a b", want: "byte 0x20 at offset 1"},
+		{name: "leading space", id: " a", want: "byte 0x20 at offset 0"},
+		{name: "tab", id: "a\tb", want: "byte 0x09 at offset 1"},
+		{name: "NUL", id: "a\x00", want: "byte 0x00 at offset 1"},
+		{name: "DEL", id: "ab\x7f", want: "byte 0x7f at offset 2"},
+		{name: "0x80", id: "\x80", want: "byte 0x80 at offset 0"},
+		{name: "0xff", id: "a\xff", want: "byte 0xff at offset 1"},
+		{name: "utf-8", id: "sessión", want: "byte 0xc3 at offset 5"},
+		{name: "newline", id: "a\nb", want: "byte 0x0a"},
+		{name: "at the limit", id: strings.Repeat("a", DefaultMaxSessionIDLength)},
+		{name: "over the limit", id: strings.Repeat("a", DefaultMaxSessionIDLength+1), want: "is 2049 bytes long; the limit is 2048 (max_session_id_length)"},
+		{name: "at a small limit", id: "abcd", maxLen: 4},
+		{name: "over a small limit", id: "abcde", maxLen: 4, want: "is 5 bytes long; the limit is 4"},
+		{name: "length checked first", id: "a b c", maxLen: 4, want: "bytes long"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			maxLen := tc.maxLen
+			if maxLen == 0 {
+				maxLen = DefaultMaxSessionIDLength
+			}
+			got := checkSessionID(tc.id, maxLen)
+			switch {
+			case tc.want == "" && got != "":
+				t.Errorf("checkSessionID(%q) = %q, want it accepted", tc.id, got)
+			case tc.want != "" && !strings.Contains(got, tc.want):
+				t.Errorf("checkSessionID(%q) = %q, want it to contain %q", tc.id, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestServeHTTPRejects covers the requests the handler answers itself.
+func TestServeHTTPRejects(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		handler Handler
+		ids     []string // Mcp-Session-Id fields
+		status  int      // 0: next must be called
+		code    int
+		msg     string
+	}{
+		{name: "no session", ids: nil},
+		{name: "sent twice", ids: []string{"a", "b"}, status: 400, code: CodeInvalidRequest, msg: "Mcp-Session-Id was sent 2 times; send it once"},
+		{name: "sent twice, same value", ids: []string{"a", "a"}, status: 400, code: CodeInvalidRequest, msg: "sent 2 times"},
+		{name: "sent three times", ids: []string{"a", "b", "c"}, status: 400, code: CodeInvalidRequest, msg: "sent 3 times"},
+		{name: "twice, one empty", ids: []string{"", testSessionID}, status: 400, code: CodeInvalidRequest, msg: "sent 2 times"},
+		{name: "empty", ids: []string{""}, status: 400, code: CodeInvalidRequest, msg: "Bad Request: Mcp-Session-Id is empty"},
+		{name: "space", ids: []string{"a b"}, status: 400, code: CodeInvalidRequest, msg: "0x20"},
+		{name: "non-ascii", ids: []string{"\x80"}, status: 400, code: CodeInvalidRequest, msg: "0x80"},
+		{name: "too long", handler: Handler{MaxSessionIDLength: 8}, ids: []string{"123456789"}, status: 400, code: CodeInvalidRequest, msg: "the limit is 8 (max_session_id_length)"},
+		{name: "unknown", ids: []string{testSessionID}, status: 404, code: CodeSessionNotFound, msg: "Session not found"},
+		{name: "unknown, explicit reject", handler: Handler{UnknownSession: UnknownSessionReject}, ids: []string{testSessionID}, status: 404, code: CodeSessionNotFound, msg: "Session not found"},
+		{name: "unknown, forward", handler: Handler{UnknownSession: UnknownSessionForward}, ids: []string{testSessionID}},
+		{name: "malformed, forward", handler: Handler{UnknownSession: UnknownSessionForward}, ids: []string{"a b"}, status: 400, code: CodeInvalidRequest, msg: "0x20"},
+	} {
+		for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodDelete} {
+			t.Run(tc.name+"/"+method, func(t *testing.T) {
+				hc := tc.handler
+				h, _ := provisionHandler(t, &hc)
+				next := new(countingNext)
+				rec := httptest.NewRecorder()
+				if err := h.ServeHTTP(rec, newRequest(method, tc.ids...), next); err != nil {
+					t.Fatalf("ServeHTTP: %v", err)
+				}
+				if tc.status == 0 {
+					if next.calls != 1 || rec.Code != 200 || rec.Body.String() != "from upstream" {
+						t.Errorf("next called %d times, response %d %q; want it passed through", next.calls, rec.Code, rec.Body)
+					}
+					return
+				}
+				if next.calls != 0 {
+					t.Errorf("next called %d times, want 0", next.calls)
+				}
+				checkRPCError(t, rec, tc.status, tc.code, tc.msg)
+				if h.table.Len() != 0 {
+					t.Errorf("table holds %d sessions, want 0", h.table.Len())
+				}
+			})
+		}
+	}
+}
+
+func TestHandlerProvisionDefaults(t *testing.T) {
+	h, _ := provisionHandler(t, &Handler{})
+	if h.Table != "test/"+t.Name() || h.MaxSessions != DefaultMaxSessions || h.SessionTTL != caddy.Duration(DefaultSessionTTL) ||
+		h.MaxSessionIDLength != DefaultMaxSessionIDLength || h.UnknownSession != UnknownSessionReject {
+		t.Errorf("defaults not applied: %+v", h)
+	}
+	var d Handler
+	if err := d.Provision(newContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	defer d.Cleanup()
+	if d.Table != DefaultTableName || d.table == nil {
+		t.Errorf("Table = %q, want %q", d.Table, DefaultTableName)
+	}
+}
+
+func TestHandlerValidate(t *testing.T) {
+	for _, tc := range []struct {
+		h    Handler
+		want string
+	}{
+		{Handler{MaxSessions: -1}, "max_sessions must be positive, got -1"},
+		{Handler{SessionTTL: -1}, "session_ttl must be positive"},
+		{Handler{MaxSessionIDLength: -5}, "max_session_id_length must be positive, got -5"},
+		{Handler{UnknownSession: "maybe"}, `unknown_session must be "reject" or "forward", got "maybe"`},
+	} {
+		h := tc.h
+		h.Table = "validate/" + t.Name()
+		err := h.Provision(newContext(t))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Provision(%+v) = %v, want an error containing %q", tc.h, err, tc.want)
+		}
+		if h.acquired {
+			t.Errorf("an invalid handler acquired its table")
+		}
+	}
+}
+
+// TestHandlersShareTable checks that handlers naming the same table share
+// it, that the last one provisioned sets its bounds, and that it lives
+// until the last one is cleaned up.
+func TestHandlersShareTable(t *testing.T) {
+	name := "shared/" + t.Name()
+	h1, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 10})
+	h1.table.Learn("s1", "a:1")
+	h1.table.Learn("s2", "a:1")
+	h1.table.Learn("s3", "a:1")
+	h2, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 2})
+	if h1.table != h2.table {
+		t.Fatal("handlers with the same table name got different tables")
+	}
+	if h2.table.Len() != 2 {
+		t.Errorf("Len() = %d after the second handler's max_sessions 2, want 2", h2.table.Len())
+	}
+	if err := h1.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h1.Cleanup(); err != nil { // idempotent: must not release twice
+		t.Fatal(err)
+	}
+	h3, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 2})
+	if h3.table != h2.table || h3.table.Len() != 2 {
+		t.Error("the table did not survive while a handler still used it")
+	}
+}
+
+// fakeProxy plays reverse_proxy after the handler: it asks the policy for
+// an upstream of its pool, as reverse_proxy does, and lets respond answer
+// as that upstream.
+type fakeProxy struct {
+	policy   *SessionSelection
+	pool     reverseproxy.UpstreamPool
+	respond  func(w http.ResponseWriter, r *http.Request, up *reverseproxy.Upstream)
+	selected []*reverseproxy.Upstream // one per call; nil when Select gave none
+}
+
+func (p *fakeProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	up := p.policy.Select(p.pool, r, w)
+	p.selected = append(p.selected, up)
+	if up == nil {
+		return caddyhttp.Error(http.StatusServiceUnavailable, errors.New("no upstreams available"))
+	}
+	p.respond(w, r, up)
+	return nil
+}
+
+// last returns the upstream selected by the last call.
+func (p *fakeProxy) last() *reverseproxy.Upstream {
+	if len(p.selected) == 0 {
+		return nil
+	}
+	return p.selected[len(p.selected)-1]
+}
+
+// answer returns a respond function that answers status with the given
+// Mcp-Session-Id fields and a body naming the upstream.
+func answer(status int, ids ...string) func(http.ResponseWriter, *http.Request, *reverseproxy.Upstream) {
+	return func(w http.ResponseWriter, _ *http.Request, up *reverseproxy.Upstream) {
+		for _, id := range ids {
+			w.Header().Add(HeaderSessionID, id)
+		}
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, "from "+up.Dial)
+	}
+}
+
+// affinityFixture is a handler and a fake reverse_proxy using its policy.
+type affinityFixture struct {
+	h     *Handler
+	logs  *observer.ObservedLogs
+	proxy *fakeProxy
+}
+
+func newAffinityFixture(t *testing.T) *affinityFixture {
+	t.Helper()
+	h, logs := provisionHandler(t, &Handler{})
+	policy := provisionPolicy(t, &SessionSelection{})
+	return &affinityFixture{h: h, logs: logs, proxy: &fakeProxy{policy: policy, pool: testPool()}}
+}
+
+// serve sends r through the handler; respond answers for the upstream.
+func (f *affinityFixture) serve(t *testing.T, r *http.Request, respond func(http.ResponseWriter, *http.Request, *reverseproxy.Upstream)) *httptest.ResponseRecorder {
+	t.Helper()
+	f.proxy.respond = respond
+	rec := httptest.NewRecorder()
+	if err := f.h.ServeHTTP(rec, r, f.proxy); err != nil {
+		t.Fatalf("ServeHTTP: %v", err)
+	}
+	return rec
+}
+
+// initialize sends a request without a session, answered 200 with id, and
+// returns the upstream that answered it.
+func (f *affinityFixture) initialize(t *testing.T, id string) *reverseproxy.Upstream {
+	t.Helper()
+	f.serve(t, newRequest(http.MethodPost), answer(http.StatusOK, id))
+	up := f.proxy.last()
+	if up == nil {
+		t.Fatal("initialize: no upstream selected")
+	}
+	if got := lookupDial(f.h.table, id); got != up.Dial {
+		t.Fatalf("after initialize, the table maps the session to %q, want %q", got, up.Dial)
+	}
+	return up
+}
+
+// TestLearning covers which responses to a request without a session teach
+// the table a session.
+func TestLearning(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		respond func(http.ResponseWriter, *http.Request, *reverseproxy.Upstream)
+		learn   bool
+	}{
+		{name: "200", respond: answer(200, testSessionID), learn: true},
+		{name: "201", respond: answer(201, testSessionID), learn: true},
+		{name: "202", respond: answer(202, testSessionID), learn: true},
+		{name: "200 without session", respond: answer(200)},
+		{name: "301", respond: answer(301, testSessionID)},
+		{name: "400", respond: answer(400, testSessionID)},
+		{name: "401", respond: answer(401, testSessionID)},
+		{name: "404", respond: answer(404, testSessionID)},
+		{name: "421", respond: answer(421, testSessionID)},
+		{name: "500", respond: answer(500, testSessionID)},
+		{name: "503", respond: answer(503, testSessionID)},
+		{name: "two session fields", respond: answer(200, testSessionID, "OTHER")},
+		{name: "empty session", respond: answer(200, "")},
+		{name: "malformed session", respond: answer(200, "a b")},
+		{name: "session over max_session_id_length", respond: answer(200, strings.Repeat("x", DefaultMaxSessionIDLength+1))},
+		{
+			name: "103 then 200",
+			respond: func(w http.ResponseWriter, r *http.Request, up *reverseproxy.Upstream) {
+				w.Header().Set("Link", "</style.css>; rel=preload")
+				w.WriteHeader(http.StatusEarlyHints)
+				w.Header().Del("Link")
+				answer(200, testSessionID)(w, r, up)
+			},
+			learn: true,
+		},
+		{
+			name: "100 then 404",
+			respond: func(w http.ResponseWriter, r *http.Request, up *reverseproxy.Upstream) {
+				w.WriteHeader(http.StatusContinue)
+				answer(404, testSessionID)(w, r, up)
+			},
+		},
+		{
+			name: "implicit 200 by Write",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ *reverseproxy.Upstream) {
+				w.Header().Set(HeaderSessionID, testSessionID)
+				_, _ = io.WriteString(w, "data: {}\n\n")
+			},
+			learn: true,
+		},
+		{
+			name: "implicit 200 by Flush",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ *reverseproxy.Upstream) {
+				w.Header().Set(HeaderSessionID, testSessionID)
+				if err := http.NewResponseController(w).Flush(); err != nil {
+					panic(err)
+				}
+			},
+			learn: true,
+		},
+		{
+			name: "implicit 200 by http.Flusher",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ *reverseproxy.Upstream) {
+				w.Header().Set(HeaderSessionID, testSessionID)
+				w.(http.Flusher).Flush()
+			},
+			learn: true,
+		},
+		{
+			// io.Copy uses the writer's ReadFrom when the reader has no WriteTo.
+			name: "implicit 200 by io.Copy",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ *reverseproxy.Upstream) {
+				w.Header().Set(HeaderSessionID, testSessionID)
+				_, _ = io.Copy(w, struct{ io.Reader }{strings.NewReader("data: {}\n\n")})
+			},
+			learn: true,
+		},
+		{
+			name: "header set after WriteHeader is not seen",
+			respond: func(w http.ResponseWriter, _ *http.Request, _ *reverseproxy.Upstream) {
+				w.WriteHeader(200)
+				w.Header().Set(HeaderSessionID, testSessionID)
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newAffinityFixture(t)
+			rec := f.serve(t, newRequest(http.MethodPost), tc.respond)
+			up := f.proxy.last()
+			want := ""
+			if tc.learn {
+				want = up.Dial
+			}
+			if got := lookupDial(f.h.table, testSessionID); got != want {
+				t.Errorf("table maps the session to %q, want %q", got, want)
+			}
+			wantLen := 0
+			if tc.learn {
+				wantLen = 1
+			}
+			if f.h.table.Len() != wantLen {
+				t.Errorf("Len() = %d, want %d", f.h.table.Len(), wantLen)
+			}
+			// The response passes unchanged.
+			if rec.Header().Get("Content-Type") == "application/json" && strings.Contains(rec.Body.String(), "jsonrpc") {
+				t.Errorf("the handler answered itself: %s", rec.Body)
+			}
+			// Session IDs are logged only as fingerprints.
+			for _, e := range f.logs.All() {
+				if strings.Contains(fmt.Sprint(e.ContextMap()), testSessionID) {
+					t.Errorf("log entry %q carries the session ID in clear: %v", e.Message, e.ContextMap())
+				}
+			}
+		})
+	}
+}
+
+// TestLearnAtWriteHeader checks that the session is in the table as soon as
+// the response headers are written, before the body (an SSE stream may
+// keep the body open for as long as the session lives).
+func TestLearnAtWriteHeader(t *testing.T) {
+	f := newAffinityFixture(t)
+	var atHeader, beforeHeader string
+	f.serve(t, newRequest(http.MethodPost), func(w http.ResponseWriter, _ *http.Request, up *reverseproxy.Upstream) {
+		w.Header().Set(HeaderSessionID, testSessionID)
+		w.Header().Set("Content-Type", "text/event-stream")
+		beforeHeader = lookupDial(f.h.table, testSessionID)
+		w.WriteHeader(http.StatusOK)
+		atHeader = lookupDial(f.h.table, testSessionID)
+		_, _ = io.WriteString(w, "event: message\ndata: {}\n\n")
+	})
+	if beforeHeader != "" {
+		t.Errorf("session learned before WriteHeader: %q", beforeHeader)
+	}
+	if atHeader != f.proxy.last().Dial {
+		t.Errorf("right after WriteHeader the table maps the session to %q, want %q", atHeader, f.proxy.last().Dial)
+	}
+}
+
+// TestLearnNeedsPolicy checks that without the mcp_session policy (nothing
+// recorded which upstream answered) nothing is learned, and a warning says why.
+func TestLearnNeedsPolicy(t *testing.T) {
+	h, logs := provisionHandler(t, &Handler{})
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		answer(200, testSessionID)(w, r, &reverseproxy.Upstream{Dial: "10.0.0.1:8080"})
+		return nil
+	})
+	if err := h.ServeHTTP(httptest.NewRecorder(), newRequest(http.MethodPost), next); err != nil {
+		t.Fatal(err)
+	}
+	if h.table.Len() != 0 {
+		t.Errorf("Len() = %d, want 0", h.table.Len())
+	}
+	if n := logs.FilterMessageSnippet("lb_policy mcp_session").FilterLevelExact(zapcore.WarnLevel).Len(); n != 1 {
+		t.Errorf("%d warnings naming lb_policy mcp_session, want 1; logs: %v", n, logs.All())
+	}
+}
+
+func TestPinnedRequestsStick(t *testing.T) {
+	f := newAffinityFixture(t)
+	up := f.initialize(t, testSessionID)
+	other := f.initialize(t, "OTHERSESSION")
+	if other == up {
+		t.Fatal("round robin gave both sessions the same upstream")
+	}
+	for i := range 9 {
+		method := []string{http.MethodPost, http.MethodGet, http.MethodPost}[i%3]
+		rec := f.serve(t, newRequest(method, testSessionID), answer(200))
+		if f.proxy.last() != up {
+			t.Fatalf("request %d (%s) went to %v, want the session's upstream %v", i, method, f.proxy.last(), up)
+		}
+		if rec.Body.String() != "from "+up.Dial {
+			t.Errorf("body = %q", rec.Body)
+		}
+	}
+	// Requests without a session are still balanced.
+	seen := map[*reverseproxy.Upstream]bool{}
+	for range 3 {
+		f.serve(t, newRequest(http.MethodPost), answer(202))
+		seen[f.proxy.last()] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("requests without a session went to %d upstreams, want 3", len(seen))
+	}
+}
+
+// TestPinnedResponses covers what the upstream's answer to a request of a
+// known session does to the table.
+func TestPinnedResponses(t *testing.T) {
+	for _, tc := range []struct {
+		method  string
+		respond func(http.ResponseWriter, *http.Request, *reverseproxy.Upstream)
+		evicted EvictReason // "" if the session stays
+	}{
+		{method: "POST", respond: answer(200)},
+		{method: "POST", respond: answer(202)},
+		{method: "GET", respond: answer(200)},
+		{method: "POST", respond: answer(404), evicted: EvictUpstream404},
+		{method: "GET", respond: answer(404), evicted: EvictUpstream404},
+		{method: "DELETE", respond: answer(404), evicted: EvictUpstream404},
+		{method: "DELETE", respond: answer(200), evicted: EvictDelete},
+		{method: "DELETE", respond: answer(202), evicted: EvictDelete},
+		{method: "DELETE", respond: answer(204), evicted: EvictDelete},
+		{method: "DELETE", respond: answer(405)},
+		{method: "DELETE", respond: answer(400)},
+		{method: "DELETE", respond: answer(500)},
+		{method: "POST", respond: answer(400)},
+		{method: "POST", respond: answer(401)},
+		{method: "POST", respond: answer(403)},
+		{method: "POST", respond: answer(421)},
+		{method: "POST", respond: answer(500)},
+		{method: "POST", respond: answer(503)},
+		{method: "GET", respond: answer(405)},
+		{method: "POST", respond: func(w http.ResponseWriter, r *http.Request, up *reverseproxy.Upstream) {
+			w.WriteHeader(http.StatusEarlyHints)
+			answer(404)(w, r, up)
+		}, evicted: EvictUpstream404},
+	} {
+		rec := httptest.NewRecorder()
+		tc.respond(rec, nil, &reverseproxy.Upstream{})
+		t.Run(fmt.Sprintf("%s %d", tc.method, rec.Code), func(t *testing.T) {
+			f := newAffinityFixture(t)
+			up := f.initialize(t, testSessionID)
+			rec := f.serve(t, newRequest(tc.method, testSessionID), tc.respond)
+			if f.proxy.last() != up {
+				t.Fatalf("request went to %v, want %v", f.proxy.last(), up)
+			}
+			// The upstream's answer passes unchanged.
+			if want := "from " + up.Dial; rec.Body.String() != want {
+				t.Errorf("body = %q, want %q", rec.Body, want)
+			}
+			got := lookupDial(f.h.table, testSessionID)
+			live := f.h.table.Upstreams()[0].LiveSessions()
+			if tc.evicted == "" {
+				if got != up.Dial || live != 1 {
+					t.Errorf("session mapped to %q with %d live, want it kept on %q", got, live, up.Dial)
+				}
+				wantEvictions(t, f.h.table, nil)
+				return
+			}
+			if got != "" || live != 0 {
+				t.Errorf("session mapped to %q with %d live, want it evicted", got, live)
+			}
+			wantEvictions(t, f.h.table, map[EvictReason]uint64{tc.evicted: 1})
+			// The next request of the session is unknown: 404.
+			rec = f.serve(t, newRequest(http.MethodPost, testSessionID), answer(200))
+			checkRPCError(t, rec, 404, CodeSessionNotFound, "Session not found")
+		})
+	}
+}
+
+// TestPinnedResponseNeverRelearns checks that a 2xx response to a request
+// that carried a session changes no mapping, whatever session it names.
+func TestPinnedResponseNeverRelearns(t *testing.T) {
+	f := newAffinityFixture(t)
+	up := f.initialize(t, testSessionID)
+	for _, id := range []string{testSessionID, "NEWSESSION", "a b"} {
+		f.serve(t, newRequest(http.MethodPost, testSessionID), answer(200, id))
+	}
+	if got := lookupDial(f.h.table, testSessionID); got != up.Dial {
+		t.Errorf("session mapped to %q, want %q", got, up.Dial)
+	}
+	if f.h.table.Lookup("NEWSESSION") != nil || f.h.table.Len() != 1 {
+		t.Errorf("a response to a pinned request taught a session; Len() = %d", f.h.table.Len())
+	}
+	wantEvictions(t, f.h.table, nil)
+}
+
+// TestForwardUnknownSession checks unknown_session forward: the request goes
+// to the fallback policy and its answer teaches nothing.
+func TestForwardUnknownSession(t *testing.T) {
+	h, _ := provisionHandler(t, &Handler{UnknownSession: UnknownSessionForward})
+	proxy := &fakeProxy{policy: provisionPolicy(t, &SessionSelection{}), pool: testPool(), respond: answer(200, testSessionID)}
+	rec := httptest.NewRecorder()
+	if err := h.ServeHTTP(rec, newRequest(http.MethodPost, testSessionID), proxy); err != nil {
+		t.Fatal(err)
+	}
+	if proxy.last() == nil || rec.Code != 200 {
+		t.Fatalf("forwarded request: selected %v, status %d", proxy.last(), rec.Code)
+	}
+	if h.table.Len() != 0 {
+		t.Errorf("Len() = %d, want 0", h.table.Len())
+	}
+}
+
+// TestPinnedUpstreamGone checks that a session whose upstream left the pool
+// is dropped and answered 404 without trying another upstream.
+func TestPinnedUpstreamGone(t *testing.T) {
+	f := newAffinityFixture(t)
+	up := f.initialize(t, testSessionID)
+	var rest reverseproxy.UpstreamPool
+	for _, u := range f.proxy.pool {
+		if u != up {
+			rest = append(rest, u)
+		}
+	}
+	f.proxy.pool = rest
+	r := newRequest(http.MethodPost, testSessionID)
+	rec := f.serve(t, r, answer(200))
+	if f.proxy.last() != nil {
+		t.Errorf("request went to %v, want no upstream", f.proxy.last())
+	}
+	if gone, _ := caddyhttp.GetVar(r.Context(), varGone).(bool); !gone {
+		t.Error("the gone variable is not set")
+	}
+	checkRPCError(t, rec, 404, CodeSessionNotFound, "its upstream is gone")
+	if f.h.table.Len() != 0 {
+		t.Errorf("Len() = %d, want 0", f.h.table.Len())
+	}
+	wantEvictions(t, f.h.table, map[EvictReason]uint64{EvictUpstreamGone: 1})
+	for _, u := range f.h.table.Upstreams() {
+		if u.LiveSessions() != 0 {
+			t.Errorf("LiveSessions of %s = %d, want 0", u.Dial(), u.LiveSessions())
+		}
+	}
+}
+
+// TestPinnedErrors checks that errors of the proxy other than a gone
+// upstream pass through and keep the session.
+func TestPinnedErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		next func(w http.ResponseWriter) error
+	}{
+		{"502 before any header", func(http.ResponseWriter) error {
+			return caddyhttp.Error(http.StatusBadGateway, errors.New("read: connection reset by peer"))
+		}},
+		{"error after the header", func(w http.ResponseWriter) error {
+			w.WriteHeader(200)
+			return caddyhttp.Error(http.StatusBadGateway, errors.New("stream cut"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newAffinityFixture(t)
+			f.initialize(t, testSessionID)
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				if f.proxy.policy.Select(f.proxy.pool, r, w) == nil {
+					t.Fatal("no upstream selected")
+				}
+				return tc.next(w)
+			})
+			err := f.h.ServeHTTP(httptest.NewRecorder(), newRequest(http.MethodPost, testSessionID), next)
+			var he caddyhttp.HandlerError
+			if !errors.As(err, &he) || he.StatusCode != http.StatusBadGateway {
+				t.Errorf("ServeHTTP = %v, want the proxy's 502", err)
+			}
+			if f.h.table.Len() != 1 {
+				t.Errorf("Len() = %d, want the session kept", f.h.table.Len())
+			}
+		})
+	}
+}
+
+// streamsOf returns the count of open streams the table holds for id.
+func streamsOf(tbl *Table, id string) int32 {
+	tbl.mu.Lock()
+	defer tbl.mu.Unlock()
+	e, _ := tbl.lru.Peek(id)
+	return e.streams
+}
+
+// TestGetStreamOpen checks that a GET of a session counts as an open stream
+// while it is proxied, and only a GET.
+func TestGetStreamOpen(t *testing.T) {
+	for _, tc := range []struct {
+		method string
+		want   int32
+	}{{http.MethodGet, 1}, {http.MethodPost, 0}, {http.MethodDelete, 0}} {
+		t.Run(tc.method, func(t *testing.T) {
+			f := newAffinityFixture(t)
+			f.initialize(t, testSessionID)
+			var during int32 = -1
+			f.serve(t, newRequest(tc.method, testSessionID), func(w http.ResponseWriter, r *http.Request, up *reverseproxy.Upstream) {
+				during = streamsOf(f.h.table, testSessionID)
+				answer(200)(w, r, up)
+			})
+			if during != tc.want {
+				t.Errorf("open streams while proxying = %d, want %d", during, tc.want)
+			}
+			if after := streamsOf(f.h.table, testSessionID); after != 0 {
+				t.Errorf("open streams after the response = %d, want 0", after)
+			}
+		})
+	}
+}

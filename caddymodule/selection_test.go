@@ -1,0 +1,179 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+// pinnedRequest returns a request whose session the handler found pinned to dial.
+func pinnedRequest(dial string) *http.Request {
+	r := newRequest(http.MethodPost, testSessionID)
+	caddyhttp.SetVar(r.Context(), varPinned, &Upstream{dial: dial})
+	return r
+}
+
+func TestSelectionFallbackSpreads(t *testing.T) {
+	s := provisionPolicy(t, &SessionSelection{})
+	pool := testPool()
+	counts := map[*reverseproxy.Upstream]int{}
+	for range 3 * 4 {
+		r := newRequest(http.MethodPost)
+		up := s.Select(pool, r, nil)
+		if up == nil {
+			t.Fatal("Select = nil for a request without a session")
+		}
+		if sel, _ := caddyhttp.GetVar(r.Context(), varSelected).(*reverseproxy.Upstream); sel != up {
+			t.Errorf("selected variable = %v, want %v", sel, up)
+		}
+		counts[up]++
+	}
+	for _, u := range pool {
+		if counts[u] != 4 {
+			t.Errorf("round_robin sent %d of 12 requests to %s, want 4", counts[u], u.Dial)
+		}
+	}
+}
+
+func TestSelectionConfiguredFallback(t *testing.T) {
+	s := provisionPolicy(t, &SessionSelection{FallbackRaw: json.RawMessage(`{"policy":"first"}`)})
+	pool := testPool()
+	for range 5 {
+		if up := s.Select(pool, newRequest(http.MethodPost), nil); up != pool[0] {
+			t.Fatalf("fallback first selected %v, want %v", up, pool[0])
+		}
+	}
+	// A pinned request ignores the fallback.
+	if up := s.Select(pool, pinnedRequest(pool[2].Dial), nil); up != pool[2] {
+		t.Errorf("pinned request selected %v, want %v", up, pool[2])
+	}
+}
+
+func TestSelectionProvisionErrors(t *testing.T) {
+	for _, raw := range []string{`{"policy":"nonexistent"}`, `{"policy":"mcp_session","fallback":{"policy":"nonexistent"}}`} {
+		s := &SessionSelection{FallbackRaw: json.RawMessage(raw)}
+		if err := s.Provision(newContext(t)); err == nil {
+			t.Errorf("Provision with fallback %s succeeded", raw)
+		}
+	}
+}
+
+func TestSelectPinned(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		dial     string
+		pool     func() reverseproxy.UpstreamPool
+		want     int // index in the pool, -1 for nil
+		wantGone bool
+	}{
+		{name: "first", dial: "10.0.0.1:8080", pool: testPool, want: 0},
+		{name: "last", dial: "10.0.0.3:8080", pool: testPool, want: 2},
+		{name: "not in pool", dial: "10.0.0.9:8080", pool: testPool, want: -1, wantGone: true},
+		{name: "empty pool", dial: "10.0.0.1:8080", pool: func() reverseproxy.UpstreamPool { return nil }, want: -1, wantGone: true},
+		{name: "same host, other port", dial: "10.0.0.1:9090", pool: testPool, want: -1, wantGone: true},
+		{
+			name: "below max_requests",
+			dial: "10.0.0.2:8080",
+			pool: func() reverseproxy.UpstreamPool {
+				p := testPool()
+				p[1].MaxRequests = 1
+				return p
+			},
+			want: 1,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := provisionPolicy(t, &SessionSelection{})
+			pool := tc.pool()
+			r := pinnedRequest(tc.dial)
+			up := s.Select(pool, r, nil)
+			var want *reverseproxy.Upstream
+			if tc.want >= 0 {
+				want = pool[tc.want]
+			}
+			if up != want {
+				t.Errorf("Select = %v, want %v", up, want)
+			}
+			gone, _ := caddyhttp.GetVar(r.Context(), varGone).(bool)
+			if gone != tc.wantGone {
+				t.Errorf("gone = %v, want %v", gone, tc.wantGone)
+			}
+			sel := caddyhttp.GetVar(r.Context(), varSelected)
+			if (want == nil) != (sel == nil) {
+				t.Errorf("selected variable = %v, want %v", sel, want)
+			}
+		})
+	}
+}
+
+func TestSelectionUnmarshalCaddyfile(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		input string
+		want  string // FallbackRaw; "" for none
+		// wantType is the provisioned fallback's type, checked with a type switch.
+		wantType string
+	}{
+		{name: "bare", input: `mcp_session`, wantType: "round_robin"},
+		{name: "empty block", input: `mcp_session {
+		}`, wantType: "round_robin"},
+		{name: "least_conn", input: `mcp_session {
+			fallback least_conn
+		}`, want: `{"policy":"least_conn"}`, wantType: "least_conn"},
+		{name: "with arguments", input: `mcp_session {
+			fallback cookie lb
+		}`, want: `{"name":"lb","policy":"cookie"}`, wantType: "cookie"},
+		{name: "with a block", input: `mcp_session {
+			fallback header X-Client-Id {
+				fallback random
+			}
+		}`, want: `{"fallback":{"policy":"random"},"field":"X-Client-Id","policy":"header"}`, wantType: "header"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var s SessionSelection
+			if err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
+				t.Fatalf("UnmarshalCaddyfile: %v", err)
+			}
+			if string(s.FallbackRaw) != tc.want {
+				t.Errorf("FallbackRaw = %s, want %s", s.FallbackRaw, tc.want)
+			}
+			provisionPolicy(t, &s)
+			var got string
+			switch s.fallback.(type) {
+			case *reverseproxy.RoundRobinSelection:
+				got = "round_robin"
+			case *reverseproxy.LeastConnSelection:
+				got = "least_conn"
+			case *reverseproxy.CookieHashSelection:
+				got = "cookie"
+			case *reverseproxy.HeaderHashSelection:
+				got = "header"
+			}
+			if got != tc.wantType {
+				t.Errorf("fallback is %T, want %s", s.fallback, tc.wantType)
+			}
+		})
+	}
+}
+
+// TestReverseProxyLBPolicy parses the policy where users write it: as the
+// lb_policy of a reverse_proxy.
+func TestReverseProxyLBPolicy(t *testing.T) {
+	d := caddyfile.NewTestDispenser(`reverse_proxy 10.0.0.1:8080 10.0.0.2:8080 {
+		lb_policy mcp_session {
+			fallback least_conn
+		}
+	}`)
+	var rp reverseproxy.Handler
+	if err := rp.UnmarshalCaddyfile(d); err != nil {
+		t.Fatalf("UnmarshalCaddyfile: %v", err)
+	}
+	want := `{"fallback":{"policy":"least_conn"},"policy":"mcp_session"}`
+	if got := string(rp.LoadBalancing.SelectionPolicyRaw); got != want {
+		t.Errorf("selection policy = %s, want %s", got, want)
+	}
+}
