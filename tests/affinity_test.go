@@ -196,16 +196,10 @@ func TestReloadKeepsSessions(t *testing.T) {
 	}
 	for n, cfg := range reloads {
 		reloadViaAdmin(t, siteConfig(p.port(), cfg))
+		hc.CloseIdleConnections()
 		lost := 0
 		for _, s := range css {
-			id, err := whoami(ctx, s.cs)
-			if err != nil && strings.HasSuffix(err.Error(), ": EOF") {
-				// The old server closes its keep-alive connections; a POST
-				// that raced onto one fails with EOF in any Go client before
-				// reaching the proxy's handler. Retry it, as a client would.
-				t.Logf("reload %d: retrying after a connection closed by the old server: %v", n+1, err)
-				id, err = whoami(ctx, s.cs)
-			}
+			id, err := whoamiAcrossReload(ctx, t, hc, s.cs)
 			removed := n == 2 && s.server == bs[0].name
 			switch {
 			case removed && err == nil:
@@ -254,4 +248,26 @@ func reopenLost(ctx context.Context, t testing.TB, url string, hc *http.Client, 
 		}
 	}
 	return css
+}
+
+// whoamiAcrossReload calls whoami, retrying transport errors on fresh
+// connections. During a reload the old server closes its keep-alive
+// connections, and a POST that raced onto one fails with EOF or a reset in
+// any HTTP client before it reaches a handler. A lost mapping is different:
+// it is a 404 from the proxy, which is never retried here.
+func whoamiAcrossReload(ctx context.Context, t testing.TB, hc *http.Client, cs *mcp.ClientSession) (identity, error) {
+	for attempt := 1; ; attempt++ {
+		id, err := whoami(ctx, cs)
+		if err == nil || attempt == 3 || !isConnectionError(err) {
+			return id, err
+		}
+		t.Logf("retrying on a fresh connection: %v", err)
+		hc.CloseIdleConnections()
+	}
+}
+
+// isConnectionError reports whether err is a client connection failure.
+func isConnectionError(err error) bool {
+	msg := err.Error()
+	return strings.HasSuffix(msg, ": EOF") || strings.Contains(msg, "connection reset by peer")
 }

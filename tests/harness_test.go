@@ -199,7 +199,11 @@ func loadCaddyfile(t testing.TB, cfg string) {
 	}
 }
 
-// reloadViaAdmin posts a Caddyfile to the admin endpoint's /load, as `caddy reload` does.
+// reloadViaAdmin posts a Caddyfile to the admin endpoint's /load, as `caddy
+// reload` does. The old server then closes its idle keep-alive connections
+// in the background: a client POST that races onto one of them fails with
+// EOF before reaching any handler (Go's client does not retry POSTs), so
+// tests drop their idle connections after a reload.
 func reloadViaAdmin(t testing.TB, cfg string) {
 	t.Helper()
 	resp, err := http.Post("http://"+adminAddr+"/load", "text/caddyfile", strings.NewReader(cfg))
@@ -211,6 +215,7 @@ func reloadViaAdmin(t testing.TB, cfg string) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("reload: %s: %s", resp.Status, body)
 	}
+	time.Sleep(50 * time.Millisecond) // let the old server close its idle connections
 }
 
 // newHTTPClient returns a client with its own connection pool.

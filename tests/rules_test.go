@@ -426,6 +426,7 @@ func TestUpstreamGone(t *testing.T) {
 	t.Run("removed by reload", func(t *testing.T) {
 		ds, p, owned := setup(t, func(ds []*double) string { return "mcp_proxy " + doubleAddrs(ds) })
 		reloadViaAdmin(t, siteConfig(p.port(), "mcp_proxy "+doubleAddrs(ds[1:])))
+		hc.CloseIdleConnections() // the old server closes them; see reloadViaAdmin
 		check(t, ds, p, owned)
 	})
 
