@@ -129,6 +129,7 @@ func parsePositiveInt(d *caddyfile.Dispenser, name, v string, dst *int) error {
 // UnmarshalCaddyfile sets up the selection policy from Caddyfile tokens. Syntax:
 //
 //	lb_policy mcp_session {
+//	    table    <name>
 //	    fallback <policy> [<policy options...>]
 //	}
 func (s *SessionSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -137,20 +138,33 @@ func (s *SessionSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	for d.NextBlock(0) {
-		if d.Val() != "fallback" {
+		switch d.Val() {
+		case "table":
+			if s.Table != "" {
+				return d.Err("duplicate option 'table'")
+			}
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			s.Table = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		case "fallback":
+			if s.FallbackRaw != nil {
+				return d.Err("fallback selection policy already specified")
+			}
+			if !d.NextArg() {
+				return d.Err("fallback needs a selection policy name, such as 'fallback least_conn'")
+			}
+			raw, err := unmarshalFallback(d)
+			if err != nil {
+				return err
+			}
+			s.FallbackRaw = raw
+		default:
 			return d.Errf("unrecognized mcp_session policy option '%s'", d.Val())
 		}
-		if s.FallbackRaw != nil {
-			return d.Err("fallback selection policy already specified")
-		}
-		if !d.NextArg() {
-			return d.Err("fallback needs a selection policy name, such as 'fallback least_conn'")
-		}
-		raw, err := unmarshalFallback(d)
-		if err != nil {
-			return err
-		}
-		s.FallbackRaw = raw
 	}
 	return nil
 }
@@ -265,6 +279,7 @@ func extractAffinityOptions(d *caddyfile.Dispenser) (*Handler, *SessionSelection
 			}
 		}
 	}
+	policy.Table = handler.Table
 	return handler, policy, nil
 }
 

@@ -93,7 +93,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{name: "unknown_session in caps", input: "mcp_session {\n unknown_session Reject\n}", want: "must be 'reject' or 'forward'"},
 
 		{name: "policy: extra argument", policy: true, input: `mcp_session least_conn`, want: "after 'least_conn'"},
-		{name: "policy: unknown option", policy: true, input: "mcp_session {\n table a\n}", want: "unrecognized mcp_session policy option 'table'"},
+		{name: "policy: unknown option", policy: true, input: "mcp_session {\n tabel a\n}", want: "unrecognized mcp_session policy option 'tabel'"},
 		{name: "policy: fallback without policy", policy: true, input: "mcp_session {\n fallback\n}", want: "fallback needs a selection policy name"},
 		{name: "policy: fallback itself", policy: true, input: "mcp_session {\n fallback mcp_session\n}", want: "the fallback policy cannot be mcp_session itself"},
 		{name: "policy: duplicate fallback", policy: true, input: "mcp_session {\n fallback random\n fallback first\n}", want: "fallback selection policy already specified"},

@@ -137,7 +137,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.table, h.acquired = t, true
 	t.Configure(h.MaxSessions, time.Duration(h.SessionTTL))
-	return nil
+	return registerMetrics(ctx.GetMetricsRegistry())
 }
 
 // Validate checks the handler's settings.
@@ -168,6 +168,7 @@ func (h *Handler) Cleanup() error {
 // balanced and learns the session its response creates.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	ids := r.Header[HeaderSessionID]
+	h.table.Stats.eras[eraOf(r, len(ids))].Add(1)
 	switch len(ids) {
 	case 0:
 		return next.ServeHTTP(newSessionWriter(w, h, r, "", nil), r)
@@ -188,7 +189,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // serveUnknown answers a request whose session the table does not hold.
 func (h *Handler) serveUnknown(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
-	h.debug("unknown session", id, "")
+	h.table.Stats.unknown.Add(1)
+	h.debug("unknown", id, "")
 	if h.UnknownSession == UnknownSessionForward {
 		return next.ServeHTTP(w, r)
 	}
@@ -199,6 +201,8 @@ func (h *Handler) serveUnknown(w http.ResponseWriter, r *http.Request, next cadd
 // applies the upstream's answer to the table.
 func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, up *Upstream) error {
 	caddyhttp.SetVar(r.Context(), varPinned, up)
+	h.table.Stats.pinned.Add(1)
+	h.debug("pinned", id, up.Dial())
 	if r.Method == http.MethodGet {
 		h.table.StreamOpened(id)
 		defer h.table.StreamClosed(id)
@@ -208,9 +212,9 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 	if err == nil || pw.wroteHeader || !upstreamGone(r, err) {
 		return err
 	}
-	if h.table.Evict(id, EvictUpstreamGone) {
-		h.debug("upstream gone", id, up.Dial())
-	}
+	h.table.Stats.gone.Add(1)
+	h.table.Evict(id, EvictUpstreamGone)
+	h.debug("upstream_gone", id, up.Dial())
 	return writeSessionNotFound(w, "Session not found: its upstream is gone")
 }
 
@@ -271,6 +275,24 @@ func (h *Handler) debug(msg, id, upstream string, fields ...zap.Field) {
 		c.Write(append(fields, zap.String("session", fingerprint(id)), zap.String("upstream", upstream))...)
 	}
 }
+
+// eraOf returns the index in eras of the request's protocol era.
+func eraOf(r *http.Request, sessionFields int) int {
+	switch {
+	case sessionFields > 0:
+		return 0 // EraLegacySession
+	case len(r.Header["Mcp-Method"]) > 0:
+		return 1 // EraModern
+	}
+	if v := r.Header["Mcp-Protocol-Version"]; len(v) > 0 && v[0] >= ModernProtocolVersion {
+		return 1 // EraModern
+	}
+	return 2 // EraOther
+}
+
+// ModernProtocolVersion is the first MCP protocol version without sessions.
+// Versions are dates, so they compare as strings.
+const ModernProtocolVersion = "2026-07-28"
 
 // checkSessionID returns why id is not a usable Mcp-Session-Id, or "" if it
 // is: it must be 1 to maxLen bytes of visible ASCII, 0x21-0x7E (MCP

@@ -31,12 +31,18 @@ const DefaultFallbackPolicy = "round_robin"
 // upstream at its `max_requests` selects nothing too (503, or a wait with
 // `lb_try_duration`), but keeps its sessions.
 type SessionSelection struct {
+	// The name of the session table, the same as the `mcp_session` handler's.
+	// The policy reads which upstreams are draining from it. Default: `default`.
+	Table string `json:"table,omitempty"`
+
 	// The selection policy for requests that carry no session, or an unknown
 	// one with `unknown_session forward`. Any `lb_policy` module.
 	// Default: `round_robin`, which spreads new sessions evenly.
 	FallbackRaw json.RawMessage `json:"fallback,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
 
 	fallback reverseproxy.Selector
+	table    *Table
+	acquired bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -47,17 +53,53 @@ func (SessionSelection) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision loads the fallback policy.
+// Provision acquires the session table and loads the fallback policy.
 func (s *SessionSelection) Provision(ctx caddy.Context) error {
+	if s.Table == "" {
+		s.Table = DefaultTableName
+	}
 	if s.FallbackRaw == nil {
 		s.FallbackRaw = caddyconfig.JSONModuleObject(reverseproxy.RoundRobinSelection{}, "policy", DefaultFallbackPolicy, nil)
 	}
+	raw, err := withTable(s.FallbackRaw, s.Table)
+	if err != nil {
+		return fmt.Errorf("loading fallback selection policy: %v", err)
+	}
+	s.FallbackRaw = raw
 	mod, err := ctx.LoadModule(s, "FallbackRaw")
 	if err != nil {
 		return fmt.Errorf("loading fallback selection policy: %v", err)
 	}
 	s.fallback = mod.(reverseproxy.Selector)
+	t, err := acquireTable(s.Table, DefaultMaxSessions, DefaultSessionTTL)
+	if err != nil {
+		return err
+	}
+	s.table, s.acquired = t, true
 	return nil
+}
+
+// Cleanup releases the session table, if Provision acquired it.
+func (s *SessionSelection) Cleanup() error {
+	if s.acquired {
+		releaseTable(s.Table)
+		s.acquired = false
+	}
+	return nil
+}
+
+// withTable gives a least_sessions fallback without a table of its own the
+// policy's table.
+func withTable(raw json.RawMessage, table string) (json.RawMessage, error) {
+	var fields map[string]any
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, err
+	}
+	if fields["policy"] != LeastSessionsPolicy || fields["table"] != nil {
+		return raw, nil
+	}
+	fields["table"] = table
+	return json.Marshal(fields)
 }
 
 // Select returns the upstream that owns the request's session, or, for a
@@ -68,12 +110,26 @@ func (s *SessionSelection) Select(pool reverseproxy.UpstreamPool, r *http.Reques
 	if pinned, _ := caddyhttp.GetVar(ctx, varPinned).(*Upstream); pinned != nil {
 		up = selectPinned(pool, r, pinned.dial)
 	} else {
-		up = s.fallback.Select(pool, r, w)
+		up = s.fallback.Select(s.withoutDraining(pool), r, w)
 	}
 	if up != nil {
 		caddyhttp.SetVar(ctx, varSelected, up)
 	}
 	return up
+}
+
+// withoutDraining returns pool without the upstreams the table drains.
+func (s *SessionSelection) withoutDraining(pool reverseproxy.UpstreamPool) reverseproxy.UpstreamPool {
+	if s.table == nil || !s.table.AnyDraining() {
+		return pool
+	}
+	kept := make(reverseproxy.UpstreamPool, 0, len(pool))
+	for _, u := range pool {
+		if rec := s.table.knownUpstream(u.Dial); rec == nil || !rec.Draining() {
+			kept = append(kept, u)
+		}
+	}
+	return kept
 }
 
 // selectPinned returns the upstream of the pool dialed at dial if it is
@@ -99,5 +155,6 @@ func selectPinned(pool reverseproxy.UpstreamPool, r *http.Request, dial string) 
 // Interface guards
 var (
 	_ caddy.Provisioner     = (*SessionSelection)(nil)
+	_ caddy.CleanerUpper    = (*SessionSelection)(nil)
 	_ reverseproxy.Selector = (*SessionSelection)(nil)
 )

@@ -50,12 +50,46 @@ const (
 	EvictRelearned EvictReason = "relearned"
 )
 
+// evictReasons lists every EvictReason; a reason's index is its counter's.
+var evictReasons = [...]EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstream404, EvictUpstreamGone, EvictAdmin, EvictRelearned}
+
+// index returns the reason's position in evictReasons, or -1.
+func (r EvictReason) index() int {
+	for i, x := range evictReasons {
+		if x == r {
+			return i
+		}
+	}
+	return -1
+}
+
+// Era is the MCP protocol era of a request, as the proxy can tell it from
+// its headers. The values are the `era` label of the requests metric.
+type Era string
+
+// The eras of MCP traffic.
+const (
+	// EraLegacySession: a request carrying Mcp-Session-Id, which exists only
+	// in protocol versions 2025-03-26 to 2025-11-25.
+	EraLegacySession Era = "legacy_session"
+	// EraModern: a sessionless 2026-07-28 (or later) request, recognised by
+	// its Mcp-Method header or an MCP-Protocol-Version of 2026-07-28 or later
+	// (MCP 2026-07-28 transports, §Streamable HTTP headers).
+	EraModern Era = "modern_sessionless"
+	// EraOther: any other request without a session: a legacy initialize,
+	// traffic of stateless servers, CORS preflights.
+	EraOther Era = "other_sessionless"
+)
+
+var eras = [...]Era{EraLegacySession, EraModern, EraOther}
+
 // Upstream is the table's record of one upstream that owns sessions. It is
 // identified by its dial address (reverseproxy.Upstream.Dial), which stays the
 // same across config reloads, unlike *reverseproxy.Upstream values.
 type Upstream struct {
-	dial string
-	live atomic.Int64
+	dial     string
+	live     atomic.Int64
+	draining atomic.Bool
 }
 
 // Dial returns the upstream's dial address, as written in the config.
@@ -64,14 +98,63 @@ func (u *Upstream) Dial() string { return u.dial }
 // LiveSessions returns the number of sessions the table pins to the upstream.
 func (u *Upstream) LiveSessions() int64 { return u.live.Load() }
 
-// entry is the table's value for one session. It is kept small: it is stored
-// inline in the LRU's list element, one per live session.
+// Draining reports whether the upstream is draining: it gets no new
+// sessions but keeps serving its pinned ones.
+func (u *Upstream) Draining() bool { return u.draining.Load() }
+
+// entry is the table's value for one session. It is kept small (24 bytes):
+// it is stored inline in the LRU's list element, one per live session.
 type entry struct {
 	up *Upstream
 	// lastUsed is the time of the last use in nanoseconds since the table's epoch.
 	lastUsed int64
+	// created is when the session was learned, in seconds since the table's epoch.
+	created uint32
 	// streams counts GET streams of the session open through the proxy.
 	streams int32
+}
+
+// SessionInfo describes one session of a table.
+type SessionInfo struct {
+	// Upstream is the dial address of the upstream that owns the session.
+	Upstream string
+	// Age is the time since the session was learned, at 1 s resolution.
+	Age time.Duration
+	// Idle is the time since the session was last used, at 1 s resolution
+	// (the table's touch interval).
+	Idle time.Duration
+	// OpenStreams is the number of GET streams of the session open through the proxy.
+	OpenStreams int
+}
+
+// Stats are a table's counters since it was created. They are read by the
+// metrics collector and the admin API.
+type Stats struct {
+	learned, pinned, unknown, gone atomic.Uint64
+	eras                           [len(eras)]atomic.Uint64
+	evictions                      [len(evictReasons)]atomic.Uint64
+}
+
+// Learned returns the number of sessions learned.
+func (s *Stats) Learned() uint64 { return s.learned.Load() }
+
+// Pinned returns the number of requests sent to their session's upstream.
+func (s *Stats) Pinned() uint64 { return s.pinned.Load() }
+
+// Unknown returns the number of requests answered 404 for an unknown session.
+func (s *Stats) Unknown() uint64 { return s.unknown.Load() }
+
+// Gone returns the number of requests answered 404 because their session's upstream was gone.
+func (s *Stats) Gone() uint64 { return s.gone.Load() }
+
+// Requests returns the number of requests of era.
+func (s *Stats) Requests(era Era) uint64 {
+	for i, e := range eras {
+		if e == era {
+			return s.eras[i].Load()
+		}
+	}
+	return 0
 }
 
 // Table maps MCP session IDs to the upstream that created them. It is safe
@@ -87,12 +170,15 @@ type Table struct {
 
 	mu     sync.Mutex
 	lru    *simplelru.LRU[string, entry]
+	max    int         // guarded by mu
 	reason EvictReason // why the LRU's eviction callback is being called; guarded by mu
 
-	upMu sync.Mutex
-	ups  map[string]*Upstream
+	upMu     sync.RWMutex
+	ups      map[string]*Upstream
+	draining atomic.Int32 // how many upstreams are draining
 
-	evictions sync.Map // EvictReason -> *atomic.Uint64
+	// Stats are the table's counters.
+	Stats Stats
 
 	stop chan struct{}
 	done chan struct{}
@@ -110,7 +196,7 @@ func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.T
 	if err != nil {
 		return nil, fmt.Errorf("session table %q: max_sessions must be at least 1, got %d", name, maxSessions)
 	}
-	t.lru = l
+	t.lru, t.max = l, maxSessions
 	t.ttl.Store(int64(ttl))
 	return t, nil
 }
@@ -128,6 +214,7 @@ func (t *Table) Configure(maxSessions int, ttl time.Duration) {
 		t.mu.Lock()
 		t.reason = EvictLRU
 		t.lru.Resize(maxSessions)
+		t.max = maxSessions
 		t.mu.Unlock()
 	}
 }
@@ -184,8 +271,9 @@ func (t *Table) Learn(id, dial string) bool {
 		t.lru.Remove(id)
 	}
 	t.reason = EvictLRU
-	t.lru.Add(id, entry{up: up, lastUsed: now})
+	t.lru.Add(id, entry{up: up, lastUsed: now, created: uint32(now / int64(time.Second))})
 	up.live.Add(1)
+	t.Stats.learned.Add(1)
 	return true
 }
 
@@ -237,14 +325,17 @@ func (t *Table) Upstreams() []*Upstream {
 
 // Evictions returns how many sessions left the table for reason since it was created.
 func (t *Table) Evictions(reason EvictReason) uint64 {
-	if c, ok := t.evictions.Load(reason); ok {
-		return c.(*atomic.Uint64).Load()
+	if i := reason.index(); i >= 0 {
+		return t.Stats.evictions[i].Load()
 	}
 	return 0
 }
 
 // upstream returns the record of dial, creating it on first use.
 func (t *Table) upstream(dial string) *Upstream {
+	if u := t.knownUpstream(dial); u != nil {
+		return u
+	}
 	t.upMu.Lock()
 	defer t.upMu.Unlock()
 	u, ok := t.ups[dial]
@@ -255,14 +346,62 @@ func (t *Table) upstream(dial string) *Upstream {
 	return u
 }
 
+// knownUpstream returns the record of dial, or nil if the table has none.
+func (t *Table) knownUpstream(dial string) *Upstream {
+	t.upMu.RLock()
+	defer t.upMu.RUnlock()
+	return t.ups[dial]
+}
+
+// SetDraining starts (on) or ends (!on) draining the upstream dialed at
+// dial, and returns its record. A draining upstream gets no new sessions
+// from the mcp_session policy but keeps serving its pinned ones.
+func (t *Table) SetDraining(dial string, on bool) *Upstream {
+	u := t.upstream(dial)
+	if u.draining.Swap(on) != on {
+		if on {
+			t.draining.Add(1)
+		} else {
+			t.draining.Add(-1)
+		}
+	}
+	return u
+}
+
+// AnyDraining reports whether any upstream of the table is draining.
+func (t *Table) AnyDraining() bool { return t.draining.Load() > 0 }
+
+// Info returns what the table knows of session id, without counting it as use.
+func (t *Table) Info(id string) (SessionInfo, bool) {
+	now := t.clock()
+	t.mu.Lock()
+	e, ok := t.lru.Peek(id)
+	t.mu.Unlock()
+	if !ok || t.expired(e, now) {
+		return SessionInfo{}, false
+	}
+	return SessionInfo{
+		Upstream:    e.up.dial,
+		Age:         time.Duration(now/int64(time.Second)-int64(e.created)) * time.Second,
+		Idle:        time.Duration(now - e.lastUsed).Truncate(time.Second),
+		OpenStreams: int(e.streams),
+	}, true
+}
+
+// MaxSessions returns the table's bound.
+func (t *Table) MaxSessions() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.max
+}
+
+// TTL returns the table's idle TTL.
+func (t *Table) TTL() time.Duration { return time.Duration(t.ttl.Load()) }
+
 // onEvict is the LRU's eviction callback; it runs with t.mu held.
 func (t *Table) onEvict(_ string, e entry) {
 	e.up.live.Add(-1)
-	c, ok := t.evictions.Load(t.reason)
-	if !ok {
-		c, _ = t.evictions.LoadOrStore(t.reason, new(atomic.Uint64))
-	}
-	c.(*atomic.Uint64).Add(1)
+	t.Stats.evictions[t.reason.index()].Add(1)
 }
 
 // Sweep removes the sessions that have been idle longer than the TTL and

@@ -1,0 +1,226 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+func init() {
+	caddy.RegisterModule(AdminAPI{})
+}
+
+// AdminAPI is Caddy's admin endpoint for session tables, mounted at
+// /mcp_sessions/. Session IDs are bearer-like: they are accepted only in
+// request bodies (the admin endpoint logs URIs and headers) and are never
+// returned in full.
+//
+//	GET  /mcp_sessions/                          every table: sessions, bounds, and per upstream: live sessions, draining
+//	GET  /mcp_sessions/upstream?table=&upstream= one upstream: live sessions, draining
+//	POST /mcp_sessions/drain    {"table", "upstream"}   stop sending new sessions to the upstream
+//	POST /mcp_sessions/undrain  {"table", "upstream"}   send new sessions to it again
+//	POST /mcp_sessions/lookup   {"table", "session_id"} the session's upstream, age, idle time
+//	POST /mcp_sessions/evict    {"table", "session_id"} forget the session
+//
+// `table` defaults to `default`; `upstream` is a dial address as written in
+// the config, such as `127.0.0.1:9001`.
+type AdminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (AdminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.mcp_sessions",
+		New: func() caddy.Module { return new(AdminAPI) },
+	}
+}
+
+// Routes returns the admin routes of the session tables.
+func (a AdminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: "/mcp_sessions/", Handler: caddy.AdminHandlerFunc(a.serve)}}
+}
+
+// TableStatus is a table in the admin API's answers.
+type TableStatus struct {
+	Table       string           `json:"table"`
+	Sessions    int              `json:"sessions"`
+	MaxSessions int              `json:"max_sessions"`
+	SessionTTL  string           `json:"session_ttl"`
+	Upstreams   []UpstreamStatus `json:"upstreams"`
+}
+
+// UpstreamStatus is one upstream of a table in the admin API's answers.
+// A drain is done when Draining is true and LiveSessions is 0.
+type UpstreamStatus struct {
+	Table        string `json:"table"`
+	Upstream     string `json:"upstream"`
+	LiveSessions int64  `json:"live_sessions"`
+	Draining     bool   `json:"draining"`
+}
+
+// SessionStatus is one session in the admin API's answers. Fingerprint is a
+// short hash of the ID, the one debug logs use; the ID itself is not returned.
+type SessionStatus struct {
+	Table       string  `json:"table"`
+	Fingerprint string  `json:"fingerprint"`
+	Upstream    string  `json:"upstream"`
+	AgeSeconds  float64 `json:"age_seconds"`
+	IdleSeconds float64 `json:"idle_seconds"`
+	OpenStreams int     `json:"open_streams"`
+	Evicted     bool    `json:"evicted,omitempty"`
+}
+
+// adminRequest is the body of the POST endpoints.
+type adminRequest struct {
+	Table     string `json:"table"`
+	Upstream  string `json:"upstream"`
+	SessionID string `json:"session_id"`
+}
+
+func (a AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
+	op := strings.TrimPrefix(r.URL.Path, "/mcp_sessions/")
+	switch op {
+	case "":
+		return a.serveGet(w, r, func() (any, error) { return listTables(), nil })
+	case "upstream":
+		return a.serveGet(w, r, func() (any, error) {
+			return upstreamStatus(r.URL.Query().Get("table"), r.URL.Query().Get("upstream"), nil)
+		})
+	case "drain", "undrain":
+		return a.servePost(w, r, func(req adminRequest) (any, error) {
+			on := op == "drain"
+			return upstreamStatus(req.Table, req.Upstream, &on)
+		})
+	case "lookup", "evict":
+		return a.servePost(w, r, func(req adminRequest) (any, error) {
+			return sessionStatus(req.Table, req.SessionID, op == "evict")
+		})
+	}
+	return apiError(http.StatusNotFound, "unknown endpoint /mcp_sessions/%s; see the README's Operating section", op)
+}
+
+func (AdminAPI) serveGet(w http.ResponseWriter, r *http.Request, get func() (any, error)) error {
+	if r.Method != http.MethodGet {
+		return apiError(http.StatusMethodNotAllowed, "use GET")
+	}
+	v, err := get()
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, v)
+}
+
+func (AdminAPI) servePost(w http.ResponseWriter, r *http.Request, do func(adminRequest) (any, error)) error {
+	if r.Method != http.MethodPost {
+		return apiError(http.StatusMethodNotAllowed, "use POST with a JSON body")
+	}
+	var req adminRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&req); err != nil {
+		return apiError(http.StatusBadRequest, "decoding the JSON body: %v", err)
+	}
+	v, err := do(req)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, v)
+}
+
+// listTables returns the status of every table, by name.
+func listTables() []TableStatus {
+	list := []TableStatus{}
+	tables.Range(func(_, v any) bool {
+		t := v.(*Table)
+		st := TableStatus{Table: t.name, Sessions: t.Len(), MaxSessions: t.MaxSessions(), SessionTTL: t.TTL().String(), Upstreams: []UpstreamStatus{}}
+		for _, u := range t.Upstreams() {
+			st.Upstreams = append(st.Upstreams, statusOf(t, u))
+		}
+		slices.SortFunc(st.Upstreams, func(a, b UpstreamStatus) int { return strings.Compare(a.Upstream, b.Upstream) })
+		list = append(list, st)
+		return true
+	})
+	slices.SortFunc(list, func(a, b TableStatus) int { return strings.Compare(a.Table, b.Table) })
+	return list
+}
+
+// upstreamStatus returns an upstream's status, first setting its draining
+// state if drain is not nil.
+func upstreamStatus(table, dial string, drain *bool) (UpstreamStatus, error) {
+	t, err := findTable(table)
+	if err != nil {
+		return UpstreamStatus{}, err
+	}
+	if dial == "" {
+		return UpstreamStatus{}, apiError(http.StatusBadRequest, "missing upstream: give its dial address as in the config, such as 127.0.0.1:9001")
+	}
+	var u *Upstream
+	if drain != nil {
+		u = t.SetDraining(dial, *drain)
+	} else if u = t.knownUpstream(dial); u == nil {
+		u = &Upstream{dial: dial} // no session learned from it yet
+	}
+	return statusOf(t, u), nil
+}
+
+func statusOf(t *Table, u *Upstream) UpstreamStatus {
+	return UpstreamStatus{Table: t.name, Upstream: u.dial, LiveSessions: u.LiveSessions(), Draining: u.Draining()}
+}
+
+// sessionStatus returns a session's status, first evicting it if evict is true.
+func sessionStatus(table, id string, evict bool) (SessionStatus, error) {
+	t, err := findTable(table)
+	if err != nil {
+		return SessionStatus{}, err
+	}
+	if id == "" {
+		return SessionStatus{}, apiError(http.StatusBadRequest, "missing session_id")
+	}
+	info, ok := t.Info(id)
+	if !ok {
+		return SessionStatus{}, apiError(http.StatusNotFound, "table %q holds no session with fingerprint %s", t.name, fingerprint(id))
+	}
+	st := SessionStatus{
+		Table: t.name, Fingerprint: fingerprint(id), Upstream: info.Upstream,
+		AgeSeconds: info.Age.Seconds(), IdleSeconds: info.Idle.Seconds(), OpenStreams: info.OpenStreams,
+	}
+	if evict {
+		st.Evicted = t.Evict(id, EvictAdmin)
+	}
+	return st, nil
+}
+
+// findTable returns the live table called name ("default" when empty).
+func findTable(name string) (*Table, error) {
+	if name == "" {
+		name = DefaultTableName
+	}
+	var found *Table
+	names := []string{}
+	tables.Range(func(k, v any) bool {
+		names = append(names, k.(string))
+		if k == name {
+			found = v.(*Table)
+		}
+		return found == nil
+	})
+	if found == nil {
+		slices.Sort(names)
+		return nil, apiError(http.StatusNotFound, "no session table named %q; tables in use: %s", name, strings.Join(names, ", "))
+	}
+	return found, nil
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(v)
+}
+
+func apiError(status int, format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	return caddy.APIError{HTTPStatus: status, Err: err, Message: err.Error()}
+}
+
+// Interface guards
+var _ caddy.AdminRouter = (*AdminAPI)(nil)

@@ -1,0 +1,98 @@
+package caddymodule
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric descriptors. Labels never carry session IDs: `table` is a table's
+// name, `upstream` a dial address, `reason` an EvictReason, `era` an Era.
+var (
+	descLive = prometheus.NewDesc("caddy_mcp_sessions_live",
+		"Sessions the table pins to the upstream.", []string{"table", "upstream"}, nil)
+	descDraining = prometheus.NewDesc("caddy_mcp_upstream_draining",
+		"1 while the upstream is draining: it gets no new sessions but serves its pinned ones.", []string{"table", "upstream"}, nil)
+	descMax = prometheus.NewDesc("caddy_mcp_sessions_max",
+		"The table's max_sessions.", []string{"table"}, nil)
+	descLearned = prometheus.NewDesc("caddy_mcp_sessions_learned_total",
+		"Sessions learned from upstream responses.", []string{"table"}, nil)
+	descPinned = prometheus.NewDesc("caddy_mcp_requests_pinned_total",
+		"Requests sent to the upstream that owns their session.", []string{"table"}, nil)
+	descUnknown = prometheus.NewDesc("caddy_mcp_unknown_session_total",
+		"Requests carrying a session the table does not hold (answered 404 unless unknown_session is forward).", []string{"table"}, nil)
+	descGone = prometheus.NewDesc("caddy_mcp_upstream_gone_total",
+		"Requests answered 404 because their session's upstream was removed, unhealthy or refused the connection.", []string{"table"}, nil)
+	descEvicted = prometheus.NewDesc("caddy_mcp_sessions_evicted_total",
+		"Sessions removed from the table, by reason.", []string{"table", "reason"}, nil)
+	descRequests = prometheus.NewDesc("caddy_mcp_requests_total",
+		"Requests seen by the mcp_session handler, by MCP protocol era.", []string{"table", "era"}, nil)
+)
+
+// tableCollector exports every session table's state at scrape time. It
+// reads the package-level pool, so it stays current across reloads, which
+// replace Caddy's metrics registry but keep the tables.
+type tableCollector struct{}
+
+// collector is registered in the registry of every config that provisions a handler.
+var collector tableCollector
+
+// registerMetrics registers the collector in reg; registering it again in
+// the same registry is not an error.
+func registerMetrics(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	err := reg.Register(collector)
+	if are := (prometheus.AlreadyRegisteredError{}); errors.As(err, &are) {
+		return nil
+	}
+	return err
+}
+
+// Describe sends the descriptors of all the plugin's metrics.
+func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descPinned, descUnknown, descGone, descEvicted, descRequests} {
+		ch <- d
+	}
+}
+
+// Collect sends the current values of every table.
+func (tableCollector) Collect(ch chan<- prometheus.Metric) {
+	tables.Range(func(_, v any) bool {
+		collectTable(ch, v.(*Table))
+		return true
+	})
+}
+
+func collectTable(ch chan<- prometheus.Metric, t *Table) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	for _, u := range t.Upstreams() {
+		gauge(descLive, float64(u.LiveSessions()), t.name, u.dial)
+		draining := 0.0
+		if u.Draining() {
+			draining = 1
+		}
+		gauge(descDraining, draining, t.name, u.dial)
+	}
+	gauge(descMax, float64(t.MaxSessions()), t.name)
+	s := &t.Stats
+	counter(descLearned, s.Learned(), t.name)
+	counter(descPinned, s.Pinned(), t.name)
+	counter(descUnknown, s.Unknown(), t.name)
+	counter(descGone, s.Gone(), t.name)
+	for _, r := range evictReasons {
+		counter(descEvicted, t.Evictions(r), t.name, string(r))
+	}
+	for _, e := range eras {
+		counter(descRequests, s.Requests(e), t.name, string(e))
+	}
+}
+
+// Interface guards
+var _ prometheus.Collector = tableCollector{}
