@@ -18,7 +18,7 @@ func pinnedRequest(dial string) *http.Request {
 }
 
 func TestSelectionFallbackSpreads(t *testing.T) {
-	s := provisionPolicy(t, &SessionSelection{})
+	s := provisionPolicy(t, &SessionSelection{FallbackRaw: json.RawMessage(`{"policy":"round_robin"}`)})
 	pool := testPool()
 	counts := map[*reverseproxy.Upstream]int{}
 	for range 3 * 4 {
@@ -118,9 +118,9 @@ func TestSelectionUnmarshalCaddyfile(t *testing.T) {
 		// wantType is the provisioned fallback's type, checked with a type switch.
 		wantType string
 	}{
-		{name: "bare", input: `mcp_session`, wantType: "round_robin"},
+		{name: "bare", input: `mcp_session`, wantType: "least_sessions"},
 		{name: "empty block", input: `mcp_session {
-		}`, wantType: "round_robin"},
+		}`, wantType: "least_sessions"},
 		{name: "least_conn", input: `mcp_session {
 			fallback least_conn
 		}`, want: `{"policy":"least_conn"}`, wantType: "least_conn"},
@@ -146,6 +146,8 @@ func TestSelectionUnmarshalCaddyfile(t *testing.T) {
 			switch s.fallback.(type) {
 			case *reverseproxy.RoundRobinSelection:
 				got = "round_robin"
+			case *LeastSessionsSelection:
+				got = "least_sessions"
 			case *reverseproxy.LeastConnSelection:
 				got = "least_conn"
 			case *reverseproxy.CookieHashSelection:

@@ -197,6 +197,7 @@ func loadCaddyfile(t testing.TB, cfg string) {
 	if err := caddy.Load(js, true); err != nil {
 		t.Fatalf("loading config: %v", err)
 	}
+	time.Sleep(20 * time.Millisecond) // let a replaced server close its idle connections
 }
 
 // reloadViaAdmin posts a Caddyfile to the admin endpoint's /load, as `caddy

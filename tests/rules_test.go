@@ -148,14 +148,14 @@ func TestLearnRules(t *testing.T) {
 		for _, d := range ds {
 			before[d.name] = d.total()
 		}
-		for range 9 {
+		for range 30 {
 			if ex := send(t, hc, http.MethodPost, p.url(), nil, `{}`); ex.status != http.StatusOK || ex.header.Get("Mcp-Session-Id") != "" {
 				t.Fatalf("stateless request: %d %v", ex.status, ex.header)
 			}
 		}
-		for _, d := range ds {
-			if d.total()-before[d.name] != 3 {
-				t.Errorf("%s got %d of 9 sessionless requests; want round_robin's 3", d.name, d.total()-before[d.name])
+		for _, d := range ds { // least_sessions: no sessions anywhere, ties broken at random
+			if d.total() == before[d.name] {
+				t.Errorf("%s got none of 30 sessionless requests", d.name)
 			}
 		}
 	})
