@@ -271,3 +271,27 @@ func isConnectionError(err error) bool {
 	msg := err.Error()
 	return strings.HasSuffix(msg, ": EOF") || strings.Contains(msg, "connection reset by peer")
 }
+
+// TestInteropGoSDK records the Go SDK's row of README.md's
+// Interoperability table: go-sdk clients and servers, SSE and JSON modes.
+func TestInteropGoSDK(t *testing.T) {
+	for _, mode := range []struct {
+		name string
+		json bool
+	}{{"SSE responses", false}, {"JSON responses", true}} {
+		bs := startBackends(t, 3, mode.json)
+		p := startProxy(t, "mcp_proxy "+addrs(bs))
+		res := runSessions(t, p.url(), 50, 5)
+		if res.ok != 50 || res.calls != 250 {
+			t.Fatalf("%s: want 50/50 sessions and 250 pinned calls; got %s", mode.name, res)
+		}
+		recordInterop(interopRow{
+			Server: fmt.Sprintf("go-sdk %s, stateful, %s (3 processes)", goSDKVersion, mode.name),
+			Client: "go-sdk " + goSDKVersion,
+			Result: fmt.Sprintf("%d/50 sessions ok; %d/250 calls answered by the session's server", res.ok, res.calls),
+		})
+	}
+}
+
+// goSDKVersion is the MCP Go SDK version the tests build against.
+const goSDKVersion = "v1.8.0"
