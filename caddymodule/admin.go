@@ -118,8 +118,10 @@ func (AdminAPI) servePost(w http.ResponseWriter, r *http.Request, do func(adminR
 		return apiError(http.StatusMethodNotAllowed, "use POST with a JSON body")
 	}
 	var req adminRequest
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16)).Decode(&req); err != nil {
-		return apiError(http.StatusBadRequest, "decoding the JSON body: %v", err)
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return apiError(http.StatusBadRequest, "decoding the JSON body (fields: table, upstream, session_id): %v", err)
 	}
 	v, err := do(req)
 	if err != nil {

@@ -284,10 +284,23 @@ func eraOf(r *http.Request, sessionFields int) int {
 	case len(r.Header["Mcp-Method"]) > 0:
 		return 1 // EraModern
 	}
-	if v := r.Header["Mcp-Protocol-Version"]; len(v) > 0 && v[0] >= ModernProtocolVersion {
+	if v := r.Header["Mcp-Protocol-Version"]; len(v) > 0 && isDate(v[0]) && v[0] >= ModernProtocolVersion {
 		return 1 // EraModern
 	}
 	return 2 // EraOther
+}
+
+// isDate reports whether v has the shape of an MCP protocol version, YYYY-MM-DD.
+func isDate(v string) bool {
+	if len(v) != len("2006-01-02") {
+		return false
+	}
+	for i := range len(v) {
+		if c := v[i]; (i == 4 || i == 7) != (c == '-') || c != '-' && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // ModernProtocolVersion is the first MCP protocol version without sessions.

@@ -57,6 +57,7 @@ func provisionPolicy(t *testing.T, s *SessionSelection) *SessionSelection {
 	if err := s.Provision(newContext(t)); err != nil {
 		t.Fatalf("Provision: %v", err)
 	}
+	t.Cleanup(func() { _ = s.Cleanup() })
 	return s
 }
 

@@ -99,7 +99,7 @@ func withTable(raw json.RawMessage, table string) (json.RawMessage, error) {
 	if err := json.Unmarshal(raw, &fields); err != nil {
 		return nil, err
 	}
-	if fields["policy"] != LeastSessionsPolicy || fields["table"] != nil {
+	if t, _ := fields["table"]; fields["policy"] != LeastSessionsPolicy || t != nil && t != "" {
 		return raw, nil
 	}
 	fields["table"] = table

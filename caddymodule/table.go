@@ -314,8 +314,8 @@ func (t *Table) Len() int {
 
 // Upstreams returns the table's upstream records, in no particular order.
 func (t *Table) Upstreams() []*Upstream {
-	t.upMu.Lock()
-	defer t.upMu.Unlock()
+	t.upMu.RLock()
+	defer t.upMu.RUnlock()
 	ups := make([]*Upstream, 0, len(t.ups))
 	for _, u := range t.ups {
 		ups = append(ups, u)

@@ -1,0 +1,470 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// adminDo sends one request to the admin endpoint, as Caddy's admin server
+// would route it, and returns the response and the handler's error.
+func adminDo(t *testing.T, method, target, body string) (*httptest.ResponseRecorder, error) {
+	t.Helper()
+	routes := AdminAPI{}.Routes()
+	if len(routes) != 1 || routes[0].Pattern != "/mcp_sessions/" {
+		t.Fatalf("Routes() = %+v, want one route at /mcp_sessions/", routes)
+	}
+	var r *http.Request
+	if body == "" {
+		r = httptest.NewRequest(method, target, nil)
+	} else {
+		r = httptest.NewRequest(method, target, strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+	}
+	rec := httptest.NewRecorder()
+	err := routes[0].Handler.ServeHTTP(rec, r)
+	return rec, err
+}
+
+// adminOK sends one request that must succeed and decodes its JSON answer into v.
+// It returns the raw body.
+func adminOK(t *testing.T, method, target, body string, v any) string {
+	t.Helper()
+	rec, err := adminDo(t, method, target, body)
+	if err != nil {
+		t.Fatalf("%s %s %s: %v", method, target, body, err)
+	}
+	if rec.Code != http.StatusOK {
+		t.Errorf("%s %s: status %d, want 200", method, target, rec.Code)
+	}
+	if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+		t.Errorf("%s %s: Content-Type %q, want application/json", method, target, ct)
+	}
+	if v != nil {
+		dec := json.NewDecoder(strings.NewReader(rec.Body.String()))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(v); err != nil {
+			t.Fatalf("%s %s: body %q: %v", method, target, rec.Body, err)
+		}
+	}
+	return rec.Body.String()
+}
+
+// wantAPIError checks that err is a caddy.APIError with the status, whose
+// message contains every one of msgs, and that nothing was written.
+func wantAPIError(t *testing.T, rec *httptest.ResponseRecorder, err error, status int, msgs ...string) caddy.APIError {
+	t.Helper()
+	var ae caddy.APIError
+	if !errors.As(err, &ae) {
+		t.Fatalf("error = %v (%T), want a caddy.APIError with status %d", err, err, status)
+	}
+	if ae.HTTPStatus != status {
+		t.Errorf("status = %d, want %d (message %q)", ae.HTTPStatus, status, ae.Message)
+	}
+	for _, m := range msgs {
+		if !strings.Contains(ae.Message, m) {
+			t.Errorf("message %q does not contain %q", ae.Message, m)
+		}
+	}
+	if rec.Body.Len() != 0 {
+		t.Errorf("the endpoint wrote %q before erroring; Caddy's admin server writes the error", rec.Body)
+	}
+	return ae
+}
+
+// adminTable acquires a table with a name unique to the test (and suffix),
+// and releases it when the test ends.
+func adminTable(t *testing.T, suffix string, maxSessions int, ttl time.Duration) *Table {
+	t.Helper()
+	name := "admin/" + t.Name() + suffix
+	tbl, err := acquireTable(name, maxSessions, ttl)
+	if err != nil {
+		t.Fatalf("acquireTable: %v", err)
+	}
+	t.Cleanup(func() { releaseTable(name) })
+	return tbl
+}
+
+// clockTable puts a table reading time from a fake clock in the package's
+// pool, as acquireTable would, and removes it when the test ends.
+func clockTable(t *testing.T, maxSessions int, ttl time.Duration) (*Table, *fakeClock) {
+	t.Helper()
+	clk := newFakeClock()
+	name := "admin-clock/" + t.Name()
+	tbl, err := NewTable(name, maxSessions, ttl, clk.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, loaded := tables.LoadOrStore(name, tbl); loaded {
+		t.Fatalf("table %q already in the pool", name)
+	}
+	t.Cleanup(func() { _, _ = tables.Delete(name) })
+	return tbl, clk
+}
+
+func postBody(fields map[string]string) string {
+	b, err := json.Marshal(fields)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+func TestAdminModule(t *testing.T) {
+	info := AdminAPI{}.CaddyModule()
+	if info.ID != "admin.api.mcp_sessions" {
+		t.Errorf("ID = %q", info.ID)
+	}
+	if _, ok := info.New().(caddy.AdminRouter); !ok {
+		t.Errorf("New() = %T, not a caddy.AdminRouter", info.New())
+	}
+}
+
+func TestAdminList(t *testing.T) {
+	b := adminTable(t, "/b", 50, 90*time.Minute)
+	a := adminTable(t, "/a", 7, time.Hour)
+	a.Learn("S1", "10.0.0.2:80")
+	a.Learn("S2", "10.0.0.1:80")
+	a.Learn("S3", "10.0.0.2:80")
+	a.Learn("S4", "10.0.0.3:80")
+	a.Evict("S4", EvictDelete) // 10.0.0.3:80 stays known with 0 sessions
+	a.SetDraining("10.0.0.2:80", true)
+	a.SetDraining("10.0.0.9:80", true) // draining before it owns any session
+
+	var list []TableStatus
+	raw := adminOK(t, http.MethodGet, "/mcp_sessions/", "", &list)
+	if !slices.IsSortedFunc(list, func(x, y TableStatus) int { return strings.Compare(x.Table, y.Table) }) {
+		t.Errorf("tables are not sorted by name: %s", raw)
+	}
+	byName := map[string]TableStatus{}
+	for _, st := range list {
+		byName[st.Table] = st
+		if !slices.IsSortedFunc(st.Upstreams, func(x, y UpstreamStatus) int { return strings.Compare(x.Upstream, y.Upstream) }) {
+			t.Errorf("upstreams of %q are not sorted by dial: %+v", st.Table, st.Upstreams)
+		}
+	}
+	gotA, okA := byName[a.Name()]
+	gotB, okB := byName[b.Name()]
+	if !okA || !okB {
+		t.Fatalf("list %s lacks %q or %q", raw, a.Name(), b.Name())
+	}
+	wantA := TableStatus{Table: a.Name(), Sessions: 3, MaxSessions: 7, SessionTTL: "1h0m0s", Upstreams: []UpstreamStatus{
+		{Table: a.Name(), Upstream: "10.0.0.1:80", LiveSessions: 1},
+		{Table: a.Name(), Upstream: "10.0.0.2:80", LiveSessions: 2, Draining: true},
+		{Table: a.Name(), Upstream: "10.0.0.3:80", LiveSessions: 0},
+		{Table: a.Name(), Upstream: "10.0.0.9:80", LiveSessions: 0, Draining: true},
+	}}
+	if !tableStatusEqual(gotA, wantA) {
+		t.Errorf("table a = %+v\nwant      %+v", gotA, wantA)
+	}
+	wantB := TableStatus{Table: b.Name(), Sessions: 0, MaxSessions: 50, SessionTTL: "1h30m0s", Upstreams: []UpstreamStatus{}}
+	if !tableStatusEqual(gotB, wantB) {
+		t.Errorf("table b = %+v, want %+v", gotB, wantB)
+	}
+	// An empty table lists its upstreams as [], not null.
+	if !strings.Contains(raw, `"table":"`+b.Name()+`","sessions":0,"max_sessions":50,"session_ttl":"1h30m0s","upstreams":[]`) {
+		t.Errorf("body %s does not list table b with \"upstreams\":[]", raw)
+	}
+	for _, id := range []string{"S1", "S2", "S3"} {
+		if strings.Contains(raw, `"`+id+`"`) {
+			t.Errorf("the list carries session ID %q: %s", id, raw)
+		}
+	}
+}
+
+func tableStatusEqual(a, b TableStatus) bool {
+	return a.Table == b.Table && a.Sessions == b.Sessions && a.MaxSessions == b.MaxSessions &&
+		a.SessionTTL == b.SessionTTL && slices.Equal(a.Upstreams, b.Upstreams) && a.Upstreams != nil
+}
+
+func TestAdminUpstream(t *testing.T) {
+	tbl := adminTable(t, "", 10, time.Hour)
+	tbl.Learn("S1", "10.0.0.1:80")
+	tbl.Learn("S2", "10.0.0.1:80")
+	q := func(table, upstream string) string {
+		v := url.Values{}
+		if table != "" {
+			v.Set("table", table)
+		}
+		if upstream != "" {
+			v.Set("upstream", upstream)
+		}
+		return "/mcp_sessions/upstream?" + v.Encode()
+	}
+
+	var st UpstreamStatus
+	raw := adminOK(t, http.MethodGet, q(tbl.Name(), "10.0.0.1:80"), "", &st)
+	if want := (UpstreamStatus{Table: tbl.Name(), Upstream: "10.0.0.1:80", LiveSessions: 2}); st != want {
+		t.Errorf("known upstream = %+v, want %+v", st, want)
+	}
+	if want := `{"table":"` + tbl.Name() + `","upstream":"10.0.0.1:80","live_sessions":2,"draining":false}` + "\n"; raw != want {
+		t.Errorf("body = %q, want %q", raw, want)
+	}
+
+	// An upstream the table has not learned a session from has 0 sessions,
+	// and asking does not create a record for it.
+	st = UpstreamStatus{}
+	adminOK(t, http.MethodGet, q(tbl.Name(), "10.0.0.7:80"), "", &st)
+	if want := (UpstreamStatus{Table: tbl.Name(), Upstream: "10.0.0.7:80"}); st != want {
+		t.Errorf("unknown upstream = %+v, want %+v", st, want)
+	}
+	if tbl.knownUpstream("10.0.0.7:80") != nil {
+		t.Error("a GET created a record for the upstream")
+	}
+
+	// Missing upstream: 400 that says what to give.
+	rec, err := adminDo(t, http.MethodGet, q(tbl.Name(), ""), "")
+	wantAPIError(t, rec, err, http.StatusBadRequest, "missing upstream", "dial address", "127.0.0.1:9001")
+
+	// Unknown table: 404 naming the tables in use.
+	rec, err = adminDo(t, http.MethodGet, q("no-such-table/"+t.Name(), "10.0.0.1:80"), "")
+	wantAPIError(t, rec, err, http.StatusNotFound, `no session table named "no-such-table/`+t.Name()+`"`, "tables in use: ", tbl.Name())
+}
+
+// TestAdminDefaultTable checks that an empty or missing table names "default".
+func TestAdminDefaultTable(t *testing.T) {
+	if _, err := acquireTable(DefaultTableName, DefaultMaxSessions, DefaultSessionTTL); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { releaseTable(DefaultTableName) })
+	var st UpstreamStatus
+	adminOK(t, http.MethodGet, "/mcp_sessions/upstream?upstream=10.9.9.9:1", "", &st)
+	if st.Table != DefaultTableName {
+		t.Errorf("table = %q, want %q", st.Table, DefaultTableName)
+	}
+	st = UpstreamStatus{}
+	adminOK(t, http.MethodPost, "/mcp_sessions/undrain", `{"upstream":"10.9.9.9:1"}`, &st)
+	if st.Table != DefaultTableName || st.Draining {
+		t.Errorf("undrain without table = %+v, want the default table, not draining", st)
+	}
+}
+
+func TestAdminDrainUndrain(t *testing.T) {
+	tbl := adminTable(t, "", 10, time.Hour)
+	tbl.Learn("S1", "10.0.0.1:80")
+	tbl.Learn("S2", "10.0.0.1:80")
+	tbl.Learn("S3", "10.0.0.2:80")
+	body := postBody(map[string]string{"table": tbl.Name(), "upstream": "10.0.0.1:80"})
+
+	post := func(op string, wantDraining bool) {
+		t.Helper()
+		var st UpstreamStatus
+		raw := adminOK(t, http.MethodPost, "/mcp_sessions/"+op, body, &st)
+		want := UpstreamStatus{Table: tbl.Name(), Upstream: "10.0.0.1:80", LiveSessions: 2, Draining: wantDraining}
+		if st != want {
+			t.Errorf("%s = %+v, want %+v", op, st, want)
+		}
+		wantRaw, _ := json.Marshal(want)
+		if raw != string(wantRaw)+"\n" {
+			t.Errorf("%s body = %q, want %q", op, raw, wantRaw)
+		}
+		if u := tbl.knownUpstream("10.0.0.1:80"); u == nil || u.Draining() != wantDraining {
+			t.Errorf("after %s the table's record drains: %v, want %v", op, u != nil && u.Draining(), wantDraining)
+		}
+		if tbl.AnyDraining() != wantDraining {
+			t.Errorf("after %s AnyDraining() = %v, want %v", op, tbl.AnyDraining(), wantDraining)
+		}
+	}
+	post("drain", true)
+	post("drain", true) // idempotent
+	post("undrain", false)
+	post("undrain", false) // idempotent: the count of draining upstreams must not go below 0
+	post("drain", true)
+	post("undrain", false)
+
+	// The other upstream was never touched.
+	if u := tbl.knownUpstream("10.0.0.2:80"); u.Draining() || u.LiveSessions() != 1 {
+		t.Errorf("other upstream: draining %v, %d sessions", u.Draining(), u.LiveSessions())
+	}
+
+	// Two upstreams draining: AnyDraining holds until both are undrained.
+	other := postBody(map[string]string{"table": tbl.Name(), "upstream": "10.0.0.2:80"})
+	adminOK(t, http.MethodPost, "/mcp_sessions/drain", body, nil)
+	adminOK(t, http.MethodPost, "/mcp_sessions/drain", other, nil)
+	adminOK(t, http.MethodPost, "/mcp_sessions/undrain", body, nil)
+	if !tbl.AnyDraining() {
+		t.Error("AnyDraining() = false while 10.0.0.2:80 still drains")
+	}
+	adminOK(t, http.MethodPost, "/mcp_sessions/undrain", other, nil)
+	if tbl.AnyDraining() {
+		t.Error("AnyDraining() = true after every upstream was undrained")
+	}
+
+	// Draining an upstream with no session yet creates its record, so that
+	// it gets no new sessions once it joins the pool.
+	var st UpstreamStatus
+	adminOK(t, http.MethodPost, "/mcp_sessions/drain", postBody(map[string]string{"table": tbl.Name(), "upstream": "10.0.0.5:80"}), &st)
+	if want := (UpstreamStatus{Table: tbl.Name(), Upstream: "10.0.0.5:80", Draining: true}); st != want {
+		t.Errorf("drain of a new upstream = %+v, want %+v", st, want)
+	}
+	if u := tbl.knownUpstream("10.0.0.5:80"); u == nil || !u.Draining() {
+		t.Error("the new upstream's record is missing or not draining")
+	}
+
+	// Errors.
+	rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/drain", postBody(map[string]string{"table": tbl.Name()}))
+	wantAPIError(t, rec, err, http.StatusBadRequest, "missing upstream", "dial address")
+	rec, err = adminDo(t, http.MethodPost, "/mcp_sessions/undrain", postBody(map[string]string{"table": "nope/" + t.Name(), "upstream": "10.0.0.1:80"}))
+	wantAPIError(t, rec, err, http.StatusNotFound, `no session table named "nope/`+t.Name()+`"`, tbl.Name())
+}
+
+func TestAdminLookupEvict(t *testing.T) {
+	tbl, clk := clockTable(t, 10, time.Hour)
+	tbl.Learn(testSessionID, "10.0.0.1:80")
+	tbl.Learn("OTHER-SESSION-ID", "10.0.0.2:80")
+	body := postBody(map[string]string{"table": tbl.Name(), "session_id": testSessionID})
+	fp := fingerprint(testSessionID)
+
+	lookup := func(want SessionStatus) {
+		t.Helper()
+		var st SessionStatus
+		raw := adminOK(t, http.MethodPost, "/mcp_sessions/lookup", body, &st)
+		if st != want {
+			t.Errorf("lookup = %+v, want %+v", st, want)
+		}
+		if strings.Contains(raw, testSessionID) {
+			t.Errorf("lookup body carries the session ID: %s", raw)
+		}
+		if !strings.Contains(raw, `"fingerprint":"`+fp+`"`) {
+			t.Errorf("lookup body %s lacks fingerprint %s", raw, fp)
+		}
+		if strings.Contains(raw, "evicted") {
+			t.Errorf("lookup body %s mentions evicted", raw)
+		}
+	}
+
+	clk.Advance(90 * time.Second)
+	lookup(SessionStatus{Table: tbl.Name(), Fingerprint: fp, Upstream: "10.0.0.1:80", AgeSeconds: 90, IdleSeconds: 90})
+	// An admin lookup is not use of the session.
+	lookup(SessionStatus{Table: tbl.Name(), Fingerprint: fp, Upstream: "10.0.0.1:80", AgeSeconds: 90, IdleSeconds: 90})
+
+	tbl.Lookup(testSessionID) // proxied request: use
+	clk.Advance(5500 * time.Millisecond)
+	tbl.StreamOpened(testSessionID) // a GET stream opens: use too
+	clk.Advance(2500 * time.Millisecond)
+	lookup(SessionStatus{Table: tbl.Name(), Fingerprint: fp, Upstream: "10.0.0.1:80", AgeSeconds: 98, IdleSeconds: 2, OpenStreams: 1})
+
+	if len(fp) != 12 || fp == testSessionID[:12] {
+		t.Errorf("fingerprint %q is not 12 hex digits of a hash", fp)
+	}
+
+	// Evict.
+	var st SessionStatus
+	raw := adminOK(t, http.MethodPost, "/mcp_sessions/evict", body, &st)
+	want := SessionStatus{Table: tbl.Name(), Fingerprint: fp, Upstream: "10.0.0.1:80", AgeSeconds: 98, IdleSeconds: 2, OpenStreams: 1, Evicted: true}
+	if st != want {
+		t.Errorf("evict = %+v, want %+v", st, want)
+	}
+	if strings.Contains(raw, testSessionID) || !strings.Contains(raw, `"evicted":true`) {
+		t.Errorf("evict body = %s, want evicted true and no session ID", raw)
+	}
+	if tbl.Len() != 1 || tbl.Lookup(testSessionID) != nil {
+		t.Errorf("after evict: Len() = %d, session still mapped: %v", tbl.Len(), tbl.Lookup(testSessionID) != nil)
+	}
+	if got := liveSessions(tbl); got["10.0.0.1:80"] != 0 || got["10.0.0.2:80"] != 1 {
+		t.Errorf("live sessions after evict = %v", got)
+	}
+	wantEvictions(t, tbl, map[EvictReason]uint64{EvictAdmin: 1})
+
+	// Evicting or looking up again: 404 naming the fingerprint, never the ID.
+	for _, op := range []string{"evict", "lookup"} {
+		rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/"+op, body)
+		ae := wantAPIError(t, rec, err, http.StatusNotFound, "holds no session with fingerprint "+fp, tbl.Name())
+		if strings.Contains(ae.Message, testSessionID) || strings.Contains(ae.Err.Error(), testSessionID) {
+			t.Errorf("%s error carries the session ID: %q", op, ae.Message)
+		}
+	}
+	wantEvictions(t, tbl, map[EvictReason]uint64{EvictAdmin: 1})
+
+	// Missing session_id.
+	rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/lookup", postBody(map[string]string{"table": tbl.Name()}))
+	wantAPIError(t, rec, err, http.StatusBadRequest, "missing session_id")
+}
+
+// TestAdminLookupExpired checks that a session past its TTL that the janitor
+// has not swept yet is reported as absent, as the proxy would treat it.
+func TestAdminLookupExpired(t *testing.T) {
+	tbl, clk := clockTable(t, 10, time.Minute)
+	tbl.Learn(testSessionID, "10.0.0.1:80")
+	clk.Advance(time.Minute + time.Second)
+	rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/evict", postBody(map[string]string{"table": tbl.Name(), "session_id": testSessionID}))
+	wantAPIError(t, rec, err, http.StatusNotFound, "holds no session")
+	if tbl.Evictions(EvictAdmin) != 0 {
+		t.Error("an expired session was counted as evicted by the admin")
+	}
+}
+
+func TestAdminErrors(t *testing.T) {
+	tbl := adminTable(t, "", 10, time.Hour)
+	tbl.Learn(testSessionID, "10.0.0.1:80")
+	for _, tc := range []struct {
+		name, method, target, body string
+		status                     int
+		msgs                       []string
+	}{
+		{name: "POST list", method: http.MethodPost, target: "/mcp_sessions/", body: `{}`, status: 405, msgs: []string{"use GET"}},
+		{name: "DELETE list", method: http.MethodDelete, target: "/mcp_sessions/", status: 405, msgs: []string{"use GET"}},
+		{name: "POST upstream", method: http.MethodPost, target: "/mcp_sessions/upstream?upstream=a:1", body: `{}`, status: 405, msgs: []string{"use GET"}},
+		{name: "GET drain", method: http.MethodGet, target: "/mcp_sessions/drain?upstream=a:1", status: 405, msgs: []string{"use POST with a JSON body"}},
+		{name: "PUT undrain", method: http.MethodPut, target: "/mcp_sessions/undrain", body: `{"upstream":"a:1"}`, status: 405, msgs: []string{"use POST"}},
+		{name: "GET lookup", method: http.MethodGet, target: "/mcp_sessions/lookup", status: 405, msgs: []string{"use POST"}},
+		{name: "DELETE evict", method: http.MethodDelete, target: "/mcp_sessions/evict", status: 405, msgs: []string{"use POST"}},
+		{name: "unknown endpoint", method: http.MethodGet, target: "/mcp_sessions/sessions", status: 404, msgs: []string{"unknown endpoint /mcp_sessions/sessions"}},
+		{name: "trailing slash", method: http.MethodPost, target: "/mcp_sessions/drain/", body: `{}`, status: 404, msgs: []string{"unknown endpoint"}},
+		{name: "empty body", method: http.MethodPost, target: "/mcp_sessions/drain", status: 400, msgs: []string{"decoding the JSON body", "EOF"}},
+		{name: "truncated JSON", method: http.MethodPost, target: "/mcp_sessions/lookup", body: `{"table":"` + tbl.Name() + `","session_id":"` + testSessionID, status: 400, msgs: []string{"decoding the JSON body"}},
+		{name: "not an object", method: http.MethodPost, target: "/mcp_sessions/evict", body: `["` + testSessionID + `"]`, status: 400, msgs: []string{"decoding the JSON body"}},
+		{name: "wrong type", method: http.MethodPost, target: "/mcp_sessions/evict", body: `{"session_id":["` + testSessionID + `"]}`, status: 400, msgs: []string{"decoding the JSON body"}},
+		{name: "number as table", method: http.MethodPost, target: "/mcp_sessions/drain", body: `{"table":5,"upstream":"a:1"}`, status: 400, msgs: []string{"decoding the JSON body"}},
+		{name: "garbage after a session ID", method: http.MethodPost, target: "/mcp_sessions/lookup", body: `{"session_id":"` + testSessionID + `"x}`, status: 400, msgs: []string{"decoding the JSON body"}},
+		{name: "body over 64 KiB", method: http.MethodPost, target: "/mcp_sessions/lookup", body: `{"table":"` + strings.Repeat("x", 1<<16) + `"}`, status: 400, msgs: []string{"decoding the JSON body"}},
+		{name: "unknown table", method: http.MethodPost, target: "/mcp_sessions/lookup", body: `{"table":"nope","session_id":"` + testSessionID + `"}`, status: 404, msgs: []string{`no session table named "nope"; tables in use: `, tbl.Name()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, err := adminDo(t, tc.method, tc.target, tc.body)
+			ae := wantAPIError(t, rec, err, tc.status, tc.msgs...)
+			if strings.Contains(ae.Message, testSessionID) {
+				t.Errorf("error message carries the session ID: %q", ae.Message)
+			}
+		})
+	}
+	// No error changed the table.
+	if tbl.Len() != 1 || tbl.AnyDraining() || tbl.Evictions(EvictAdmin) != 0 {
+		t.Errorf("errors changed the table: Len %d, draining %v, admin evictions %d", tbl.Len(), tbl.AnyDraining(), tbl.Evictions(EvictAdmin))
+	}
+}
+
+// TestAdminUnknownTableListsSorted checks that the 404 of an unknown table
+// lists every table in use, sorted.
+func TestAdminUnknownTableListsSorted(t *testing.T) {
+	z := adminTable(t, "/z", 10, time.Hour)
+	a := adminTable(t, "/a", 10, time.Hour)
+	rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/lookup", `{"table":"nope","session_id":"x"}`)
+	ae := wantAPIError(t, rec, err, http.StatusNotFound)
+	_, list, ok := strings.Cut(ae.Message, "tables in use: ")
+	if !ok {
+		t.Fatalf("message %q does not list the tables in use", ae.Message)
+	}
+	names := strings.Split(list, ", ")
+	if !slices.IsSorted(names) {
+		t.Errorf("tables in use are not sorted: %q", names)
+	}
+	if !slices.Contains(names, a.Name()) || !slices.Contains(names, z.Name()) {
+		t.Errorf("tables in use %q lack %q or %q", names, a.Name(), z.Name())
+	}
+	// Every table of the pool is named.
+	var all []string
+	tables.Range(func(k, _ any) bool { all = append(all, k.(string)); return true })
+	slices.Sort(all)
+	if !slices.Equal(names, all) {
+		t.Errorf("tables in use = %q, want %q", names, all)
+	}
+}

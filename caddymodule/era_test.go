@@ -1,0 +1,105 @@
+package caddymodule
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+func TestErasOrder(t *testing.T) {
+	// eraOf returns indexes into eras; its comments name them.
+	want := [...]Era{EraLegacySession, EraModern, EraOther}
+	if eras != want {
+		t.Errorf("eras = %v, want %v", eras, want)
+	}
+	var s Stats
+	if got := s.Requests(Era("bogus")); got != 0 {
+		t.Errorf("Requests of an unknown era = %d", got)
+	}
+}
+
+func TestEraOf(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		headers map[string][]string // set with Header.Add, so keys are canonicalised as a server would
+		want    Era
+	}{
+		{name: "nothing", want: EraOther},
+		{name: "session", headers: map[string][]string{"Mcp-Session-Id": {testSessionID}}, want: EraLegacySession},
+		{name: "session, lower case", headers: map[string][]string{"mcp-session-id": {testSessionID}}, want: EraLegacySession},
+		{name: "session and Mcp-Method", headers: map[string][]string{"Mcp-Session-Id": {testSessionID}, "Mcp-Method": {"tools/call"}}, want: EraLegacySession},
+		{name: "session and modern version", headers: map[string][]string{"Mcp-Session-Id": {testSessionID}, "MCP-Protocol-Version": {"2026-07-28"}}, want: EraLegacySession},
+		{name: "session sent twice", headers: map[string][]string{"Mcp-Session-Id": {"a", "b"}}, want: EraLegacySession},
+		{name: "empty session", headers: map[string][]string{"Mcp-Session-Id": {""}}, want: EraLegacySession},
+		{name: "Mcp-Method", headers: map[string][]string{"Mcp-Method": {"tools/list"}}, want: EraModern},
+		{name: "MCP-METHOD", headers: map[string][]string{"MCP-METHOD": {"initialize"}}, want: EraModern},
+		{name: "Mcp-Method with an old version", headers: map[string][]string{"Mcp-Method": {"tools/list"}, "MCP-Protocol-Version": {"2025-06-18"}}, want: EraModern},
+		{name: "version 2026-07-28", headers: map[string][]string{"MCP-Protocol-Version": {"2026-07-28"}}, want: EraModern},
+		{name: "version 2026-07-29", headers: map[string][]string{"MCP-Protocol-Version": {"2026-07-29"}}, want: EraModern},
+		{name: "version 2027-01-15", headers: map[string][]string{"MCP-Protocol-Version": {"2027-01-15"}}, want: EraModern},
+		{name: "version lower case", headers: map[string][]string{"mcp-protocol-version": {"2026-07-28"}}, want: EraModern},
+		{name: "version 2026-07-27", headers: map[string][]string{"MCP-Protocol-Version": {"2026-07-27"}}, want: EraOther},
+		{name: "version 2025-11-25", headers: map[string][]string{"MCP-Protocol-Version": {"2025-11-25"}}, want: EraOther},
+		{name: "version not a date", headers: map[string][]string{"MCP-Protocol-Version": {"DRAFT-2026-v1"}}, want: EraOther},
+		{name: "version date-like garbage", headers: map[string][]string{"MCP-Protocol-Version": {"2026-07-2x"}}, want: EraOther},
+		{name: "version later date", headers: map[string][]string{"MCP-Protocol-Version": {"2027-01-15"}}, want: EraModern},
+		{name: "version 2025-06-18", headers: map[string][]string{"MCP-Protocol-Version": {"2025-06-18"}}, want: EraOther},
+		{name: "version 2025-03-26", headers: map[string][]string{"MCP-Protocol-Version": {"2025-03-26"}}, want: EraOther},
+		{name: "version 2024-11-05", headers: map[string][]string{"MCP-Protocol-Version": {"2024-11-05"}}, want: EraOther},
+		{name: "empty version", headers: map[string][]string{"MCP-Protocol-Version": {""}}, want: EraOther},
+		{name: "first version counts", headers: map[string][]string{"MCP-Protocol-Version": {"2025-11-25", "2026-07-28"}}, want: EraOther},
+		{name: "unrelated headers", headers: map[string][]string{"Accept": {"application/json, text/event-stream"}, "X-Mcp-Method": {"x"}}, want: EraOther},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+			for k, vs := range tc.headers {
+				for _, v := range vs {
+					r.Header.Add(k, v)
+				}
+			}
+			got := eras[eraOf(r, len(r.Header[HeaderSessionID]))]
+			if got != tc.want {
+				t.Errorf("eraOf(%v) = %s, want %s", r.Header, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestServeHTTPCountsEras checks that every request through the handler
+// counts in the table's Stats, whatever the handler does with it.
+func TestServeHTTPCountsEras(t *testing.T) {
+	h, _ := provisionHandler(t, &Handler{})
+	send := func(headers map[string]string, ids ...string) {
+		t.Helper()
+		r := newRequest(http.MethodPost, ids...)
+		for k, v := range headers {
+			r.Header.Set(k, v)
+		}
+		if err := h.ServeHTTP(httptest.NewRecorder(), r, new(countingNext)); err != nil {
+			t.Fatalf("ServeHTTP: %v", err)
+		}
+	}
+	send(nil)                                                                                 // other
+	send(map[string]string{"MCP-Protocol-Version": "2025-11-25"})                             // other
+	send(map[string]string{"MCP-Protocol-Version": "2026-07-28"})                             // modern
+	send(map[string]string{"Mcp-Method": "tools/list"})                                       // modern
+	send(map[string]string{"Mcp-Method": "tools/call", "MCP-Protocol-Version": "2026-07-28"}) // modern
+	send(nil, testSessionID)                                                                  // legacy: unknown session, 404
+	send(map[string]string{"Mcp-Method": "ping"}, testSessionID)                              // legacy: the session wins
+	send(nil, "a", "b")                                                                       // legacy: malformed, 400
+	send(nil, "a b")                                                                          // legacy: malformed, 400
+	h.table.Learn(testSessionID, "10.0.0.1:8080")
+	send(nil, testSessionID) // legacy: pinned (countingNext does not proxy)
+
+	for _, tc := range []struct {
+		era  Era
+		want uint64
+	}{{EraLegacySession, 5}, {EraModern, 3}, {EraOther, 2}} {
+		if got := h.table.Stats.Requests(tc.era); got != tc.want {
+			t.Errorf("Requests(%s) = %d, want %d", tc.era, got, tc.want)
+		}
+	}
+	if h.table.Stats.Unknown() != 2 || h.table.Stats.Pinned() != 1 {
+		t.Errorf("Unknown() = %d, Pinned() = %d; want 2, 1", h.table.Stats.Unknown(), h.table.Stats.Pinned())
+	}
+}
