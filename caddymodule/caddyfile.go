@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -34,6 +35,11 @@ const (
 	// proxyHostHeader makes the upstream see its own host:port as Host, which
 	// the DNS-rebinding protection of MCP SDK servers bound to loopback requires.
 	proxyHostHeader = "{http.reverse_proxy.upstream.hostport}"
+	// proxyUnixHostHeader is the Host sent to unix socket upstreams, which
+	// have no host:port (Go sends an empty Host for a socket path): a
+	// loopback name with a port, which the Python SDK's host check
+	// (`localhost:*`) and the Go SDK's accept.
+	proxyUnixHostHeader = "localhost:80"
 )
 
 // parseMCPSession sets up the handler from Caddyfile tokens.
@@ -51,6 +57,7 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    session_ttl           <duration>
 //	    max_session_id_length <bytes>
 //	    unknown_session       reject|forward
+//	    localhost_protection  on|off
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
@@ -90,6 +97,14 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 				return d.Errf("session_ttl: '%s' is not a positive duration such as 30m or 24h", v)
 			}
 			h.SessionTTL = caddy.Duration(dur)
+			return nil
+		}
+	case "localhost_protection":
+		set = func(v string) error {
+			if v != "on" && v != "off" {
+				return d.Errf("localhost_protection: '%s' must be 'on' or 'off'", v)
+			}
+			h.DisableLocalhostProtection = v == "off"
 			return nil
 		}
 	case "unknown_session":
@@ -199,6 +214,7 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    session_ttl           <duration>
 //	    max_session_id_length <bytes>
 //	    unknown_session       reject|forward
+//	    localhost_protection  on|off
 //	    fallback              <policy> [<policy options...>]
 //
 //	    # any reverse_proxy subdirective except lb_policy
@@ -229,6 +245,7 @@ func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) 
 	if err := rp.FinalizeUnmarshalCaddyfile(h); err != nil {
 		return nil, err
 	}
+	adjustHostForUnixSockets(rp)
 
 	subroute := caddyhttp.Subroute{Routes: caddyhttp.RouteList{{
 		HandlersRaw: []json.RawMessage{
@@ -306,6 +323,24 @@ func extractFallback(d *caddyfile.Dispenser, policy *SessionSelection) error {
 	}
 	policy.FallbackRaw = raw
 	return nil
+}
+
+// adjustHostForUnixSockets replaces the default Host of an mcp_proxy whose
+// upstreams are all unix sockets, unless the user set Host themselves.
+func adjustHostForUnixSockets(rp *reverseproxy.Handler) {
+	if len(rp.Upstreams) == 0 || rp.Headers == nil || rp.Headers.Request == nil {
+		return
+	}
+	host := rp.Headers.Request.Set["Host"]
+	if len(host) != 1 || host[0] != proxyHostHeader {
+		return
+	}
+	for _, u := range rp.Upstreams {
+		if !strings.HasPrefix(u.Dial, "unix/") {
+			return
+		}
+	}
+	rp.Headers.Request.Set["Host"] = []string{proxyUnixHostHeader}
 }
 
 // newProxyHandler returns a reverse_proxy handler with mcp_proxy's defaults.

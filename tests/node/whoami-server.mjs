@@ -1,0 +1,184 @@
+// whoami-server.mjs: a stateful MCP server on the TypeScript SDK
+// (StreamableHTTPServerTransport, sessionIdGenerator randomUUID, one
+// transport per session in a per-process map, as the SDK's example apps do),
+// used by tests/interop_ts_test.go as an upstream of the proxy.
+//
+// Its whoami tool answers {server, session}: this process's --name and the
+// session ID the request arrived on, like the Go whoami server, so the Go
+// test helpers work against it.
+//
+// Usage: node whoami-server.mjs --name NAME [--listen 127.0.0.1:0] [--json]
+//                               [--unknown-session 404|400]
+// Writes "127.0.0.1:PORT" to $MCP_ADDR_FILE once listening.
+//
+// Around the MCP transport it behaves like a typical Node app:
+//   - every response carries X-Custom: NAME, two Set-Cookie headers, and
+//     Mcp-Protocol-Version echoing the request's;
+//   - CORS: OPTIONS preflights get 204 allowing the asked method and headers;
+//   - a request with X-Test-Auth: deny gets 401 with WWW-Authenticate;
+//   - an unknown session gets 404 -32001 (the SDK transport's answer) or,
+//     with --unknown-session 400, the 400 of the SDK's example apps and
+//     server-everything; a request of a known session with
+//     X-Test-Pretend-Unknown: 1 gets that same answer, without the session
+//     being forgotten;
+//   - GET /debug/stats returns counters of what reached this process.
+import fs from 'node:fs';
+import http from 'node:http';
+import { randomUUID } from 'node:crypto';
+import { parseArgs } from 'node:util';
+import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import { z } from 'zod';
+
+const { values: opt } = parseArgs({
+  options: {
+    name: { type: 'string', default: 'ts' },
+    listen: { type: 'string', default: '127.0.0.1:0' },
+    json: { type: 'boolean', default: false },
+    'unknown-session': { type: 'string', default: '404' },
+  },
+});
+if (!['400', '404'].includes(opt['unknown-session'])) {
+  console.error('--unknown-session must be 400 or 404');
+  process.exit(2);
+}
+
+// transports maps session ID to the transport of that session.
+const transports = new Map();
+
+// stats counts what reached this process, for tests to check.
+const stats = { requests: 0, options: 0, initialized: 0, deleted: 0, unknown: 0, bySession: {} };
+
+function newMcpServer() {
+  const server = new McpServer({ name: `whoami-ts-${opt.name}`, version: '1.0.0' });
+  server.registerTool(
+    'whoami',
+    {
+      description: "Reports this server's name and the session ID it sees.",
+      inputSchema: {},
+      outputSchema: { server: z.string(), session: z.string() },
+    },
+    async (_args, extra) => {
+      const out = { server: opt.name, session: extra.sessionId ?? '' };
+      return { content: [{ type: 'text', text: JSON.stringify(out) }], structuredContent: out };
+    },
+  );
+  return server;
+}
+
+function sendJSON(res, status, body, headers = {}) {
+  res.writeHead(status, { 'Content-Type': 'application/json', ...headers });
+  res.end(JSON.stringify(body));
+}
+
+function unknownSession(res) {
+  stats.unknown++;
+  if (opt['unknown-session'] === '400') {
+    sendJSON(res, 400, {
+      jsonrpc: '2.0',
+      error: { code: -32000, message: 'Bad Request: No valid session ID provided' },
+      id: null,
+    });
+  } else {
+    sendJSON(res, 404, { jsonrpc: '2.0', error: { code: -32001, message: 'Session not found' }, id: null });
+  }
+}
+
+async function handle(req, res) {
+  const url = new URL(req.url, 'http://localhost');
+  if (url.pathname === '/debug/stats') {
+    sendJSON(res, 200, { ...stats, sessions: transports.size });
+    return;
+  }
+  stats.requests++;
+  const sid = req.headers['mcp-session-id'];
+  if (sid) stats.bySession[sid] = (stats.bySession[sid] ?? 0) + 1;
+
+  // Headers every response of this app carries.
+  res.setHeader('X-Custom', opt.name);
+  res.setHeader('Set-Cookie', [`srv=${opt.name}; Path=/; HttpOnly`, 'theme=dark; Path=/']);
+  if (req.headers['mcp-protocol-version']) res.setHeader('Mcp-Protocol-Version', req.headers['mcp-protocol-version']);
+  const origin = req.headers.origin;
+  if (origin) {
+    res.setHeader('Access-Control-Allow-Origin', origin);
+    res.setHeader('Access-Control-Expose-Headers', 'Mcp-Session-Id, Mcp-Protocol-Version, X-Custom');
+    res.setHeader('Vary', 'Origin');
+  }
+
+  if (req.method === 'OPTIONS') {
+    stats.options++;
+    res.setHeader('Access-Control-Allow-Methods', 'GET, POST, DELETE');
+    res.setHeader('Access-Control-Allow-Headers', req.headers['access-control-request-headers'] ?? '');
+    res.setHeader('Access-Control-Max-Age', '600');
+    res.writeHead(204);
+    res.end();
+    return;
+  }
+  if (url.pathname !== '/mcp') {
+    sendJSON(res, 404, { error: 'not found' });
+    return;
+  }
+  if (req.headers['x-test-auth'] === 'deny') {
+    sendJSON(
+      res,
+      401,
+      { jsonrpc: '2.0', error: { code: -32001, message: 'Unauthorized' }, id: null },
+      { 'WWW-Authenticate': 'Bearer realm="mcp", resource_metadata="http://127.0.0.1/.well-known/oauth-protected-resource"' },
+    );
+    return;
+  }
+
+  if (sid) {
+    const transport = transports.get(sid);
+    if (!transport || req.headers['x-test-pretend-unknown'] === '1') {
+      unknownSession(res);
+      return;
+    }
+    if (req.method === 'DELETE') stats.deleted++;
+    await transport.handleRequest(req, res);
+    return;
+  }
+  if (req.method !== 'POST') {
+    // GET and DELETE need a session, as in the SDK's example apps.
+    sendJSON(res, 400, {
+      jsonrpc: '2.0',
+      error: { code: -32000, message: 'Bad Request: No valid session ID provided' },
+      id: null,
+    });
+    return;
+  }
+  // A POST without a session: a new session if it is an initialize request
+  // (the transport rejects anything else).
+  const transport = new StreamableHTTPServerTransport({
+    sessionIdGenerator: () => randomUUID(),
+    enableJsonResponse: opt.json,
+    onsessioninitialized: (id) => {
+      stats.initialized++;
+      transports.set(id, transport);
+    },
+  });
+  transport.onclose = () => {
+    if (transport.sessionId) transports.delete(transport.sessionId);
+  };
+  await newMcpServer().connect(transport);
+  await transport.handleRequest(req, res);
+}
+
+const [host, port] = [opt.listen.slice(0, opt.listen.lastIndexOf(':')), Number(opt.listen.slice(opt.listen.lastIndexOf(':') + 1))];
+const httpServer = http.createServer((req, res) => {
+  handle(req, res).catch((err) => {
+    console.error('error handling request:', err);
+    if (!res.headersSent) sendJSON(res, 500, { jsonrpc: '2.0', error: { code: -32603, message: 'Internal server error' }, id: null });
+    else res.end();
+  });
+});
+httpServer.listen(port, host, () => {
+  const { address, port } = httpServer.address();
+  const addr = `${address}:${port}`;
+  if (process.env.MCP_ADDR_FILE) {
+    fs.writeFileSync(`${process.env.MCP_ADDR_FILE}.tmp`, `${addr}\n`);
+    fs.renameSync(`${process.env.MCP_ADDR_FILE}.tmp`, process.env.MCP_ADDR_FILE);
+  }
+  console.log(`whoami-ts ${opt.name} listening on http://${addr}/mcp`);
+});
+for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(0));
