@@ -45,32 +45,48 @@ func (a AdminAPI) Routes() []caddy.AdminRoute {
 
 // TableStatus is a table in the admin API's answers.
 type TableStatus struct {
-	Table       string           `json:"table"`
-	Sessions    int              `json:"sessions"`
-	MaxSessions int              `json:"max_sessions"`
-	SessionTTL  string           `json:"session_ttl"`
-	Upstreams   []UpstreamStatus `json:"upstreams"`
+	// Table is the table's name.
+	Table string `json:"table"`
+	// Sessions is the number of sessions in the table.
+	Sessions int `json:"sessions"`
+	// MaxSessions is the table's bound (max_sessions).
+	MaxSessions int `json:"max_sessions"`
+	// SessionTTL is the idle TTL, as a Go duration such as "24h0m0s".
+	SessionTTL string `json:"session_ttl"`
+	// Upstreams are the upstreams the table knows, by dial address.
+	Upstreams []UpstreamStatus `json:"upstreams"`
 }
 
 // UpstreamStatus is one upstream of a table in the admin API's answers.
 // A drain is done when Draining is true and LiveSessions is 0.
 type UpstreamStatus struct {
-	Table        string `json:"table"`
-	Upstream     string `json:"upstream"`
-	LiveSessions int64  `json:"live_sessions"`
-	Draining     bool   `json:"draining"`
+	// Table is the table's name.
+	Table string `json:"table"`
+	// Upstream is the upstream's dial address, as in the config.
+	Upstream string `json:"upstream"`
+	// LiveSessions is the number of sessions pinned to the upstream.
+	LiveSessions int64 `json:"live_sessions"`
+	// Draining is true while the upstream gets no new sessions.
+	Draining bool `json:"draining"`
 }
 
 // SessionStatus is one session in the admin API's answers. Fingerprint is a
 // short hash of the ID, the one debug logs use; the ID itself is not returned.
 type SessionStatus struct {
-	Table       string  `json:"table"`
-	Fingerprint string  `json:"fingerprint"`
-	Upstream    string  `json:"upstream"`
-	AgeSeconds  float64 `json:"age_seconds"`
+	// Table is the table's name.
+	Table string `json:"table"`
+	// Fingerprint is the first 12 hex digits of the session ID's SHA-256.
+	Fingerprint string `json:"fingerprint"`
+	// Upstream is the dial address of the upstream that owns the session.
+	Upstream string `json:"upstream"`
+	// AgeSeconds is the time since the session was learned, in seconds.
+	AgeSeconds float64 `json:"age_seconds"`
+	// IdleSeconds is the time since the session was last used, in seconds (1 s resolution).
 	IdleSeconds float64 `json:"idle_seconds"`
-	OpenStreams int     `json:"open_streams"`
-	Evicted     bool    `json:"evicted,omitempty"`
+	// OpenStreams is the number of GET streams of the session open through the proxy.
+	OpenStreams int `json:"open_streams"`
+	// Evicted is true in the answer to an evict call that removed the session.
+	Evicted bool `json:"evicted,omitempty"`
 }
 
 // adminRequest is the body of the POST endpoints.
@@ -157,11 +173,18 @@ func upstreamStatus(table, dial string, drain *bool) (UpstreamStatus, error) {
 	if dial == "" {
 		return UpstreamStatus{}, apiError(http.StatusBadRequest, "missing upstream: give its dial address as in the config, such as 127.0.0.1:9001")
 	}
-	var u *Upstream
+	if t.knownUpstream(dial) == nil {
+		known := []string{}
+		for _, u := range t.Upstreams() {
+			known = append(known, u.dial)
+		}
+		slices.Sort(known)
+		return UpstreamStatus{}, apiError(http.StatusNotFound, "table %q knows no upstream %q; give the dial address exactly as in the config. "+
+			"Known upstreams (those the proxy has routed to since the table was created): %s", t.name, dial, strings.Join(known, ", "))
+	}
+	u := t.knownUpstream(dial)
 	if drain != nil {
 		u = t.SetDraining(dial, *drain)
-	} else if u = t.knownUpstream(dial); u == nil {
-		u = &Upstream{dial: dial} // no session learned from it yet
 	}
 	return statusOf(t, u), nil
 }

@@ -209,19 +209,17 @@ func TestAdminUpstream(t *testing.T) {
 		t.Errorf("body = %q, want %q", raw, want)
 	}
 
-	// An upstream the table has not learned a session from has 0 sessions,
-	// and asking does not create a record for it.
-	st = UpstreamStatus{}
-	adminOK(t, http.MethodGet, q(tbl.Name(), "10.0.0.7:80"), "", &st)
-	if want := (UpstreamStatus{Table: tbl.Name(), Upstream: "10.0.0.7:80"}); st != want {
-		t.Errorf("unknown upstream = %+v, want %+v", st, want)
-	}
+	// An upstream the table does not know (a typo, or one the proxy never
+	// routed to): 404 listing the known ones, so that a typo never looks
+	// like "drain done"; asking does not create a record for it.
+	rec, err := adminDo(t, http.MethodGet, q(tbl.Name(), "10.0.0.7:80"), "")
+	wantAPIError(t, rec, err, http.StatusNotFound, `knows no upstream "10.0.0.7:80"`, "10.0.0.1:80")
 	if tbl.knownUpstream("10.0.0.7:80") != nil {
 		t.Error("a GET created a record for the upstream")
 	}
 
 	// Missing upstream: 400 that says what to give.
-	rec, err := adminDo(t, http.MethodGet, q(tbl.Name(), ""), "")
+	rec, err = adminDo(t, http.MethodGet, q(tbl.Name(), ""), "")
 	wantAPIError(t, rec, err, http.StatusBadRequest, "missing upstream", "dial address", "127.0.0.1:9001")
 
 	// Unknown table: 404 naming the tables in use.
@@ -235,6 +233,8 @@ func TestAdminDefaultTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { releaseTable(DefaultTableName) })
+	tbl, _ := findTable(DefaultTableName)
+	tbl.upstream("10.9.9.9:1") // an upstream the proxy has routed to
 	var st UpstreamStatus
 	adminOK(t, http.MethodGet, "/mcp_sessions/upstream?upstream=10.9.9.9:1", "", &st)
 	if st.Table != DefaultTableName {
@@ -298,19 +298,16 @@ func TestAdminDrainUndrain(t *testing.T) {
 		t.Error("AnyDraining() = true after every upstream was undrained")
 	}
 
-	// Draining an upstream with no session yet creates its record, so that
-	// it gets no new sessions once it joins the pool.
-	var st UpstreamStatus
-	adminOK(t, http.MethodPost, "/mcp_sessions/drain", postBody(map[string]string{"table": tbl.Name(), "upstream": "10.0.0.5:80"}), &st)
-	if want := (UpstreamStatus{Table: tbl.Name(), Upstream: "10.0.0.5:80", Draining: true}); st != want {
-		t.Errorf("drain of a new upstream = %+v, want %+v", st, want)
-	}
-	if u := tbl.knownUpstream("10.0.0.5:80"); u == nil || !u.Draining() {
-		t.Error("the new upstream's record is missing or not draining")
+	// Draining an upstream the table does not know is refused: it would
+	// report "drain done" for a typo.
+	rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/drain", postBody(map[string]string{"table": tbl.Name(), "upstream": "10.0.0.5:80"}))
+	wantAPIError(t, rec, err, http.StatusNotFound, `knows no upstream "10.0.0.5:80"`)
+	if tbl.knownUpstream("10.0.0.5:80") != nil {
+		t.Error("a refused drain created a record for the upstream")
 	}
 
 	// Errors.
-	rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/drain", postBody(map[string]string{"table": tbl.Name()}))
+	rec, err = adminDo(t, http.MethodPost, "/mcp_sessions/drain", postBody(map[string]string{"table": tbl.Name()}))
 	wantAPIError(t, rec, err, http.StatusBadRequest, "missing upstream", "dial address")
 	rec, err = adminDo(t, http.MethodPost, "/mcp_sessions/undrain", postBody(map[string]string{"table": "nope/" + t.Name(), "upstream": "10.0.0.1:80"}))
 	wantAPIError(t, rec, err, http.StatusNotFound, `no session table named "nope/`+t.Name()+`"`, tbl.Name())

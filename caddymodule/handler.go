@@ -1,12 +1,14 @@
 package caddymodule
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -71,12 +73,15 @@ const (
 type Handler struct {
 	// The name of the session table. Handlers and selection policies with the
 	// same table name share sessions; the table survives config reloads while
-	// any config uses it. Default: `default`.
+	// any config uses it. Handlers of one config that share a table must give
+	// it the same max_sessions and session_ttl; a reload's bounds apply when
+	// its config serves its first request, so a failed reload changes nothing.
+	// Default: `default`.
 	Table string `json:"table,omitempty"`
 
 	// The most sessions the table holds. When it is full, learning a new
 	// session evicts the least recently used one. Each session costs about
-	// 150 bytes plus its ID. Default: 100000 (about 20 MiB when full).
+	// 150 bytes plus its ID. Default: 100000 (about 18 MiB when full).
 	MaxSessions int `json:"max_sessions,omitempty"`
 
 	// How long a session may go unused before the table forgets it. Every
@@ -109,9 +114,10 @@ type Handler struct {
 	// on loopback. Default: false.
 	DisableLocalhostProtection bool `json:"disable_localhost_protection,omitempty"`
 
-	table    *Table
-	acquired bool
-	logger   *zap.Logger
+	table      *Table
+	acquired   bool
+	configured *sync.Once // applies the bounds to the table at the first request
+	logger     *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -144,13 +150,53 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.Validate(); err != nil {
 		return err
 	}
+	if err := h.claimTable(ctx); err != nil {
+		return err
+	}
 	t, err := acquireTable(h.Table, h.MaxSessions, time.Duration(h.SessionTTL))
 	if err != nil {
 		return err
 	}
 	h.table, h.acquired = t, true
-	t.Configure(h.MaxSessions, time.Duration(h.SessionTTL))
+	h.configured = new(sync.Once)
+	t.SetLogger(h.logger)
 	return registerMetrics(ctx.GetMetricsRegistry())
+}
+
+// claims records, per table name, the bounds the handlers of the config
+// being loaded give it, to catch two handlers of one config that share a
+// table but disagree on its bounds.
+var claims = struct {
+	sync.Mutex
+	m map[string]claim
+}{m: map[string]claim{}}
+
+type claim struct {
+	config      context.Context // identifies the config load
+	maxSessions int
+	ttl         caddy.Duration
+}
+
+// claimTable errors if another handler of the same config gave the table other bounds.
+func (h *Handler) claimTable(ctx caddy.Context) error {
+	claims.Lock()
+	defer claims.Unlock()
+	c, ok := claims.m[h.Table]
+	if ok && c.config == ctx.Context && (c.maxSessions != h.MaxSessions || c.ttl != h.SessionTTL) {
+		return fmt.Errorf("session table %q: max_sessions %d and session_ttl %s here, but %d and %s in another handler of this config "+
+			"that shares the table; give them the same settings, or different table names",
+			h.Table, h.MaxSessions, time.Duration(h.SessionTTL), c.maxSessions, time.Duration(c.ttl))
+	}
+	claims.m[h.Table] = claim{config: ctx.Context, maxSessions: h.MaxSessions, ttl: h.SessionTTL}
+	return nil
+}
+
+// configureTable applies the handler's bounds to its table, once, when the
+// handler serves its first request: only then is its config known to be
+// running. A config that fails to load must not shrink a table that the
+// running config uses.
+func (h *Handler) configureTable() {
+	h.configured.Do(func() { h.table.Configure(h.MaxSessions, time.Duration(h.SessionTTL)) })
 }
 
 // Validate checks the handler's settings.
@@ -180,6 +226,7 @@ func (h *Handler) Cleanup() error {
 // ServeHTTP pins the request to its session's upstream, or lets it be
 // balanced and learns the session its response creates.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	h.configureTable()
 	if !h.DisableLocalhostProtection && rebinding(r) {
 		return writeRPCError(w, http.StatusForbidden, CodeInvalidRequest, fmt.Sprintf("Forbidden: invalid Host header %q: "+
 			"this proxy listens on loopback and serves only localhost names (DNS rebinding protection); "+
@@ -281,9 +328,7 @@ func (h *Handler) evictAfter(r *http.Request, id string, up *Upstream, status in
 	default:
 		return
 	}
-	if h.table.Evict(id, reason) {
-		h.debug("evicted", id, up.Dial(), zap.String("reason", string(reason)))
-	}
+	h.table.Evict(id, reason) // the table logs the eviction
 }
 
 // debug logs one decision at debug level, with a fingerprint of the session

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -269,8 +270,8 @@ func TestHandlerValidate(t *testing.T) {
 }
 
 // TestHandlersShareTable checks that handlers naming the same table share
-// it, that the last one provisioned sets its bounds, and that it lives
-// until the last one is cleaned up.
+// it, that the last one to serve a request sets its bounds, and that it
+// lives until the last one is cleaned up.
 func TestHandlersShareTable(t *testing.T) {
 	name := "shared/" + t.Name()
 	h1, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 10})
@@ -281,6 +282,10 @@ func TestHandlersShareTable(t *testing.T) {
 	if h1.table != h2.table {
 		t.Fatal("handlers with the same table name got different tables")
 	}
+	if h2.table.Len() != 3 {
+		t.Errorf("Len() = %d after provisioning a handler with max_sessions 2 that served nothing yet, want 3", h2.table.Len())
+	}
+	h2.configureTable() // its first request
 	if h2.table.Len() != 2 {
 		t.Errorf("Len() = %d after the second handler's max_sessions 2, want 2", h2.table.Len())
 	}
@@ -291,8 +296,54 @@ func TestHandlersShareTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	h3, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 2})
+	h3.configureTable()
 	if h3.table != h2.table || h3.table.Len() != 2 {
 		t.Error("the table did not survive while a handler still used it")
+	}
+}
+
+// TestFailedReloadLeavesTable: a config that provisions a handler with
+// other bounds and then fails to load (Provision, then Cleanup, never a
+// request) must not change the table the running config uses.
+func TestFailedReloadLeavesTable(t *testing.T) {
+	name := "reload/" + t.Name()
+	running, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 10, SessionTTL: caddy.Duration(time.Hour)})
+	running.configureTable()
+	for _, id := range []string{"s1", "s2", "s3"} {
+		running.table.Learn(id, "a:1")
+	}
+	failed := &Handler{Table: name, MaxSessions: 1, SessionTTL: caddy.Duration(time.Second)}
+	if err := failed.Provision(newContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := failed.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if n, max, ttl := running.table.Len(), running.table.MaxSessions(), running.table.TTL(); n != 3 || max != 10 || ttl != time.Hour {
+		t.Errorf("after a failed load: %d sessions, max_sessions %d, ttl %s; want 3, 10, 1h", n, max, ttl)
+	}
+}
+
+// TestConflictingBoundsInOneConfig: two handlers of one config that share
+// a table must agree on its bounds.
+func TestConflictingBoundsInOneConfig(t *testing.T) {
+	ctx := newContext(t)
+	name := "conflict/" + t.Name()
+	a := &Handler{Table: name, MaxSessions: 5}
+	if err := a.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Cleanup() })
+	same := &Handler{Table: name, MaxSessions: 5}
+	if err := same.Provision(ctx); err != nil {
+		t.Fatalf("same bounds: %v", err)
+	}
+	t.Cleanup(func() { _ = same.Cleanup() })
+	b := &Handler{Table: name, MaxSessions: 50000}
+	err := b.Provision(ctx)
+	t.Cleanup(func() { _ = b.Cleanup() })
+	if err == nil || !strings.Contains(err.Error(), "different table names") {
+		t.Fatalf("conflicting bounds in one config: err = %v, want one that says what to change", err)
 	}
 }
 
@@ -605,7 +656,7 @@ func TestPinnedResponses(t *testing.T) {
 				t.Errorf("body = %q, want %q", rec.Body, want)
 			}
 			got := lookupDial(f.h.table, testSessionID)
-			live := f.h.table.Upstreams()[0].LiveSessions()
+			live := f.h.table.knownUpstream(up.Dial).LiveSessions()
 			if tc.evicted == "" {
 				if got != up.Dial || live != 1 {
 					t.Errorf("session mapped to %q with %d live, want it kept on %q", got, live, up.Dial)

@@ -199,6 +199,7 @@ func TestHandlerProvisionRegistersMetrics(t *testing.T) {
 		t.Fatalf("Provision in a second config: %v", err)
 	}
 	t.Cleanup(func() { _ = h.Cleanup() })
+	h.configureTable() // its first request
 	for _, reg := range []*prometheus.Registry{ctx.GetMetricsRegistry(), ctx2.GetMetricsRegistry()} {
 		got, _ := gatherPlugin(t, reg)
 		wantSeries(t, got.ofTable(name), tableSeries(name, 43))

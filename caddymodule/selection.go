@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -47,6 +48,7 @@ type SessionSelection struct {
 	fallback reverseproxy.Selector
 	table    *Table
 	acquired bool
+	lastPool *atomic.Pointer[*reverseproxy.Upstream] // the first element of the last pool noted
 }
 
 // CaddyModule returns the Caddy module information.
@@ -80,6 +82,7 @@ func (s *SessionSelection) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.table, s.acquired = t, true
+	s.lastPool = new(atomic.Pointer[*reverseproxy.Upstream])
 	return nil
 }
 
@@ -114,12 +117,26 @@ func (s *SessionSelection) Select(pool reverseproxy.UpstreamPool, r *http.Reques
 	if pinned, _ := caddyhttp.GetVar(ctx, varPinned).(*Upstream); pinned != nil {
 		up = selectPinned(pool, r, pinned.dial)
 	} else {
+		s.notePool(pool)
 		up = s.fallback.Select(s.withoutDraining(pool), r, w)
 	}
 	if up != nil {
 		caddyhttp.SetVar(ctx, varSelected, up)
 	}
 	return up
+}
+
+// notePool records the pool's upstreams in the table once per pool, so
+// that the admin API knows every configured upstream, not only those that
+// own sessions.
+func (s *SessionSelection) notePool(pool reverseproxy.UpstreamPool) {
+	if s.table == nil || len(pool) == 0 || s.lastPool.Load() == &pool[0] {
+		return
+	}
+	for _, u := range pool {
+		s.table.upstream(u.Dial)
+	}
+	s.lastPool.Store(&pool[0])
 }
 
 // withoutDraining returns pool without the upstreams the table drains.
@@ -136,16 +153,21 @@ func (s *SessionSelection) withoutDraining(pool reverseproxy.UpstreamPool) rever
 	return kept
 }
 
-// selectPinned returns the upstream of the pool dialed at dial if it is
-// healthy and below its max_requests. When it is missing or unhealthy it
-// marks the request's upstream as gone.
+// selectPinned returns the upstream of the pool dialed at dial, unless it is
+// gone: missing from the pool, or unhealthy per active health checks (or
+// its circuit breaker). Then it marks the request's upstream as gone and
+// returns nil. A pinned session cannot go anywhere else, so passive health
+// failures do not end it: one client's failed request must not cost every
+// session of a live upstream. Its request goes to the upstream, and a
+// refused connection then ends the session. An upstream at its
+// max_requests returns nil without ending the session (503).
 func selectPinned(pool reverseproxy.UpstreamPool, r *http.Request, dial string) *reverseproxy.Upstream {
 	for _, u := range pool {
 		if u.Dial != dial {
 			continue
 		}
-		if !u.Healthy() {
-			break
+		if !u.Healthy() && u.Host.Fails() == 0 {
+			break // unhealthy, and not for passive failures
 		}
 		if u.Full() {
 			return nil

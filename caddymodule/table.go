@@ -8,6 +8,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // Defaults of the session table. They are documented on [Handler].
@@ -166,7 +168,10 @@ type Table struct {
 	name  string
 	now   func() time.Time
 	epoch time.Time
-	ttl   atomic.Int64 // nanoseconds
+	// monotonic is true when now is time.Now: clock then reads only the
+	// monotonic clock (time.Since), one clock read per call instead of two.
+	monotonic bool
+	ttl       atomic.Int64 // nanoseconds
 
 	mu     sync.Mutex
 	lru    *simplelru.LRU[string, entry]
@@ -180,6 +185,9 @@ type Table struct {
 	// Stats are the table's counters.
 	Stats Stats
 
+	// logger receives a debug line per eviction; nil until a handler sets it.
+	logger atomic.Pointer[zap.Logger]
+
 	stop chan struct{}
 	done chan struct{}
 }
@@ -188,10 +196,11 @@ type Table struct {
 // TTL, reading time from now (time.Now when nil). It errors when maxSessions
 // is not positive. It starts no goroutine; see [Table.StartJanitor].
 func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.Time) (*Table, error) {
+	monotonic := now == nil
 	if now == nil {
 		now = time.Now
 	}
-	t := &Table{name: name, now: now, epoch: now(), ups: make(map[string]*Upstream)}
+	t := &Table{name: name, now: now, epoch: now(), monotonic: monotonic, ups: make(map[string]*Upstream)}
 	l, err := simplelru.NewLRU(maxSessions, t.onEvict)
 	if err != nil {
 		return nil, fmt.Errorf("session table %q: max_sessions must be at least 1, got %d", name, maxSessions)
@@ -220,7 +229,12 @@ func (t *Table) Configure(maxSessions int, ttl time.Duration) {
 }
 
 // clock returns the current time in nanoseconds since the table's epoch.
-func (t *Table) clock() int64 { return int64(t.now().Sub(t.epoch)) }
+func (t *Table) clock() int64 {
+	if t.monotonic {
+		return int64(time.Since(t.epoch))
+	}
+	return int64(t.now().Sub(t.epoch))
+}
 
 // expired reports whether e has been idle longer than the TTL at time now.
 func (t *Table) expired(e entry, now int64) bool {
@@ -398,8 +412,16 @@ func (t *Table) MaxSessions() int {
 // TTL returns the table's idle TTL.
 func (t *Table) TTL() time.Duration { return time.Duration(t.ttl.Load()) }
 
+// SetLogger sets the logger that gets a debug line per eviction.
+func (t *Table) SetLogger(l *zap.Logger) { t.logger.Store(l) }
+
 // onEvict is the LRU's eviction callback; it runs with t.mu held.
-func (t *Table) onEvict(_ string, e entry) {
+func (t *Table) onEvict(id string, e entry) {
+	if l := t.logger.Load(); l != nil {
+		if c := l.Check(zapcore.DebugLevel, "evicted"); c != nil {
+			c.Write(zap.String("reason", string(t.reason)), zap.String("session", fingerprint(id)), zap.String("upstream", e.up.dial))
+		}
+	}
 	e.up.live.Add(-1)
 	t.Stats.evictions[t.reason.index()].Add(1)
 }

@@ -370,8 +370,11 @@ func TestDecisionLogs(t *testing.T) {
 		if l["msg"] != "unknown" && l["upstream"] == "" {
 			t.Errorf("log line without its upstream: %v", l)
 		}
+		if l["msg"] == "evicted" && l["reason"] != "delete" && l["reason"] != "upstream_gone" {
+			t.Errorf("evicted line with reason %v, want delete or upstream_gone", l["reason"])
+		}
 	}
-	want := map[string]int{"learned": 2, "pinned": 3, "unknown": 1, "evicted": 1, "upstream_gone": 1}
+	want := map[string]int{"learned": 2, "pinned": 3, "unknown": 1, "evicted": 2, "upstream_gone": 1} // evicted: delete, upstream_gone
 	for msg, n := range want {
 		if counts[msg] != n {
 			t.Errorf("%d %q lines, want %d (all: %v)", counts[msg], msg, n, counts)

@@ -3,6 +3,7 @@ package tests
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -454,4 +455,38 @@ func TestUpstreamGone(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the proxy's idle connections to it see the close
 		check(t, ds, p, owned)
 	})
+}
+
+// TestFailedRequestKeepsOtherSessions: mcp_proxy's passive health checks
+// count one failed request against an upstream, but a pinned session has
+// nowhere else to go, so that failure must not end the other sessions of
+// an upstream that is still alive (nor the failing client's own).
+func TestFailedRequestKeepsOtherSessions(t *testing.T) {
+	ds := startDoubles(t, 2)
+	p := startProxy(t, "mcp_proxy "+doubleAddrs(ds))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	var mine []string // sessions owned by ds[0]
+	for len(mine) < 3 {
+		if id := initialize(t, hc, p.url()); ownerOf(t, ds, id) == ds[0] {
+			mine = append(mine, id)
+		}
+	}
+	ds[0].handle(func(w http.ResponseWriter, r *http.Request) {
+		if body, _ := io.ReadAll(r.Body); strings.Contains(string(body), "crash") {
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close() // the upstream fails this one request
+			return
+		}
+		ds[0].serveMCP(w, r)
+	})
+	defer ds[0].handle(nil)
+	if ex := send(t, hc, http.MethodPost, p.url(), sid(mine[0]), `{"crash":1}`); ex.status != http.StatusBadGateway {
+		t.Fatalf("the failed request: %d %s, want 502", ex.status, ex.body)
+	}
+	for _, id := range mine {
+		if ex := send(t, hc, http.MethodPost, p.url(), sid(id), `{}`); ex.status != http.StatusOK || !strings.Contains(ex.body, ds[0].name) {
+			t.Errorf("session %s after another request failed on its upstream: %d %s", id, ex.status, ex.body)
+		}
+	}
 }
