@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
 func init() {
@@ -173,6 +175,9 @@ func upstreamStatus(table, dial string, drain *bool) (UpstreamStatus, error) {
 	if dial == "" {
 		return UpstreamStatus{}, apiError(http.StatusBadRequest, "missing upstream: give its dial address as in the config, such as 127.0.0.1:9001")
 	}
+	if t.knownUpstream(dial) == nil && configuredUpstreams(t.name)[dial] {
+		t.upstream(dial) // configured, but the proxy has not routed to it yet
+	}
 	if t.knownUpstream(dial) == nil {
 		known := []string{}
 		for _, u := range t.Upstreams() {
@@ -180,7 +185,7 @@ func upstreamStatus(table, dial string, drain *bool) (UpstreamStatus, error) {
 		}
 		slices.Sort(known)
 		return UpstreamStatus{}, apiError(http.StatusNotFound, "table %q knows no upstream %q; give the dial address exactly as in the config. "+
-			"Known upstreams (those the proxy has routed to since the table was created): %s", t.name, dial, strings.Join(known, ", "))
+			"Known upstreams (configured, or routed to since the table was created): %s", t.name, dial, strings.Join(known, ", "))
 	}
 	u := t.knownUpstream(dial)
 	if drain != nil {
@@ -214,6 +219,53 @@ func sessionStatus(table, id string, evict bool) (SessionStatus, error) {
 		st.Evicted = t.Evict(id, EvictAdmin)
 	}
 	return st, nil
+}
+
+// configuredUpstreams returns the static upstreams of every reverse_proxy
+// of the running config whose selection policy is mcp_session with the
+// given table, by dial address. Dynamic upstreams are known only once the
+// proxy has routed to them.
+func configuredUpstreams(table string) map[string]bool {
+	dials := map[string]bool{}
+	ctx := caddy.ActiveContext()
+	if ctx.Context == nil { // no config loaded
+		return dials
+	}
+	app, err := ctx.App("http")
+	if err != nil {
+		return dials
+	}
+	httpApp, ok := app.(*caddyhttp.App)
+	if !ok {
+		return dials
+	}
+	for _, srv := range httpApp.Servers {
+		collectUpstreams(srv.Routes, table, dials)
+		if srv.Errors != nil {
+			collectUpstreams(srv.Errors.Routes, table, dials)
+		}
+	}
+	return dials
+}
+
+func collectUpstreams(routes caddyhttp.RouteList, table string, dials map[string]bool) {
+	for _, route := range routes {
+		for _, h := range route.Handlers {
+			switch h := h.(type) {
+			case *caddyhttp.Subroute:
+				collectUpstreams(h.Routes, table, dials)
+			case *reverseproxy.Handler:
+				if h.LoadBalancing == nil {
+					continue
+				}
+				if s, ok := h.LoadBalancing.SelectionPolicy.(*SessionSelection); ok && s.Table == table {
+					for _, u := range h.Upstreams {
+						dials[u.Dial] = true
+					}
+				}
+			}
+		}
+	}
 }
 
 // findTable returns the live table called name ("default" when empty).
