@@ -93,6 +93,46 @@ func TestLearnRules(t *testing.T) {
 		}
 	})
 
+	t.Run("IDs are opaque and byte-exact", func(t *testing.T) {
+		// Shapes seen in the wild: commas, quotes, percent signs, JWT-like
+		// dots and base64 padding. The proxy must not split, trim, decode or
+		// fold any of them.
+		shapes := []string{`a,b`, `x"y"z`, `%2Fenc%20`, `eyJh.eyJi.c2ln==`, `k:v;w=~+/`, `UPPER-lower`}
+		for _, shape := range shapes {
+			for _, d := range ds {
+				d.handle(func(w http.ResponseWriter, r *http.Request) {
+					got := r.Header.Values("Mcp-Session-Id")
+					switch {
+					case len(got) == 0:
+						w.Header().Set("Mcp-Session-Id", d.name+"|"+shape)
+					case len(got) != 1 || got[0] != d.name+"|"+shape:
+						http.Error(w, fmt.Sprintf("%s got %q", d.name, got), http.StatusTeapot)
+						return
+					}
+					fmt.Fprintf(w, `{"server":%q}`, d.name)
+				})
+			}
+			ex := send(t, hc, http.MethodPost, p.url(), nil, `{"method":"initialize"}`)
+			id := ex.header.Get("Mcp-Session-Id")
+			owner := strings.SplitN(id, "|", 2)[0]
+			// (Whitespace around a field value is not part of it, RFC 9110 §5.5.)
+			for _, variant := range []string{strings.ToLower(id), strings.ToUpper(id), id[:len(id)-1]} {
+				if variant == id {
+					continue
+				}
+				if ex := send(t, hc, http.MethodPost, p.url(), sid(variant), `{}`); ex.status != http.StatusNotFound && ex.status != http.StatusBadRequest {
+					t.Errorf("ID %q: a variant %q was accepted: %d %s", id, variant, ex.status, ex.body)
+				}
+			}
+			if ex := send(t, hc, http.MethodPost, p.url(), sid(id), `{}`); ex.status != http.StatusOK || !strings.Contains(ex.body, owner) {
+				t.Errorf("ID %q: %d %s, want 200 from %s", id, ex.status, ex.body, owner)
+			}
+		}
+		for _, d := range ds {
+			d.handle(nil)
+		}
+	})
+
 	t.Run("non-2xx responses never teach", func(t *testing.T) {
 		for _, status := range []int{http.StatusMisdirectedRequest, http.StatusUnauthorized, http.StatusInternalServerError, http.StatusBadRequest} {
 			minted := fmt.Sprintf("Z-%d", status)
