@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// The upstream double: a tiny MCP-shaped Streamable HTTP upstream for the
+// streaming figures, run as a child process (`bench double`). The go-sdk
+// allows one standalone GET stream per session and spends CPU on every
+// session; the double mints a session for every POST without one (as
+// `initialize` does), holds any number of GET streams, and stamps its
+// events with the time it writes them. It keeps no state per session.
+
+// doubleMain runs the double until SIGTERM.
+func doubleMain(args []string) error {
+	fs := flag.NewFlagSet("double", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:0", "TCP address")
+	name := fs.String("name", "double", "server name")
+	delay := fs.Duration("first-delay", time.Millisecond, "delay between a stream's headers and its first event")
+	ping := fs.Duration("ping", 2*time.Second, "interval of events on an open stream")
+	h2c := fs.Bool("h2c", false, "also serve HTTP/2 without TLS")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	d := &double{name: *name, delay: *delay, ping: *ping}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: d, ReadHeaderTimeout: 10 * time.Second}
+	if *h2c {
+		srv.Protocols = new(http.Protocols)
+		srv.Protocols.SetHTTP1(true)
+		srv.Protocols.SetUnencryptedHTTP2(true)
+		srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: 1000}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	fmt.Printf("double %s listening on %s\n", *name, ln.Addr())
+	if err := srv.Serve(ln); err != http.ErrServerClosed {
+		return err
+	}
+	return nil
+}
+
+type double struct {
+	name  string
+	delay time.Duration
+	ping  time.Duration
+	open  atomic.Int64
+}
+
+func (d *double) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/stats" {
+		fmt.Fprintf(w, `{"open":%d}`, d.open.Load())
+		return
+	}
+	sid := r.Header.Get("Mcp-Session-Id")
+	switch {
+	case r.Method == http.MethodPost && sid == "":
+		w.Header().Set("Mcp-Session-Id", rand.Text())
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"%s","capabilities":{},"serverInfo":{"name":"%s","version":"v0"}}}`,
+			protocolVersion, d.name)
+	case r.Method == http.MethodPost:
+		w.WriteHeader(http.StatusAccepted)
+	case r.Method == http.MethodDelete:
+		w.WriteHeader(http.StatusNoContent)
+	case r.Method == http.MethodGet && sid != "":
+		d.stream(w, r)
+	default:
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+	}
+}
+
+// stream serves a GET stream: headers at once, the first event after
+// d.delay, then an event every d.ping until the client goes away. Every
+// event's data is the Unix time in nanoseconds at which it was written.
+func (d *double) stream(w http.ResponseWriter, r *http.Request) {
+	d.open.Add(1)
+	defer d.open.Add(-1)
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	if err := rc.Flush(); err != nil {
+		return
+	}
+	ctx := r.Context()
+	t := time.NewTimer(d.delay)
+	defer t.Stop()
+	buf := make([]byte, 0, 64)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		buf = append(buf[:0], "data: "...)
+		buf = strconv.AppendInt(buf, time.Now().UnixNano(), 10)
+		buf = append(buf, "\n\n"...)
+		if _, err := w.Write(buf); err != nil {
+			return
+		}
+		if err := rc.Flush(); err != nil {
+			return
+		}
+		t.Reset(d.ping)
+	}
+}
+
+// startDoubles starts n upstream doubles named d1..dn.
+func (e *env) startDoubles(n int, delay, ping time.Duration, h2c bool) ([]*proc, []string, error) {
+	var ps []*proc
+	var addrs []string
+	for i := 1; i <= n; i++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, nil, err
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		args := []string{"double", "-name", fmt.Sprintf("d%d", i), "-listen", addr,
+			"-first-delay", delay.String(), "-ping", ping.String()}
+		if h2c {
+			args = append(args, "-h2c")
+		}
+		p, err := e.start(fmt.Sprintf("double-d%d", i), nil, e.self, args...)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := waitListening(p, port, 10*time.Second); err != nil {
+			return nil, nil, err
+		}
+		ps, addrs = append(ps, p), append(addrs, addr)
+	}
+	return ps, addrs, nil
+}

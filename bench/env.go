@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// env is one benchmark run: the work directory, the binaries it built, and
+// the child processes it started.
+type env struct {
+	dir     string // work directory: binaries, configs, logs
+	caddy   string // Caddy with the plugin (./cmd/caddy)
+	whoami  string // whoami MCP server (./examples/whoami-server)
+	self    string // this program, for the upstream double
+	haproxy string // HAProxy binary
+	procs   []*proc
+	log     io.Writer
+}
+
+// build compiles Caddy and the whoami server into the work directory.
+func (e *env) build(goBin, repo string) error {
+	for _, b := range []struct {
+		out       *string
+		name, pkg string
+	}{
+		{&e.whoami, "whoami-server", "./examples/whoami-server"},
+		{&e.caddy, "caddy", "./cmd/caddy"},
+	} {
+		*b.out = filepath.Join(e.dir, b.name)
+		fmt.Fprintf(e.log, "building %s (the first Caddy build takes a few minutes)...\n", b.pkg)
+		start := time.Now()
+		cmd := exec.Command(goBin, "build", "-o", *b.out, b.pkg)
+		cmd.Dir = repo
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("go build %s: %w", b.pkg, err)
+		}
+		fmt.Fprintf(e.log, "  built in %v\n", time.Since(start).Round(100*time.Millisecond))
+	}
+	return nil
+}
+
+// start starts a child process and records it for stopAll.
+func (e *env) start(name string, env []string, bin string, args ...string) (*proc, error) {
+	p, err := startProc(e.dir, name, env, bin, args...)
+	if err != nil {
+		return nil, err
+	}
+	e.procs = append(e.procs, p)
+	return p, nil
+}
+
+// stopAll stops every child process still running.
+func (e *env) stopAll() {
+	for _, p := range e.procs {
+		p.stop()
+	}
+	e.procs = nil
+}
+
+// startServers starts n whoami servers named s1..sn, answering POSTs with
+// JSON (jsonMode) or SSE, and returns them with their addresses.
+func (e *env) startServers(n int, jsonMode bool) ([]*proc, []string, error) {
+	var ps []*proc
+	var addrs []string
+	for i := 1; i <= n; i++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, nil, err
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		args := []string{"-name", fmt.Sprintf("s%d", i), "-listen", addr}
+		if jsonMode {
+			args = append(args, "-json")
+		}
+		p, err := e.start(fmt.Sprintf("whoami-s%d", i), nil, e.whoami, args...)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := waitListening(p, port, 10*time.Second); err != nil {
+			return nil, nil, err
+		}
+		ps, addrs = append(ps, p), append(addrs, addr)
+	}
+	return ps, addrs, nil
+}
+
+// proxyProc is a running proxy: Caddy or HAProxy.
+type proxyProc struct {
+	*proc
+	addr  string // host:port clients connect to
+	admin string // Caddy's admin endpoint, host:port; "" for HAProxy
+}
+
+// startCaddy runs Caddy serving route on a free port.
+func (e *env) startCaddy(name, route string) (*proxyProc, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	adminPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cfgPath := filepath.Join(e.dir, name+".Caddyfile")
+	if err := os.WriteFile(cfgPath, []byte(caddyfile(port, adminPort, route)), 0o644); err != nil {
+		return nil, err
+	}
+	xdg := filepath.Join(e.dir, "xdg")
+	p, err := e.start(name, []string{"XDG_CONFIG_HOME=" + xdg, "XDG_DATA_HOME=" + xdg},
+		e.caddy, "run", "--config", cfgPath, "--adapter", "caddyfile")
+	if err != nil {
+		return nil, err
+	}
+	if err := waitListening(p, port, 30*time.Second); err != nil {
+		p.stop()
+		return nil, err
+	}
+	return &proxyProc{proc: p, addr: fmt.Sprintf("127.0.0.1:%d", port), admin: fmt.Sprintf("127.0.0.1:%d", adminPort)}, nil
+}
+
+// startHAProxy runs HAProxy (foreground, one process) in front of upstreams on a free port.
+func (e *env) startHAProxy(name string, upstreams []string, noDelay bool) (*proxyProc, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cfgPath := filepath.Join(e.dir, name+".cfg")
+	if err := os.WriteFile(cfgPath, []byte(haproxyConfig(port, upstreams, noDelay)), 0o644); err != nil {
+		return nil, err
+	}
+	p, err := e.start(name, nil, e.haproxy, "-db", "-f", cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitListening(p, port, 10*time.Second); err != nil {
+		p.stop()
+		return nil, err
+	}
+	return &proxyProc{proc: p, addr: fmt.Sprintf("127.0.0.1:%d", port)}, nil
+}
+
+// haproxyVersion returns the first line of `haproxy -v`.
+func haproxyVersion(bin string) string {
+	out, err := exec.Command(bin, "-v").Output()
+	if err != nil {
+		return "unknown"
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimSpace(line)
+}
+
+// caddyVersion returns `caddy version`.
+func caddyVersion(bin string) string {
+	out, err := exec.Command(bin, "version").Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// fetch GETs url into path, for pprof profiles.
+func fetch(ctx context.Context, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, b)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
+}

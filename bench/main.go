@@ -1,0 +1,345 @@
+// Command bench measures the MCP session affinity plugin against direct
+// access and HAProxy, on loopback, in one go:
+//
+//	go run ./bench [-duration 10s] [-sessions 32] [-o results.md]
+//
+// It builds Caddy with the plugin (./cmd/caddy) and the whoami MCP server
+// (./examples/whoami-server), then runs, each as separate processes:
+//
+//   - throughput: N concurrent MCP sessions calling a tool in a loop,
+//     direct, through Caddy mcp_proxy, through HAProxy with a learning stick
+//     table, and through stock Caddy reverse_proxy, with JSON and SSE
+//     server modes; one table of calls/s, latency, errors, misroutes, proxy
+//     peak RSS and the ratios to direct and to HAProxy;
+//   - firstevent: latency of the first SSE event of a GET stream through
+//     the proxies vs direct;
+//   - streams: 10,000 concurrent GET SSE streams held open through mcp_proxy;
+//   - memory: RSS and bytes per session of a table of 1,000,000 sessions;
+//   - memcaddy (not run by default: minutes): the same table filled inside
+//     a real Caddy through a million initialize requests;
+//   - decision: the caddymodule table benchmarks (ns/op, allocs/op at 1M
+//     sessions, lock contention at -cpu 1,2,4).
+//
+// See bench/README.md for the method.
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"time"
+)
+
+// options are the command-line flags.
+type options struct {
+	duration  time.Duration
+	warmup    time.Duration
+	sessions  int
+	modes     []string
+	scenarios []string
+	only      []string
+	rounds    int
+	out       string
+	pprofDir  string
+	keep      bool
+	goBin     string
+	haproxy   string
+
+	streams     int
+	streamHold  time.Duration
+	streamPing  time.Duration
+	streamProto string
+
+	events      int
+	eventConc   int
+	eventDelay  time.Duration
+	memSessions int
+	decisionCPU string
+	benchtime   string
+	cpuprofile  string
+}
+
+var allParts = []string{"throughput", "firstevent", "streams", "memory", "memcaddy", "decision"}
+
+// defaultParts leaves out memcaddy, which takes minutes (a million
+// initialize requests through Caddy).
+var defaultParts = []string{"throughput", "firstevent", "streams", "memory", "decision"}
+
+func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "double":
+			if err := doubleMain(os.Args[2:]); err != nil {
+				fmt.Fprintln(os.Stderr, "double:", err)
+				os.Exit(1)
+			}
+			return
+		case "memtable":
+			if err := memtableMain(os.Args[2:]); err != nil {
+				fmt.Fprintln(os.Stderr, "memtable:", err)
+				os.Exit(1)
+			}
+			return
+		}
+	}
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags() (*options, error) {
+	o := &options{}
+	var modes, scen, only string
+	flag.DurationVar(&o.duration, "duration", 10*time.Second, "measured `time` per throughput scenario")
+	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "warm-up `time` before each measured window (not counted)")
+	flag.IntVar(&o.sessions, "sessions", 32, "`N` concurrent MCP sessions, each calling whoami in a loop")
+	flag.StringVar(&modes, "modes", "json,sse", "server response `modes`: json, sse")
+	flag.StringVar(&scen, "scenarios", defaultScenarios, "throughput `rows`: direct3, mcp_proxy3, haproxy3, rr3, direct1, stock1, mcp_proxy1, haproxy1")
+	flag.StringVar(&only, "only", strings.Join(defaultParts, ","), "`parts` to run: "+strings.Join(allParts, ", "))
+	flag.IntVar(&o.rounds, "rounds", 1, "run the throughput scenarios `R` times, interleaved, and report each row's median by calls/s")
+	flag.StringVar(&o.out, "o", "", "also write the report (Markdown) to `file`")
+	flag.StringVar(&o.pprofDir, "pprof", "", "save CPU and allocation profiles of every Caddy throughput run into `dir`")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (binaries, configs, logs)")
+	flag.StringVar(&o.goBin, "go", "go", "the go `command` used to build Caddy and the servers")
+	flag.StringVar(&o.haproxy, "haproxy", "/usr/sbin/haproxy", "HAProxy `binary`")
+	flag.IntVar(&o.streams, "streams", 10000, "`N` GET SSE streams held open at once (streams part)")
+	flag.DurationVar(&o.streamHold, "stream-hold", 10*time.Second, "how long the streams are held open")
+	flag.DurationVar(&o.streamPing, "stream-ping", 2*time.Second, "interval of the upstream's events on each held stream")
+	flag.StringVar(&o.streamProto, "stream-upstream", "auto", "proxy-to-upstream protocol of the streams part: h1, h2c, or auto (h1 if the open-file limit allows 2 fds per stream, else h2c)")
+	flag.IntVar(&o.events, "events", 1000, "`N` GET streams whose first event is timed (firstevent part)")
+	flag.IntVar(&o.eventConc, "event-concurrency", 4, "streams timed at once (firstevent part)")
+	flag.DurationVar(&o.eventDelay, "event-delay", time.Millisecond, "the upstream writes the first event this long after the stream's headers")
+	flag.IntVar(&o.memSessions, "memory-sessions", 1_000_000, "`N` sessions in the table (memory and memcaddy parts)")
+	flag.StringVar(&o.decisionCPU, "decision-cpu", "1,2,4", "-cpu list of the decision benchmarks")
+	flag.StringVar(&o.benchtime, "decision-benchtime", "2000000x", "-benchtime of the decision benchmarks")
+	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this program (the load generator) to `file`")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", flag.Args())
+	}
+	split := func(s string) []string {
+		var out []string
+		for _, f := range strings.Split(s, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+	o.modes, o.scenarios, o.only = split(modes), split(scen), split(only)
+	for _, m := range o.modes {
+		if m != "json" && m != "sse" {
+			return nil, fmt.Errorf("unknown mode %q", m)
+		}
+	}
+	for _, s := range o.scenarios {
+		if !slices.ContainsFunc(scenarios, func(x scenario) bool { return x.key == s }) {
+			return nil, fmt.Errorf("unknown scenario %q", s)
+		}
+	}
+	for _, p := range o.only {
+		if !slices.Contains(allParts, p) {
+			return nil, fmt.Errorf("unknown part %q", p)
+		}
+	}
+	if o.sessions < 1 || o.rounds < 1 {
+		return nil, fmt.Errorf("-sessions and -rounds must be at least 1")
+	}
+	return o, nil
+}
+
+func (o *options) runs(part string) bool { return slices.Contains(o.only, part) }
+
+// repoRoot finds the module root: the nearest directory above the working
+// directory holding go.mod.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+func run() error {
+	o, err := parseFlags()
+	if err != nil {
+		return err
+	}
+	repo, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "mcp-affinity-bench")
+	if err != nil {
+		return err
+	}
+	if o.keep {
+		fmt.Fprintln(os.Stderr, "work directory:", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	if o.pprofDir != "" {
+		if err := os.MkdirAll(o.pprofDir, 0o755); err != nil {
+			return err
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	e := &env{dir: dir, self: self, haproxy: o.haproxy, log: os.Stderr}
+	defer e.stopAll()
+	needsBuild := o.runs("throughput") || o.runs("firstevent") || o.runs("streams") || o.runs("memcaddy")
+	if needsBuild {
+		if err := e.build(o.goBin, repo); err != nil {
+			return err
+		}
+	}
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	started := time.Now()
+	rep := &report{o: o, started: started, machine: machineInfo(e, needsBuild)}
+
+	if o.runs("throughput") {
+		rep.throughput = e.throughputPart(o)
+	}
+	if o.runs("firstevent") {
+		rep.firstEvent, rep.firstEventErr = e.firstEventPart(o)
+	}
+	if o.runs("streams") {
+		rep.streams, rep.streamsErr = e.streamsPart(o)
+	}
+	if o.runs("memory") {
+		rep.memory, rep.memoryErr = e.memoryPart(o)
+	}
+	if o.runs("memcaddy") {
+		rep.memCaddy, rep.memCaddyErr = e.memCaddyPart(o)
+	}
+	if o.runs("decision") {
+		rep.decision, rep.decisionErr = e.decisionPart(o, repo)
+	}
+	rep.elapsed = time.Since(started)
+
+	var buf bytes.Buffer
+	rep.write(&buf)
+	os.Stdout.Write(buf.Bytes())
+	if o.out != "" {
+		if err := os.WriteFile(o.out, buf.Bytes(), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// throughputPart runs every throughput scenario in every mode, rounds
+// times, and keeps each row's median run by calls/s.
+func (e *env) throughputPart(o *options) []tpResult {
+	byKey := map[string][]tpResult{}
+	var order []string
+	for round := 1; round <= o.rounds; round++ {
+		for _, mode := range o.modes {
+			for _, sc := range scenarios {
+				if !slices.Contains(o.scenarios, sc.key) {
+					continue
+				}
+				fmt.Fprintf(e.log, "throughput %s %-11s round %d/%d ... ", mode, sc.key, round, o.rounds)
+				r := e.runScenario(o, mode, sc, round)
+				if r.err != nil {
+					fmt.Fprintf(e.log, "error: %v\n", r.err)
+				} else {
+					fmt.Fprintf(e.log, "%.0f calls/s, p50 %s, p99 %s, errors %d, misroutes %d\n",
+						r.load.callsPerSec(), ms(percentile(r.load.lat, 50)), ms(percentile(r.load.lat, 99)),
+						r.load.errors+r.load.setupErrs, r.load.misroutes)
+				}
+				k := mode + "/" + sc.key
+				if _, ok := byKey[k]; !ok {
+					order = append(order, k)
+				}
+				byKey[k] = append(byKey[k], r)
+			}
+		}
+	}
+	var out []tpResult
+	for _, k := range order {
+		rs := byKey[k]
+		slices.SortFunc(rs, func(a, b tpResult) int {
+			switch {
+			case a.load.callsPerSec() < b.load.callsPerSec():
+				return -1
+			case a.load.callsPerSec() > b.load.callsPerSec():
+				return 1
+			}
+			return 0
+		})
+		out = append(out, rs[len(rs)/2])
+	}
+	return out
+}
+
+// machine describes where the benchmark ran.
+type machine struct {
+	cpu, kernel, goVersion, haproxy, caddy, load string
+	cores                                        int
+	memGiB                                       float64
+	nofile                                       uint64
+}
+
+func machineInfo(e *env, built bool) machine {
+	m := machine{cores: runtime.NumCPU(), goVersion: runtime.Version()}
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				m.cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	if out, err := exec.Command("uname", "-sr").Output(); err == nil {
+		m.kernel = strings.TrimSpace(string(out))
+	}
+	if data, err := os.ReadFile("/proc/loadavg"); err == nil {
+		m.load = strings.Join(strings.Fields(string(data))[:3], " ")
+	}
+	if data, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb float64
+		fmt.Sscanf(strings.TrimPrefix(strings.Split(string(data), "\n")[0], "MemTotal:"), "%f", &kb)
+		m.memGiB = kb / (1 << 20)
+	}
+	_, m.nofile = nofileLimit()
+	m.haproxy = haproxyVersion(e.haproxy)
+	if built {
+		m.caddy = caddyVersion(e.caddy)
+	}
+	return m
+}
+
+// ms formats a duration in milliseconds.
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}

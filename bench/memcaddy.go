@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// memCaddyResult is the memory of a real Caddy process whose table holds n sessions.
+type memCaddyResult struct {
+	n, tableSessions   int
+	fillTime           time.Duration
+	rssBefore, rssFull int64 // VmRSS before filling and after, following a forced GC
+	heapBefore, heap   int64 // Go heap in use (HeapAlloc) at the same points
+	hwm                int64
+}
+
+// memCaddyPart fills the session table of a real Caddy `mcp_proxy` with
+// o.memSessions sessions, each learned from a real initialize-shaped POST
+// answered by one of 3 upstream doubles, and reads the process's memory.
+func (e *env) memCaddyPart(o *options) (*memCaddyResult, error) {
+	defer e.stopAll()
+	n := o.memSessions
+	res := &memCaddyResult{n: n}
+	fmt.Fprintf(e.log, "memcaddy: starting 3 upstream doubles and Caddy mcp_proxy (max_sessions %d)\n", n+1000)
+	_, addrs, err := e.startDoubles(3, time.Millisecond, time.Hour, false)
+	if err != nil {
+		return nil, err
+	}
+	px, err := e.startCaddy("memcaddy", mcpProxyRoute(addrs, n+1000, ""))
+	if err != nil {
+		return nil, err
+	}
+	// Warm up: connections, pools and code paths, with sessions of their own.
+	if err := fillSessions(px.addr, 1000, 32, nil); err != nil {
+		return nil, err
+	}
+	if res.rssBefore, res.heapBefore, err = caddyMemory(px); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(e.log, "memcaddy: creating %d sessions through the proxy\n", n)
+	start := time.Now()
+	var done atomic.Int64
+	stopProgress := make(chan struct{})
+	go func() {
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopProgress:
+				return
+			case <-t.C:
+				fmt.Fprintf(e.log, "memcaddy: %d sessions after %v\n", done.Load(), time.Since(start).Round(time.Second))
+			}
+		}
+	}()
+	err = fillSessions(px.addr, n, 32, &done)
+	close(stopProgress)
+	if err != nil {
+		return nil, err
+	}
+	res.fillTime = time.Since(start)
+	if res.rssFull, res.heap, err = caddyMemory(px); err != nil {
+		return nil, err
+	}
+	res.hwm = procStatus(px.pid(), "VmHWM")
+	var tables []struct{ Sessions int }
+	if err := getJSON("http://"+px.admin+"/mcp_sessions/", &tables); err == nil {
+		for _, t := range tables {
+			res.tableSessions += t.Sessions
+		}
+	}
+	fmt.Fprintf(e.log, "memcaddy: %d sessions in the table, RSS %s\n", res.tableSessions, mib(res.rssFull))
+	return res, nil
+}
+
+// caddyMemory forces a GC in Caddy (through its pprof endpoint), waits for
+// it to return freed memory, and returns its RSS and Go heap in use.
+func caddyMemory(px *proxyProc) (rss, heap int64, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+px.admin+"/debug/pprof/heap?gc=1", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	time.Sleep(2 * time.Second)
+	var vars struct {
+		Memstats struct{ HeapAlloc int64 }
+	}
+	if err := getJSON("http://"+px.admin+"/debug/vars", &vars); err != nil {
+		return 0, 0, err
+	}
+	return procStatus(px.pid(), "VmRSS"), vars.Memstats.HeapAlloc, nil
+}
+
+// fillSessions creates n sessions at addr with conc workers on keep-alive
+// connections, and forgets them (the client keeps no IDs).
+func fillSessions(addr string, n, conc int, done *atomic.Int64) error {
+	var next atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Go(func() {
+			s := &session{addr: addr, req: make([]byte, 0, 512), body: make([]byte, 0, 4096)}
+			defer func() {
+				if s.conn != nil {
+					s.conn.Close()
+				}
+			}()
+			for next.Add(1) <= int64(n) && firstErr.Load() == nil {
+				status, h, body, err := s.do(http.MethodPost, []byte(initializeBody), false)
+				if err == nil && (status != http.StatusOK || h.Get("Mcp-Session-Id") == "") {
+					err = fmt.Errorf("status %d: %.200s", status, body)
+				}
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+				if done != nil {
+					done.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := firstErr.Load().(error); err != nil {
+		return fmt.Errorf("creating sessions: %w", err)
+	}
+	return nil
+}

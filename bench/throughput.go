@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// scenario is one row of the throughput table: a way to reach the servers.
+type scenario struct {
+	key     string
+	label   string
+	servers int    // how many whoami servers behind it
+	kind    string // direct, caddy or haproxy
+	route   func(upstreams []string) string
+	group   string // rows compared with each other: "3" or "1" servers
+}
+
+// scenarios are the rows, in the order they run and print.
+var scenarios = []scenario{
+	{key: "direct3", label: "direct (3 servers)", servers: 3, kind: "direct", group: "3"},
+	{key: "mcp_proxy3", label: "Caddy mcp_proxy (3)", servers: 3, kind: "caddy", group: "3",
+		route: func(u []string) string { return mcpProxyRoute(u, 0, "") }},
+	{key: "haproxy3", label: "HAProxy stick table (3)", servers: 3, kind: "haproxy", group: "3"},
+	{key: "rr3", label: "stock reverse_proxy round_robin (3)", servers: 3, kind: "caddy", group: "3",
+		route: func(u []string) string { return stockRoute(u, "round_robin") }},
+	{key: "direct1", label: "direct (1 server)", servers: 1, kind: "direct", group: "1"},
+	{key: "stock1", label: "stock Caddy reverse_proxy (1)", servers: 1, kind: "caddy", group: "1",
+		route: func(u []string) string { return stockRoute(u, "") }},
+	{key: "mcp_proxy1", label: "Caddy mcp_proxy (1)", servers: 1, kind: "caddy", group: "1",
+		route: func(u []string) string { return mcpProxyRoute(u, 0, "") }},
+	{key: "haproxy1", label: "HAProxy stick table (1)", servers: 1, kind: "haproxy", group: "1"},
+}
+
+// defaultScenarios runs every row but rr3, which only shows the failure the
+// plugin fixes (almost every call misrouted).
+const defaultScenarios = "direct3,mcp_proxy3,haproxy3,direct1,stock1,mcp_proxy1,haproxy1"
+
+// tpResult is one measured row.
+type tpResult struct {
+	mode       string // json or sse
+	sc         scenario
+	load       loadResult
+	proxyRSS   int64 // peak RSS (VmHWM) of the proxy process; 0 for direct
+	proxyCPU   time.Duration
+	serversCPU time.Duration
+	otherCPU   time.Duration // CPU the rest of the machine used in the window
+	err        error
+}
+
+// runScenario starts fresh servers and the scenario's proxy, runs the load
+// and stops them.
+func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res tpResult) {
+	res = tpResult{mode: mode, sc: sc}
+	defer e.stopAll()
+	servers, addrs, err := e.startServers(sc.servers, mode == "json")
+	if err != nil {
+		res.err = err
+		return res
+	}
+	var px *proxyProc
+	name := fmt.Sprintf("%s-%s-r%d", sc.key, mode, round)
+	switch sc.kind {
+	case "caddy":
+		px, err = e.startCaddy(name, sc.route(addrs))
+	case "haproxy":
+		px, err = e.startHAProxy(name, addrs, true)
+	}
+	if err != nil {
+		res.err = err
+		return res
+	}
+	targets := addrs
+	if px != nil {
+		targets = []string{px.addr}
+	}
+
+	var cpu0, srv0 time.Duration
+	var busy0 time.Duration
+	var gen0 time.Duration
+	var profWG sync.WaitGroup
+	cfg := loadConfig{addrs: targets, sessions: o.sessions, warmup: o.warmup, duration: o.duration}
+	cfg.onWindow = func(open bool) {
+		srv := time.Duration(0)
+		for _, s := range servers {
+			srv += procCPU(s.pid())
+		}
+		busy, _ := machineCPU()
+		gen := selfCPU()
+		var pcpu time.Duration
+		if px != nil {
+			pcpu = procCPU(px.pid())
+		}
+		if open {
+			cpu0, srv0, busy0, gen0 = pcpu, srv, busy, gen
+			if o.pprofDir != "" && px != nil && px.admin != "" {
+				e.profile(o, px, name, &profWG)
+			}
+			return
+		}
+		res.proxyCPU, res.serversCPU = pcpu-cpu0, srv-srv0
+		res.otherCPU = max(busy-busy0-(gen-gen0)-res.proxyCPU-res.serversCPU, 0)
+	}
+	res.load = runLoad(cfg)
+	profWG.Wait()
+	if px != nil {
+		res.proxyRSS = procStatus(px.pid(), "VmHWM")
+		if px.exited() {
+			res.err = fmt.Errorf("%s exited during the run: %s", px.name, px.tail())
+		}
+	}
+	return res
+}
+
+// profile fetches a CPU and an allocation profile of the Caddy process over
+// the measured window, from its admin endpoint's /debug/pprof.
+func (e *env) profile(o *options, px *proxyProc, name string, wg *sync.WaitGroup) {
+	secs := max(int(o.duration.Seconds())-1, 1)
+	for _, p := range []struct{ kind, file string }{
+		{"profile", name + ".cpu.pprof"},
+		{"allocs", name + ".allocs.pprof"},
+	} {
+		url := fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", px.admin, p.kind, secs)
+		path := filepath.Join(o.pprofDir, p.file)
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), o.duration+30*time.Second)
+			defer cancel()
+			if err := fetch(ctx, url, path); err != nil {
+				fmt.Fprintf(e.log, "  pprof %s: %v\n", p.kind, err)
+			}
+		})
+	}
+}
