@@ -155,15 +155,8 @@ func (s *SessionSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		switch d.Val() {
 		case "table":
-			if s.Table != "" {
-				return d.Err("duplicate option 'table'")
-			}
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			s.Table = d.Val()
-			if d.NextArg() {
-				return d.ArgErr()
+			if err := unmarshalTable(d, &s.Table); err != nil {
+				return err
 			}
 		case "fallback":
 			if s.FallbackRaw != nil {
@@ -180,6 +173,22 @@ func (s *SessionSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized mcp_session policy option '%s'", d.Val())
 		}
+	}
+	return nil
+}
+
+// unmarshalTable parses the argument of a policy's `table` option at the
+// cursor into dst, which must not be set yet.
+func unmarshalTable(d *caddyfile.Dispenser, dst *string) error {
+	if *dst != "" {
+		return d.Err("duplicate option 'table'")
+	}
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
 	}
 	return nil
 }

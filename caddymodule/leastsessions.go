@@ -110,15 +110,8 @@ func (s *LeastSessionsSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) erro
 		if d.Val() != "table" {
 			return d.Errf("unrecognized least_sessions option '%s'", d.Val())
 		}
-		if s.Table != "" {
-			return d.Err("duplicate option 'table'")
-		}
-		if !d.NextArg() {
-			return d.ArgErr()
-		}
-		s.Table = d.Val()
-		if d.NextArg() {
-			return d.ArgErr()
+		if err := unmarshalTable(d, &s.Table); err != nil {
+			return err
 		}
 	}
 	return nil
