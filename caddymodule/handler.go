@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -114,10 +115,11 @@ type Handler struct {
 	// on loopback. Default: false.
 	DisableLocalhostProtection bool `json:"disable_localhost_protection,omitempty"`
 
-	table      *Table
-	acquired   bool
-	configured *sync.Once // applies the bounds to the table at the first request
-	logger     *zap.Logger
+	table          *Table
+	acquired       bool
+	configured     *sync.Once   // applies the bounds to the table at the first request
+	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
+	logger         *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -158,7 +160,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.table, h.acquired = t, true
-	h.configured = new(sync.Once)
+	h.configured, h.warnedNoPolicy = new(sync.Once), new(atomic.Bool)
 	t.SetLogger(h.logger)
 	return registerMetrics(ctx.GetMetricsRegistry())
 }
@@ -308,7 +310,9 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 	}
 	sel, _ := caddyhttp.GetVar(r.Context(), varSelected).(*reverseproxy.Upstream)
 	if sel == nil {
-		h.logger.Warn("cannot learn session: the reverse_proxy after mcp_session must use lb_policy mcp_session")
+		if h.warnedNoPolicy.CompareAndSwap(false, true) { // once per handler: it is a config mistake
+			h.logger.Warn("cannot learn sessions: the reverse_proxy after mcp_session must use lb_policy mcp_session")
+		}
 		return
 	}
 	if h.table.Learn(ids[0], sel.Dial) {

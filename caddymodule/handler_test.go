@@ -565,15 +565,18 @@ func TestLearnAtWriteHeader(t *testing.T) {
 }
 
 // TestLearnNeedsPolicy checks that without the mcp_session policy (nothing
-// recorded which upstream answered) nothing is learned, and a warning says why.
+// recorded which upstream answered) nothing is learned, and one warning
+// (not one per request) says why.
 func TestLearnNeedsPolicy(t *testing.T) {
 	h, logs := provisionHandler(t, &Handler{})
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		answer(200, testSessionID)(w, r, &reverseproxy.Upstream{Dial: "10.0.0.1:8080"})
 		return nil
 	})
-	if err := h.ServeHTTP(httptest.NewRecorder(), newRequest(http.MethodPost), next); err != nil {
-		t.Fatal(err)
+	for range 3 {
+		if err := h.ServeHTTP(httptest.NewRecorder(), newRequest(http.MethodPost), next); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if h.table.Len() != 0 {
 		t.Errorf("Len() = %d, want 0", h.table.Len())
