@@ -102,7 +102,7 @@ func withTable(raw json.RawMessage, table string) (json.RawMessage, error) {
 	if err := json.Unmarshal(raw, &fields); err != nil {
 		return nil, err
 	}
-	if t, _ := fields["table"]; fields["policy"] != LeastSessionsPolicy || t != nil && t != "" {
+	if t := fields["table"]; fields["policy"] != LeastSessionsPolicy || t != nil && t != "" {
 		return raw, nil
 	}
 	fields["table"] = table
