@@ -54,13 +54,13 @@ func stockRoute(upstreams []string, lbPolicy string) string {
 	}`, strings.Join(upstreams, " "), lb)
 }
 
-// haproxyConfig is HAProxy with a learning stick table (docs/peers.md §1):
+// haproxyConfig is HAProxy with a learning stick table (HAProxy manual, "stick store-response"):
 // the session ID is stored from the upstream's response header and matched
 // on the request header, balancing round-robin otherwise. `option
 // http-no-delay` keeps HAProxy from delaying small SSE writes (~200 ms
 // otherwise); noDelay=false leaves it out, for comparison only. The timeouts
 // are long so that no SSE stream is cut; maxconn stays below the open-file
-// limit (environment.md §8).
+// limit (20,000 open files on these machines).
 func haproxyConfig(port int, upstreams []string, noDelay bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `global

@@ -27,6 +27,7 @@ func init() {
 //	POST /mcp_sessions/undrain  {"table", "upstream"}   send new sessions to it again
 //	POST /mcp_sessions/lookup   {"table", "session_id"} the session's upstream, age, idle time
 //	POST /mcp_sessions/evict    {"table", "session_id"} forget the session
+//	POST /mcp_sessions/evict    {"table", "upstream"}   forget every session of the upstream
 //
 // `table` defaults to `default`; `upstream` is a dial address as written in
 // the config, such as `127.0.0.1:9001`.
@@ -114,6 +115,9 @@ func (a AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		})
 	case "lookup", "evict":
 		return a.servePost(w, r, func(req adminRequest) (any, error) {
+			if op == "evict" && req.SessionID == "" && req.Upstream != "" {
+				return evictUpstream(req.Table, req.Upstream)
+			}
 			return sessionStatus(req.Table, req.SessionID, op == "evict")
 		})
 	}
@@ -153,6 +157,9 @@ func listTables() []TableStatus {
 	list := []TableStatus{}
 	tables.Range(func(_, v any) bool {
 		t := v.(*Table)
+		for dial := range configuredUpstreams(t.name) {
+			t.upstream(dial) // list configured upstreams before any traffic too
+		}
 		st := TableStatus{Table: t.name, Sessions: t.Len(), MaxSessions: t.MaxSessions(), SessionTTL: t.TTL().String(), Upstreams: []UpstreamStatus{}}
 		for _, u := range t.Upstreams() {
 			st.Upstreams = append(st.Upstreams, statusOf(t, u))
@@ -183,7 +190,11 @@ func upstreamStatus(table, dial string, drain *bool) (UpstreamStatus, error) {
 		for _, u := range t.Upstreams() {
 			known = append(known, u.dial)
 		}
+		for d := range configuredUpstreams(t.name) {
+			known = append(known, d)
+		}
 		slices.Sort(known)
+		known = slices.Compact(known)
 		return UpstreamStatus{}, apiError(http.StatusNotFound, "table %q knows no upstream %q; give the dial address exactly as in the config. "+
 			"Known upstreams (configured, or routed to since the table was created): %s", t.name, dial, strings.Join(known, ", "))
 	}
@@ -196,6 +207,26 @@ func upstreamStatus(table, dial string, drain *bool) (UpstreamStatus, error) {
 
 func statusOf(t *Table, u *Upstream) UpstreamStatus {
 	return UpstreamStatus{Table: t.name, Upstream: u.dial, LiveSessions: u.LiveSessions(), Draining: u.Draining()}
+}
+
+// UpstreamEviction is the answer to evicting every session of an upstream.
+type UpstreamEviction struct {
+	// Table is the table's name.
+	Table string `json:"table"`
+	// Upstream is the upstream's dial address.
+	Upstream string `json:"upstream"`
+	// EvictedSessions is the number of sessions removed (reason admin).
+	EvictedSessions int `json:"evicted_sessions"`
+}
+
+// evictUpstream forgets every session of an upstream the table knows.
+func evictUpstream(table, dial string) (UpstreamEviction, error) {
+	st, err := upstreamStatus(table, dial, nil)
+	if err != nil {
+		return UpstreamEviction{}, err
+	}
+	t, _ := findTable(st.Table)
+	return UpstreamEviction{Table: st.Table, Upstream: dial, EvictedSessions: t.EvictUpstream(dial, EvictAdmin)}, nil
 }
 
 // sessionStatus returns a session's status, first evicting it if evict is true.

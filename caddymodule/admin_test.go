@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -464,4 +465,23 @@ func TestAdminUnknownTableListsSorted(t *testing.T) {
 	if !slices.Equal(names, all) {
 		t.Errorf("tables in use = %q, want %q", names, all)
 	}
+}
+
+// TestAdminEvictUpstream checks evicting every session of one upstream, as
+// a deploy script does after replacing an upstream that did not drain.
+func TestAdminEvictUpstream(t *testing.T) {
+	tbl := adminTable(t, "", 10, time.Hour)
+	for i, dial := range []string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.1:80"} {
+		tbl.Learn(fmt.Sprintf("S%d", i), dial)
+	}
+	var got UpstreamEviction
+	adminOK(t, http.MethodPost, "/mcp_sessions/evict", postBody(map[string]string{"table": tbl.Name(), "upstream": "10.0.0.1:80"}), &got)
+	if want := (UpstreamEviction{Table: tbl.Name(), Upstream: "10.0.0.1:80", EvictedSessions: 2}); got != want {
+		t.Errorf("evict upstream = %+v, want %+v", got, want)
+	}
+	if tbl.Len() != 1 || tbl.Evictions(EvictAdmin) != 2 {
+		t.Errorf("after the eviction: %d sessions, %d admin evictions; want 1, 2", tbl.Len(), tbl.Evictions(EvictAdmin))
+	}
+	rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/evict", postBody(map[string]string{"table": tbl.Name(), "upstream": "10.0.0.9:80"}))
+	wantAPIError(t, rec, err, http.StatusNotFound, `knows no upstream "10.0.0.9:80"`)
 }

@@ -11,7 +11,12 @@
 //   - http.handlers.mcp_session ([Handler]): learns sessions from responses,
 //     rejects malformed and unknown session IDs, evicts ended sessions;
 //   - http.reverse_proxy.selection_policies.mcp_session ([SessionSelection]):
-//     pins requests of known sessions, balances the rest with a fallback policy.
+//     pins requests of known sessions, balances the rest with a fallback policy;
+//   - http.reverse_proxy.selection_policies.least_sessions
+//     ([LeastSessionsSelection]): the default fallback, the upstream with the
+//     fewest live sessions;
+//   - admin.api.mcp_sessions ([AdminAPI]): session counts, lookup, eviction,
+//     drain and undrain under Caddy's admin endpoint.
 //
 // Caddyfile directives: `mcp_proxy` (both modules in one directive),
 // `mcp_session` (the handler), and `lb_policy mcp_session` inside `reverse_proxy`.

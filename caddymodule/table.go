@@ -299,6 +299,27 @@ func (t *Table) Evict(id string, reason EvictReason) bool {
 	return t.lru.Remove(id)
 }
 
+// EvictUpstream removes every session of the upstream dialed at dial, for
+// reason, and returns how many it removed. It walks the whole table under
+// its lock: an operator's call, not a request path.
+func (t *Table) EvictUpstream(dial string, reason EvictReason) int {
+	u := t.knownUpstream(dial)
+	if u == nil {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.reason = reason
+	n := 0
+	for _, id := range t.lru.Keys() {
+		if e, ok := t.lru.Peek(id); ok && e.up == u {
+			t.lru.Remove(id)
+			n++
+		}
+	}
+	return n
+}
+
 // StreamOpened marks a GET stream of session id as open: the session does not
 // expire until every opened stream is closed with [Table.StreamClosed].
 func (t *Table) StreamOpened(id string) { t.addStreams(id, 1) }

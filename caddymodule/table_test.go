@@ -728,3 +728,23 @@ func TestAcquireReleaseTable(t *testing.T) {
 		t.Error("acquireTable with max 0 succeeded")
 	}
 }
+
+func TestTableEvictUpstream(t *testing.T) {
+	tbl, _ := newTestTable(t, 10, time.Hour)
+	for i, dial := range []string{"a:1", "b:1", "a:1", "a:1", "b:1"} {
+		tbl.Learn(fmt.Sprintf("s%d", i), dial)
+	}
+	if n := tbl.EvictUpstream("a:1", EvictAdmin); n != 3 {
+		t.Fatalf("EvictUpstream(a:1) = %d, want 3", n)
+	}
+	if tbl.Len() != 2 || tbl.knownUpstream("a:1").LiveSessions() != 0 || tbl.knownUpstream("b:1").LiveSessions() != 2 {
+		t.Errorf("after evicting a:1: Len %d, a:1 live %d, b:1 live %d; want 2, 0, 2",
+			tbl.Len(), tbl.knownUpstream("a:1").LiveSessions(), tbl.knownUpstream("b:1").LiveSessions())
+	}
+	if got := tbl.Evictions(EvictAdmin); got != 3 {
+		t.Errorf("admin evictions = %d, want 3", got)
+	}
+	if n := tbl.EvictUpstream("nowhere:1", EvictAdmin); n != 0 {
+		t.Errorf("EvictUpstream of an unknown upstream = %d, want 0", n)
+	}
+}

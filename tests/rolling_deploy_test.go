@@ -589,8 +589,11 @@ func TestRollingDeployScriptFailures(t *testing.T) {
 		out, code := runRollingDeploy(t, append(common, "--table", table, "--timeout", "1",
 			"--stop", f.stopCmd(), "--start", f.startCmd(), victim)...)
 		t.Logf("rolling-deploy.sh exit %d:\n%s", code, out)
-		if code != 0 || !strings.Contains(out, "replacing it anyway: its 1 remaining sessions will get 404") {
+		if code != 0 || !strings.Contains(out, "replacing it anyway: forgetting its 1 remaining sessions") {
 			t.Fatalf("want exit 0 after replacing anyway; got exit %d", code)
+		}
+		if st := rdMustStatus(t, table, victim); st.LiveSessions != 0 {
+			t.Errorf("after replacing %s anyway its sessions should be forgotten: %+v", victim, st)
 		}
 		if pid := f.pid(t, 0); pid == f.pids[0] {
 			t.Errorf("%s was not replaced: PID %d is the same", victim, pid)

@@ -84,24 +84,10 @@ else
 fi
 
 config=Caddyfile
-if [ -n "${SOCKET_DIR:-}" ] && [ "$shared" = 0 ]; then
-  # mcp_proxy's default Host for a unix upstream is the socket's path, which
-  # Go sends as an empty Host; python-sdk's DNS-rebinding protection answers
-  # 421 to that. Give the upstreams a loopback Host with a port instead.
-  config=$work/Caddyfile
-  cat >"$config" <<'EOF'
-{
-	admin {$MCP_ADMIN:localhost:2019}
-}
-
-http://:{$MCP_PORT:8000} {
-	bind {$MCP_BIND:127.0.0.1}
-	mcp_proxy {$MCP_UPSTREAMS} {
-		header_up Host localhost:80
-	}
-}
-EOF
-fi
-
 echo "MCP endpoint: http://127.0.0.1:${MCP_PORT:-8000}/mcp  (Ctrl-C to stop; gunicorn logs in $work)"
-MCP_UPSTREAMS="${upstreams[*]}" "$caddy" run --config "$config" --adapter caddyfile
+# Caddy runs in the background so that the traps above run on SIGTERM too
+# (bash defers traps while a foreground command runs).
+MCP_UPSTREAMS="${upstreams[*]}" "$caddy" run --config "$config" --adapter caddyfile &
+caddy_pid=$!
+pids+=("$caddy_pid")
+wait "$caddy_pid"

@@ -28,9 +28,10 @@
 #   --start CMD          command that starts the new version (required)
 #   --timeout SECS       longest wait for the drain to be done (default: 300)
 #   --on-timeout ACTION  what to do when --timeout expires (default: proceed)
-#                          proceed: say so and replace the upstream anyway; its
-#                                   remaining sessions get 404 and their
-#                                   clients re-initialize on another upstream
+#                          proceed: say so, evict the upstream's remaining
+#                                   sessions (POST /mcp_sessions/evict) and
+#                                   replace it anyway; their clients get 404
+#                                   and re-initialize on another upstream
 #                          abort:   undrain the upstream (still the old
 #                                   version) and exit 3
 #   --poll SECS          interval between polls, fractions allowed (default: 0.5)
@@ -316,7 +317,9 @@ for up in "${upstreams[@]}"; do
 			set_draining "$up" undrain
 			exit 3
 		fi
-		log "[$i/$n] $up: drain timed out after ${timeout}s; replacing it anyway: its $live remaining sessions will get 404 and re-initialize"
+		log "[$i/$n] $up: drain timed out after ${timeout}s; replacing it anyway: forgetting its $live remaining sessions (their clients get 404 and re-initialize)"
+		admin_call POST /mcp_sessions/evict -H 'Content-Type: application/json' \
+			--data-binary "{\"table\":\"$(json_escape "$table")\",\"upstream\":\"$(json_escape "$up")\"}"
 	else
 		clock
 		log "[$i/$n] $up: drain done, 0 live sessions after $(secs $((now - start)))s"
