@@ -258,11 +258,7 @@ func sessionStatus(table, id string, evict bool) (SessionStatus, error) {
 // proxy has routed to them.
 func configuredUpstreams(table string) map[string]bool {
 	dials := map[string]bool{}
-	ctx := caddy.ActiveContext()
-	if ctx.Context == nil { // no config loaded
-		return dials
-	}
-	app, err := ctx.App("http")
+	app, err := caddy.ActiveContext().AppIfConfigured("http") // never loads an app that is not running
 	if err != nil {
 		return dials
 	}
