@@ -272,7 +272,11 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 	h.debug("pinned", id, up.Dial())
 	if r.Method == http.MethodGet {
 		h.table.StreamOpened(id)
-		defer h.table.StreamClosed(id)
+		up.streams.Add(1)
+		defer func() {
+			up.streams.Add(-1)
+			h.table.StreamClosed(id)
+		}()
 	}
 	pw := newSessionWriter(w, h, r, id, up)
 	err := next.ServeHTTP(pw, r)

@@ -18,8 +18,9 @@ const LeastSessionsPolicy = "least_sessions"
 
 // LeastSessionsSelection is a selection policy for new MCP sessions: it
 // picks the available, non-draining upstream with the fewest live sessions
-// in the session table, counting requests in flight to it as well, so that
-// a burst of `initialize` requests spreads before their sessions are
+// in the session table, counting requests in flight to it as well (other
+// than sessions' open GET streams, which are counted as their sessions), so
+// that a burst of `initialize` requests spreads before their sessions are
 // learned. Ties are broken at random.
 //
 // MCP sessions last minutes to hours, so the number of live sessions, not
@@ -81,7 +82,9 @@ func (s *LeastSessionsSelection) Select(pool reverseproxy.UpstreamPool, _ *http.
 			if rec.Draining() {
 				continue
 			}
-			load += rec.LiveSessions()
+			// A session's open GET stream is a request in flight too:
+			// count the session once, not twice.
+			load += rec.LiveSessions() - min(rec.streams.Load(), load)
 		}
 		switch {
 		case best == nil || load < bestLoad:

@@ -599,3 +599,29 @@ func TestWithoutDraining(t *testing.T) {
 		t.Errorf("without a table: %v", got)
 	}
 }
+
+// TestLeastSessionsCountsStreamsOnce: a session's open GET stream is also a
+// request in flight; it must not make its session count twice.
+func TestLeastSessionsCountsStreamsOnce(t *testing.T) {
+	s := &LeastSessionsSelection{Table: "least/" + t.Name()}
+	if err := s.Provision(newContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Cleanup() })
+	pool := testPool()[:2]
+	// pool[0]: 2 sessions, both with an open GET stream (2 requests in flight);
+	// pool[1]: 3 sessions without streams. pool[0] has fewer sessions.
+	for i := range 2 {
+		s.table.Learn(fmt.Sprintf("a%d", i), pool[0].Dial)
+	}
+	for i := range 3 {
+		s.table.Learn(fmt.Sprintf("b%d", i), pool[1].Dial)
+	}
+	s.table.knownUpstream(pool[0].Dial).streams.Store(2)
+	setInFlight(t, pool[0], 2)
+	for range 10 {
+		if got := s.Select(pool, newRequest(http.MethodPost), nil); got != pool[0] {
+			t.Fatalf("Select = %s, want %s (2 sessions with streams vs 3 without)", got.Dial, pool[0].Dial)
+		}
+	}
+}

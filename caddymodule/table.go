@@ -91,6 +91,7 @@ var eras = [...]Era{EraLegacySession, EraModern, EraOther}
 type Upstream struct {
 	dial     string
 	live     atomic.Int64
+	streams  atomic.Int64 // GET streams of its sessions open through the proxy
 	draining atomic.Bool
 }
 
