@@ -126,27 +126,11 @@ func (d *double) stream(w http.ResponseWriter, r *http.Request) {
 
 // startDoubles starts n upstream doubles named d1..dn.
 func (e *env) startDoubles(n int, delay, ping time.Duration, h2c bool) ([]*proc, []string, error) {
-	var ps []*proc
-	var addrs []string
-	for i := 1; i <= n; i++ {
-		port, err := freePort()
-		if err != nil {
-			return nil, nil, err
-		}
-		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		args := []string{"double", "-name", fmt.Sprintf("d%d", i), "-listen", addr,
-			"-first-delay", delay.String(), "-ping", ping.String()}
+	return e.startFleet(n, "double-", "d", e.self, func(name, addr string) []string {
+		args := []string{"double", "-name", name, "-listen", addr, "-first-delay", delay.String(), "-ping", ping.String()}
 		if h2c {
 			args = append(args, "-h2c")
 		}
-		p, err := e.start(fmt.Sprintf("double-d%d", i), nil, e.self, args...)
-		if err != nil {
-			return nil, nil, err
-		}
-		if err := waitListening(p, port, 10*time.Second); err != nil {
-			return nil, nil, err
-		}
-		ps, addrs = append(ps, p), append(addrs, addr)
-	}
-	return ps, addrs, nil
+		return args
+	})
 }

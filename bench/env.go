@@ -68,6 +68,20 @@ func (e *env) stopAll() {
 // startServers starts n whoami servers named s1..sn, answering POSTs with
 // JSON (jsonMode) or SSE, and returns them with their addresses.
 func (e *env) startServers(n int, jsonMode bool) ([]*proc, []string, error) {
+	return e.startFleet(n, "whoami-", "s", e.whoami, func(name, addr string) []string {
+		args := []string{"-name", name, "-listen", addr}
+		if jsonMode {
+			args = append(args, "-json")
+		}
+		return args
+	})
+}
+
+// startFleet starts n processes of binary named <letter>1..<letter>n (logged
+// as <logPrefix><name>), each on its own free port on 127.0.0.1 with the
+// arguments args gives for its name and address, and waits until each
+// listens. It returns them with their addresses.
+func (e *env) startFleet(n int, logPrefix, letter, binary string, args func(name, addr string) []string) ([]*proc, []string, error) {
 	var ps []*proc
 	var addrs []string
 	for i := 1; i <= n; i++ {
@@ -76,11 +90,8 @@ func (e *env) startServers(n int, jsonMode bool) ([]*proc, []string, error) {
 			return nil, nil, err
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		args := []string{"-name", fmt.Sprintf("s%d", i), "-listen", addr}
-		if jsonMode {
-			args = append(args, "-json")
-		}
-		p, err := e.start(fmt.Sprintf("whoami-s%d", i), nil, e.whoami, args...)
+		name := fmt.Sprintf("%s%d", letter, i)
+		p, err := e.start(logPrefix+name, nil, binary, args(name, addr)...)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -36,7 +35,7 @@ func (e *env) memCaddyPart(o *options) (*memCaddyResult, error) {
 		return nil, err
 	}
 	// Warm up: connections, pools and code paths, with sessions of their own.
-	if err := fillSessions(px.addr, 1000, 32, nil); err != nil {
+	if err := createSessions(px.addr, 1000, 32, nil); err != nil {
 		return nil, err
 	}
 	if res.rssBefore, res.heapBefore, err = caddyMemory(px); err != nil {
@@ -58,7 +57,7 @@ func (e *env) memCaddyPart(o *options) (*memCaddyResult, error) {
 			}
 		}
 	}()
-	err = fillSessions(px.addr, n, 32, &done)
+	err = createSessions(px.addr, n, 32, func(int, string) { done.Add(1) })
 	close(stopProgress)
 	if err != nil {
 		return nil, err
@@ -98,40 +97,4 @@ func caddyMemory(px *proxyProc) (rss, heap int64, err error) {
 		return 0, 0, err
 	}
 	return procStatus(px.pid(), "VmRSS"), vars.Memstats.HeapAlloc, nil
-}
-
-// fillSessions creates n sessions at addr with conc workers on keep-alive
-// connections, and forgets them (the client keeps no IDs).
-func fillSessions(addr string, n, conc int, done *atomic.Int64) error {
-	var next atomic.Int64
-	var firstErr atomic.Value
-	var wg sync.WaitGroup
-	for range conc {
-		wg.Go(func() {
-			s := &session{addr: addr, req: make([]byte, 0, 512), body: make([]byte, 0, 4096)}
-			defer func() {
-				if s.conn != nil {
-					s.conn.Close()
-				}
-			}()
-			for next.Add(1) <= int64(n) && firstErr.Load() == nil {
-				status, h, body, err := s.do(http.MethodPost, []byte(initializeBody), false)
-				if err == nil && (status != http.StatusOK || h.Get("Mcp-Session-Id") == "") {
-					err = fmt.Errorf("status %d: %.200s", status, body)
-				}
-				if err != nil {
-					firstErr.CompareAndSwap(nil, err)
-					return
-				}
-				if done != nil {
-					done.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if err, _ := firstErr.Load().(error); err != nil {
-		return fmt.Errorf("creating sessions: %w", err)
-	}
-	return nil
 }

@@ -98,7 +98,7 @@ func (e *env) holdStreams(o *options, key string) (*streamsResult, error) {
 
 	fmt.Fprintf(e.log, "streams %s: creating %d sessions through the proxy\n", key, n)
 	ids := make([]string, n)
-	if err := mintSessions(px.addr, ids, 32); err != nil {
+	if err := createSessions(px.addr, len(ids), 32, func(i int, id string) { ids[i] = id }); err != nil {
 		return nil, err
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -171,9 +171,10 @@ func (e *env) holdStreams(o *options, key string) (*streamsResult, error) {
 	return res, nil
 }
 
-// mintSessions fills ids with new sessions created at addr by conc workers,
-// each on its own keep-alive connection.
-func mintSessions(addr string, ids []string, conc int) error {
+// createSessions creates n sessions at addr with conc workers, each on its
+// own keep-alive connection, and calls created (if not nil) with each new
+// session's index and ID, from the workers' goroutines.
+func createSessions(addr string, n, conc int, created func(i int, id string)) error {
 	var next atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
@@ -187,7 +188,7 @@ func mintSessions(addr string, ids []string, conc int) error {
 			}()
 			for {
 				i := int(next.Add(1)) - 1
-				if i >= len(ids) || firstErr.Load() != nil {
+				if i >= n || firstErr.Load() != nil {
 					return
 				}
 				status, h, body, err := s.do(http.MethodPost, []byte(initializeBody), false)
@@ -198,7 +199,9 @@ func mintSessions(addr string, ids []string, conc int) error {
 					firstErr.CompareAndSwap(nil, err)
 					return
 				}
-				ids[i] = h.Get("Mcp-Session-Id")
+				if created != nil {
+					created(i, h.Get("Mcp-Session-Id"))
+				}
 			}
 		})
 	}
