@@ -69,8 +69,9 @@ const (
 // | a session the table does not hold (unless `unknown_session` is `forward`) | 404 |
 // | a session whose upstream was removed, is unhealthy, or refused the connection | 404, and the session is dropped |
 //
-// It drops a session when the upstream answers its DELETE with 2xx or 404,
-// or any request of it with 404; the upstream's response passes unchanged.
+// It drops a session when the upstream answers its POST or DELETE with 404,
+// or its DELETE with 2xx; the upstream's response passes unchanged. A 404
+// to a GET keeps the session (see evictAfter).
 type Handler struct {
 	// The name of the session table. Handlers and selection policies with the
 	// same table name share sessions; the table survives config reloads while
@@ -325,11 +326,22 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 }
 
 // evictAfter applies the status of the upstream's answer to a pinned
-// request to the table: 404 to anything, or 2xx to DELETE, ends the session.
-func (h *Handler) evictAfter(r *http.Request, id string, up *Upstream, status int) {
+// request to the table: a 404 to a POST or a DELETE, or a 2xx to a DELETE,
+// ends the session.
+//
+// A 404 ends a session only where it can mean nothing but "session
+// unknown": POST and DELETE are the requests every Streamable HTTP server
+// routes (MCP 2025-03-26 transports, §Session Management). A 404 to a GET
+// passes through and keeps the session: the standalone GET stream is
+// optional, and many servers without one have no GET route, so their router
+// answers 404 (Express: "Cannot GET /mcp") where the spec asks for 405.
+// Clients carry on with POSTs, which must keep working. A session that is
+// really gone loses nothing by this: its next POST or DELETE gets the
+// upstream's 404 and ends it there.
+func (h *Handler) evictAfter(r *http.Request, id string, status int) {
 	reason := EvictReason("")
 	switch {
-	case status == http.StatusNotFound:
+	case status == http.StatusNotFound && (r.Method == http.MethodPost || r.Method == http.MethodDelete):
 		reason = EvictUpstream404
 	case r.Method == http.MethodDelete && status >= 200 && status < 300:
 		reason = EvictDelete

@@ -625,7 +625,7 @@ func TestPinnedResponses(t *testing.T) {
 		{method: "POST", respond: answer(202)},
 		{method: "GET", respond: answer(200)},
 		{method: "POST", respond: answer(404), evicted: EvictUpstream404},
-		{method: "GET", respond: answer(404), evicted: EvictUpstream404},
+		{method: "GET", respond: answer(404)}, // no GET route: not "session unknown"
 		{method: "DELETE", respond: answer(404), evicted: EvictUpstream404},
 		{method: "DELETE", respond: answer(200), evicted: EvictDelete},
 		{method: "DELETE", respond: answer(202), evicted: EvictDelete},

@@ -42,7 +42,7 @@ const (
 	EvictLRU EvictReason = "lru"
 	// EvictDelete: the upstream answered the session's DELETE with 2xx or 404.
 	EvictDelete EvictReason = "delete"
-	// EvictUpstream404: the upstream answered a request of the session with 404.
+	// EvictUpstream404: the upstream answered a POST or DELETE of the session with 404.
 	EvictUpstream404 EvictReason = "upstream_404"
 	// EvictUpstreamGone: the pinned upstream was removed, unhealthy or refused connections.
 	EvictUpstreamGone EvictReason = "upstream_gone"

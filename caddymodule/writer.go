@@ -40,7 +40,7 @@ func (sw *sessionWriter) WriteHeader(status int) {
 func (sw *sessionWriter) observe(status int) {
 	switch {
 	case sw.up != nil:
-		sw.h.evictAfter(sw.r, sw.id, sw.up, status)
+		sw.h.evictAfter(sw.r, sw.id, status)
 	case status >= 200 && status < 300:
 		sw.h.learn(sw.r, sw.Header())
 	}

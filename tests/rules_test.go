@@ -305,7 +305,8 @@ func TestBadSessionHeader(t *testing.T) {
 }
 
 // TestEviction covers issue point 6 (cases S7, S13): DELETE answered 2xx or
-// 404 drops the mapping, 405 keeps it; any 404 drops it and passes through
+// 404 drops the mapping, 405 keeps it; a 404 to a POST drops it, a 404 to a
+// GET keeps it (a server without a GET route), and both pass through
 // unchanged; 400 keeps it.
 func TestEviction(t *testing.T) {
 	ds := startDoubles(t, 3)
@@ -323,7 +324,7 @@ func TestEviction(t *testing.T) {
 		{http.MethodDelete, http.StatusNotFound, true},
 		{http.MethodDelete, http.StatusMethodNotAllowed, false},
 		{http.MethodPost, http.StatusNotFound, true},
-		{http.MethodGet, http.StatusNotFound, true},
+		{http.MethodGet, http.StatusNotFound, false}, // no GET route: the session is kept
 		{http.MethodPost, http.StatusBadRequest, false},
 		{http.MethodPost, http.StatusMethodNotAllowed, false},
 		{http.MethodPost, http.StatusInternalServerError, false},

@@ -9,7 +9,18 @@
 //
 // Usage: node whoami-server.mjs --name NAME [--listen 127.0.0.1:0] [--json]
 //                               [--unknown-session 404|400]
+//                               [--express [--allowed-hosts h1,h2]]
 // Writes "127.0.0.1:PORT" to $MCP_ADDR_FILE once listening.
+//
+// With --express it is the Express app the SDK's createMcpExpressApp makes
+// (Express 5, JSON body parser, and for a server bound to 127.0.0.1 the
+// SDK's DNS-rebinding Host check: 403 unless Host is localhost, 127.0.0.1
+// or [::1]; --allowed-hosts replaces that list), with routes for POST and
+// DELETE /mcp only, as apps without a standalone SSE stream are written:
+// GET /mcp gets Express's own 404 "Cannot GET /mcp". It trusts X-Forwarded-*
+// from loopback (`trust proxy`), and its 401 names resource_metadata from
+// the request's protocol and host, as apps that build OAuth metadata from
+// the request do.
 //
 // Around the MCP transport it behaves like a typical Node app:
 //   - every response carries X-Custom: NAME, two Set-Cookie headers, and
@@ -28,6 +39,7 @@ import { randomUUID } from 'node:crypto';
 import { parseArgs } from 'node:util';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import { createMcpExpressApp } from '@modelcontextprotocol/sdk/server/express.js';
 import { z } from 'zod';
 
 const { values: opt } = parseArgs({
@@ -36,6 +48,8 @@ const { values: opt } = parseArgs({
     listen: { type: 'string', default: '127.0.0.1:0' },
     json: { type: 'boolean', default: false },
     'unknown-session': { type: 'string', default: '404' },
+    express: { type: 'boolean', default: false },
+    'allowed-hosts': { type: 'string' },
   },
 });
 if (!['400', '404'].includes(opt['unknown-session'])) {
@@ -123,7 +137,7 @@ async function handle(req, res) {
       res,
       401,
       { jsonrpc: '2.0', error: { code: -32001, message: 'Unauthorized' }, id: null },
-      { 'WWW-Authenticate': 'Bearer realm="mcp", resource_metadata="http://127.0.0.1/.well-known/oauth-protected-resource"' },
+      { 'WWW-Authenticate': `Bearer realm="mcp", resource_metadata="${publicOrigin(req)}/.well-known/oauth-protected-resource"` },
     );
     return;
   }
@@ -135,7 +149,7 @@ async function handle(req, res) {
       return;
     }
     if (req.method === 'DELETE') stats.deleted++;
-    await transport.handleRequest(req, res);
+    await transport.handleRequest(req, res, req.body);
     return;
   }
   if (req.method !== 'POST') {
@@ -161,17 +175,37 @@ async function handle(req, res) {
     if (transport.sessionId) transports.delete(transport.sessionId);
   };
   await newMcpServer().connect(transport);
-  await transport.handleRequest(req, res);
+  await transport.handleRequest(req, res, req.body);
+}
+
+// publicOrigin is the scheme and host this app names in absolute URLs: Express's
+// req.protocol and req.host (from X-Forwarded-Proto and X-Forwarded-Host
+// when sent by a trusted proxy); a fixed loopback origin without Express.
+function publicOrigin(req) {
+  return req.app ? `${req.protocol}://${req.host}` : 'http://127.0.0.1';
+}
+
+// listener returns the app: plain Node http, or with --express an Express
+// app with routes for POST and DELETE /mcp only.
+function listener(host) {
+  const serve = (req, res) =>
+    handle(req, res).catch((err) => {
+      console.error('error handling request:', err);
+      if (!res.headersSent) sendJSON(res, 500, { jsonrpc: '2.0', error: { code: -32603, message: 'Internal server error' }, id: null });
+      else res.end();
+    });
+  if (!opt.express) return serve;
+  const allowedHosts = opt['allowed-hosts']?.split(',');
+  const app = createMcpExpressApp({ host, allowedHosts });
+  app.set('trust proxy', 'loopback');
+  app.get('/debug/stats', serve);
+  app.post('/mcp', serve);
+  app.delete('/mcp', serve);
+  return app;
 }
 
 const [host, port] = [opt.listen.slice(0, opt.listen.lastIndexOf(':')), Number(opt.listen.slice(opt.listen.lastIndexOf(':') + 1))];
-const httpServer = http.createServer((req, res) => {
-  handle(req, res).catch((err) => {
-    console.error('error handling request:', err);
-    if (!res.headersSent) sendJSON(res, 500, { jsonrpc: '2.0', error: { code: -32603, message: 'Internal server error' }, id: null });
-    else res.end();
-  });
-});
+const httpServer = http.createServer(listener(host));
 httpServer.listen(port, host, () => {
   const { address, port } = httpServer.address();
   const addr = `${address}:${port}`;
