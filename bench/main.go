@@ -20,6 +20,10 @@
 //   - decision: the caddymodule table benchmarks (ns/op, allocs/op at 1M
 //     sessions, lock contention at -cpu 1,2,4).
 //
+// With -o, it also writes SVG charts beside the report (results.md →
+// results-calls.svg, …) and links them from it. `go run ./bench charts`
+// renders them again from a recorded report, without running anything.
+//
 // See bench/README.md for the method.
 package main
 
@@ -78,6 +82,12 @@ func main() {
 		case "double":
 			if err := doubleMain(os.Args[2:]); err != nil {
 				fmt.Fprintln(os.Stderr, "double:", err)
+				os.Exit(1)
+			}
+			return
+		case "charts":
+			if err := chartsMain(os.Args[2:]); err != nil {
+				fmt.Fprintln(os.Stderr, "charts:", err)
 				os.Exit(1)
 			}
 			return
@@ -245,6 +255,11 @@ func run() error {
 		rep.decision, rep.decisionErr = e.decisionPart(o, repo)
 	}
 	rep.elapsed = time.Since(started)
+	if o.out != "" {
+		if rep.charts, err = writeCharts(chartsOf(rep), o.out); err != nil {
+			return err
+		}
+	}
 
 	var buf bytes.Buffer
 	rep.write(&buf)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -26,6 +28,7 @@ type report struct {
 	memCaddyErr   error
 	decision      *decisionResult
 	decisionErr   error
+	charts        []string // chart files written beside the report
 }
 
 // mark renders a target check.
@@ -62,10 +65,12 @@ func (r *report) write(w io.Writer) {
 	fmt.Fprintf(w, "- Everything (load generator, proxy, servers) shares these cores on loopback: compare ratios within one run, not absolute numbers across runs.\n\n")
 	if r.throughput != nil {
 		r.writeThroughput(w)
+		r.writeChartLinks(w, "calls", "p99", "cpu")
 	}
 	r.writeTargets(w)
 	if r.firstEvent != nil || r.firstEventErr != nil {
 		r.writeFirstEvent(w)
+		r.writeChartLinks(w, "firstevent")
 	}
 	if r.streams != nil || r.streamsErr != nil {
 		r.writeStreams(w)
@@ -78,6 +83,18 @@ func (r *report) write(w io.Writer) {
 	}
 	if r.decision != nil || r.decisionErr != nil {
 		r.writeDecision(w)
+	}
+}
+
+// writeChartLinks links the charts with these suffixes that were written,
+// by file name: they sit beside the report.
+func (r *report) writeChartLinks(w io.Writer, suffixes ...string) {
+	for _, ch := range charts {
+		for _, file := range r.charts {
+			if slices.Contains(suffixes, ch.suffix) && strings.HasSuffix(file, "-"+ch.suffix+".svg") {
+				fmt.Fprintf(w, "![%s](%s)\n\n", ch.alt, filepath.Base(file))
+			}
+		}
 	}
 }
 
