@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -42,19 +41,16 @@ type pluginFixture struct {
 
 var fixtureSeq atomic.Int64
 
-// loadEmptyConfig loads an empty Caddy config once, so that modules
-// provisioned in its context log as Caddy does by default (INFO: the
-// plugin's per-decision debug lines are off). Without a config, Caddy hands
-// modules a development logger at DEBUG level.
-var loadEmptyConfig = sync.OnceValue(func() error {
-	return caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}}}`), true)
-})
-
 func newPluginFixture(b *testing.B, sessions int) *pluginFixture {
-	if err := loadEmptyConfig(); err != nil {
+	// An empty config of the fixture's own, so that modules provisioned in
+	// its context log as Caddy does by default (INFO: the plugin's
+	// per-decision debug lines are off). Without a config, Caddy hands
+	// modules a development logger at DEBUG level.
+	base, err := caddy.ProvisionContext(new(caddy.Config))
+	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := caddy.NewContext(caddy.ActiveContext())
+	ctx, cancel := caddy.NewContext(base)
 	b.Cleanup(cancel)
 	table := "bench-" + rand.Text() + string(rune('a'+fixtureSeq.Add(1)%26))
 	f := &pluginFixture{
@@ -69,11 +65,9 @@ func newPluginFixture(b *testing.B, sessions int) *pluginFixture {
 	if err := f.h.Provision(ctx); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { _ = f.h.Cleanup() })
 	if err := f.sel.Provision(ctx); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { _ = f.sel.Cleanup() })
 	// Learn the sessions the way Caddy does: a request without a session
 	// whose response names one.
 	for range sessions {

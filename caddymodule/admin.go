@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -103,7 +104,7 @@ func (a AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	op := strings.TrimPrefix(r.URL.Path, "/mcp_sessions/")
 	switch op {
 	case "":
-		return a.serveGet(w, r, func() (any, error) { return listTables(), nil })
+		return a.serveGet(w, r, func() (any, error) { return listTables() })
 	case "upstream":
 		return a.serveGet(w, r, func() (any, error) {
 			return upstreamStatus(r.URL.Query().Get("table"), r.URL.Query().Get("upstream"), nil)
@@ -152,12 +153,15 @@ func (AdminAPI) servePost(w http.ResponseWriter, r *http.Request, do func(adminR
 	return writeJSON(w, v)
 }
 
-// listTables returns the status of every table, by name.
-func listTables() []TableStatus {
+// listTables returns the status of every table of the running config, by name.
+func listTables() ([]TableStatus, error) {
+	app, err := runningApp()
+	if err != nil {
+		return nil, err
+	}
 	list := []TableStatus{}
-	tables.Range(func(_, v any) bool {
-		t := v.(*Table)
-		for dial := range configuredUpstreams(t.name) {
+	for _, t := range app.tables() {
+		for dial := range app.configuredUpstreams(t.name) {
 			t.upstream(dial) // list configured upstreams before any traffic too
 		}
 		st := TableStatus{Table: t.name, Sessions: t.Len(), MaxSessions: t.MaxSessions(), SessionTTL: t.TTL().String(), Upstreams: []UpstreamStatus{}}
@@ -166,23 +170,23 @@ func listTables() []TableStatus {
 		}
 		slices.SortFunc(st.Upstreams, func(a, b UpstreamStatus) int { return strings.Compare(a.Upstream, b.Upstream) })
 		list = append(list, st)
-		return true
-	})
+	}
 	slices.SortFunc(list, func(a, b TableStatus) int { return strings.Compare(a.Table, b.Table) })
-	return list
+	return list, nil
 }
 
 // upstreamStatus returns an upstream's status, first setting its draining
 // state if drain is not nil.
 func upstreamStatus(table, dial string, drain *bool) (UpstreamStatus, error) {
-	t, err := findTable(table)
+	app, t, err := findTable(table)
 	if err != nil {
 		return UpstreamStatus{}, err
 	}
 	if dial == "" {
 		return UpstreamStatus{}, apiError(http.StatusBadRequest, "missing upstream: give its dial address as in the config, such as 127.0.0.1:9001")
 	}
-	if t.knownUpstream(dial) == nil && configuredUpstreams(t.name)[dial] {
+	configured := app.configuredUpstreams(t.name)
+	if t.knownUpstream(dial) == nil && configured[dial] {
 		t.upstream(dial) // configured, but the proxy has not routed to it yet
 	}
 	if t.knownUpstream(dial) == nil {
@@ -190,7 +194,7 @@ func upstreamStatus(table, dial string, drain *bool) (UpstreamStatus, error) {
 		for _, u := range t.Upstreams() {
 			known = append(known, u.dial)
 		}
-		for d := range configuredUpstreams(t.name) {
+		for d := range configured {
 			known = append(known, d)
 		}
 		slices.Sort(known)
@@ -225,13 +229,13 @@ func evictUpstream(table, dial string) (UpstreamEviction, error) {
 	if err != nil {
 		return UpstreamEviction{}, err
 	}
-	t, _ := findTable(st.Table)
+	_, t, _ := findTable(st.Table)
 	return UpstreamEviction{Table: st.Table, Upstream: dial, EvictedSessions: t.EvictUpstream(dial, EvictAdmin)}, nil
 }
 
 // sessionStatus returns a session's status, first evicting it if evict is true.
 func sessionStatus(table, id string, evict bool) (SessionStatus, error) {
-	t, err := findTable(table)
+	_, t, err := findTable(table)
 	if err != nil {
 		return SessionStatus{}, err
 	}
@@ -253,17 +257,13 @@ func sessionStatus(table, id string, evict bool) (SessionStatus, error) {
 }
 
 // configuredUpstreams returns the static upstreams of every reverse_proxy
-// of the running config whose selection policy is mcp_session with the
-// given table, by dial address. Dynamic upstreams are known only once the
-// proxy has routed to them.
-func configuredUpstreams(table string) map[string]bool {
+// of the app's config whose selection policy is mcp_session with the given
+// table, by dial address. Dynamic upstreams are known only once the proxy
+// has routed to them.
+func (a *App) configuredUpstreams(table string) map[string]bool {
 	dials := map[string]bool{}
-	app, err := caddy.ActiveContext().AppIfConfigured("http") // never loads an app that is not running
-	if err != nil {
-		return dials
-	}
-	httpApp, ok := app.(*caddyhttp.App)
-	if !ok {
+	httpApp := a.httpApp()
+	if httpApp == nil {
 		return dials
 	}
 	for _, srv := range httpApp.Servers {
@@ -295,25 +295,32 @@ func collectUpstreams(routes caddyhttp.RouteList, table string, dials map[string
 	}
 }
 
-// findTable returns the live table called name ("default" when empty).
-func findTable(name string) (*Table, error) {
+// runningApp returns the mcp_sessions app of the running config. Tests
+// replace it.
+var runningApp = func() (*App, error) {
+	v, err := caddy.ActiveContext().AppIfConfigured(AppName) // never loads an app that is not running
+	if err != nil {
+		return nil, apiError(http.StatusNotFound, "no session tables: the running config uses no mcp_session handler or policy")
+	}
+	return v.(*App), nil
+}
+
+// findTable returns the running app and its table called name ("default"
+// when empty).
+func findTable(name string) (*App, *Table, error) {
 	if name == "" {
 		name = DefaultTableName
 	}
-	var found *Table
-	names := []string{}
-	tables.Range(func(k, v any) bool {
-		names = append(names, k.(string))
-		if k == name {
-			found = v.(*Table)
-		}
-		return found == nil
-	})
-	if found == nil {
-		slices.Sort(names)
-		return nil, apiError(http.StatusNotFound, "no session table named %q; tables in use: %s", name, strings.Join(names, ", "))
+	app, err := runningApp()
+	if err != nil {
+		return nil, nil, err
 	}
-	return found, nil
+	all := app.tables()
+	if t, ok := all[name]; ok {
+		return app, t, nil
+	}
+	names := slices.Sorted(maps.Keys(all))
+	return nil, nil, apiError(http.StatusNotFound, "no session table named %q; tables in use: %s", name, strings.Join(names, ", "))
 }
 
 func writeJSON(w http.ResponseWriter, v any) error {

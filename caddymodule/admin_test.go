@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,8 +83,31 @@ func wantAPIError(t *testing.T, rec *httptest.ResponseRecorder, err error, statu
 	return ae
 }
 
+// testApp is the mcp_sessions app that the admin API finds running in
+// these tests. It has no http app, so it knows no configured upstreams.
+var testApp = &App{mu: new(sync.Mutex), uses: map[string]*tableUse{}}
+
+func init() {
+	runningApp = func() (*App, error) { return testApp, nil }
+}
+
+// addToTestApp puts tbl in the running app until the test ends.
+func addToTestApp(t *testing.T, tbl *Table) {
+	testApp.mu.Lock()
+	defer testApp.mu.Unlock()
+	if testApp.uses[tbl.Name()] != nil {
+		t.Fatalf("table %q already in the app", tbl.Name())
+	}
+	testApp.uses[tbl.Name()] = &tableUse{table: tbl}
+	t.Cleanup(func() {
+		testApp.mu.Lock()
+		defer testApp.mu.Unlock()
+		delete(testApp.uses, tbl.Name())
+	})
+}
+
 // adminTable acquires a table with a name unique to the test (and suffix),
-// and releases it when the test ends.
+// puts it in the running app, and releases it when the test ends.
 func adminTable(t *testing.T, suffix string, maxSessions int, ttl time.Duration) *Table {
 	t.Helper()
 	name := "admin/" + t.Name() + suffix
@@ -91,23 +116,20 @@ func adminTable(t *testing.T, suffix string, maxSessions int, ttl time.Duration)
 		t.Fatalf("acquireTable: %v", err)
 	}
 	t.Cleanup(func() { releaseTable(name) })
+	addToTestApp(t, tbl)
 	return tbl
 }
 
-// clockTable puts a table reading time from a fake clock in the package's
-// pool, as acquireTable would, and removes it when the test ends.
+// clockTable puts a table reading time from a fake clock in the running
+// app, until the test ends.
 func clockTable(t *testing.T, maxSessions int, ttl time.Duration) (*Table, *fakeClock) {
 	t.Helper()
 	clk := newFakeClock()
-	name := "admin-clock/" + t.Name()
-	tbl, err := NewTable(name, maxSessions, ttl, clk.Now)
+	tbl, err := NewTable("admin-clock/"+t.Name(), maxSessions, ttl, clk.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, loaded := tables.LoadOrStore(name, tbl); loaded {
-		t.Fatalf("table %q already in the pool", name)
-	}
-	t.Cleanup(func() { _, _ = tables.Delete(name) })
+	addToTestApp(t, tbl)
 	return tbl, clk
 }
 
@@ -230,11 +252,11 @@ func TestAdminUpstream(t *testing.T) {
 
 // TestAdminDefaultTable checks that an empty or missing table names "default".
 func TestAdminDefaultTable(t *testing.T) {
-	if _, err := acquireTable(DefaultTableName, DefaultMaxSessions, DefaultSessionTTL); err != nil {
+	tbl, err := NewTable(DefaultTableName, DefaultMaxSessions, DefaultSessionTTL, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { releaseTable(DefaultTableName) })
-	tbl, _ := findTable(DefaultTableName)
+	addToTestApp(t, tbl)
 	tbl.upstream("10.9.9.9:1") // an upstream the proxy has routed to
 	var st UpstreamStatus
 	adminOK(t, http.MethodGet, "/mcp_sessions/upstream?upstream=10.9.9.9:1", "", &st)
@@ -458,10 +480,8 @@ func TestAdminUnknownTableListsSorted(t *testing.T) {
 	if !slices.Contains(names, a.Name()) || !slices.Contains(names, z.Name()) {
 		t.Errorf("tables in use %q lack %q or %q", names, a.Name(), z.Name())
 	}
-	// Every table of the pool is named.
-	var all []string
-	tables.Range(func(k, _ any) bool { all = append(all, k.(string)); return true })
-	slices.Sort(all)
+	// Every table of the app is named.
+	all := slices.Sorted(maps.Keys(testApp.tables()))
 	if !slices.Equal(names, all) {
 		t.Errorf("tables in use = %q, want %q", names, all)
 	}

@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"context"
 	"crypto/rand"
 	mrand "math/rand/v2"
 	"net/http"
@@ -9,7 +8,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
@@ -43,8 +41,7 @@ var benchTable = sync.OnceValues(func() (*Table, []string) {
 
 // benchPolicy returns a provisioned mcp_session policy with the default fallback.
 func benchPolicy(b *testing.B) *SessionSelection {
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	b.Cleanup(cancel)
+	ctx := newContext(b)
 	s := new(SessionSelection)
 	if err := s.Provision(ctx); err != nil {
 		b.Fatal(err)

@@ -21,6 +21,7 @@ func init() {
 	httpcaddyfile.RegisterDirectiveOrder("mcp_session", httpcaddyfile.Before, "reverse_proxy")
 	httpcaddyfile.RegisterDirective("mcp_proxy", parseMCPProxy)
 	httpcaddyfile.RegisterDirectiveOrder("mcp_proxy", httpcaddyfile.After, "reverse_proxy")
+	httpcaddyfile.RegisterGlobalOption(AppName, parseAppOption)
 }
 
 // Defaults that the mcp_proxy directive puts in front of the user's
@@ -366,6 +367,62 @@ func newProxyHandler(policy *SessionSelection) *reverseproxy.Handler {
 			Request: &headers.HeaderOps{Set: http.Header{"Host": []string{proxyHostHeader}}},
 		},
 	}
+}
+
+// parseAppOption sets up a table of the mcp_sessions app from the global
+// option of that name; the option may be given once per table. Syntax:
+//
+//	mcp_sessions [<table>] {
+//	    max_sessions <count>
+//	    session_ttl  <duration>
+//	}
+//
+// The table's name defaults to `default`.
+func parseAppOption(d *caddyfile.Dispenser, existing any) (any, error) {
+	app := new(App)
+	if prev, ok := existing.(httpcaddyfile.App); ok {
+		if err := json.Unmarshal(prev.Value, app); err != nil {
+			return nil, err
+		}
+	}
+	if app.Tables == nil {
+		app.Tables = map[string]*TableConfig{}
+	}
+	if err := app.unmarshalTable(d); err != nil {
+		return nil, err
+	}
+	return httpcaddyfile.App{Name: AppName, Value: caddyconfig.JSON(app, nil)}, nil
+}
+
+// unmarshalTable parses one mcp_sessions global option into a table of a.
+func (a *App) unmarshalTable(d *caddyfile.Dispenser) error {
+	d.Next() // consume option name
+	name := DefaultTableName
+	if d.NextArg() {
+		name = d.Val()
+	}
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if _, dup := a.Tables[name]; dup {
+		return d.Errf("session table '%s' is configured twice", name)
+	}
+	cfg := new(TableConfig)
+	a.Tables[name] = cfg
+	h := Handler{}
+	seen := map[string]bool{}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "max_sessions", "session_ttl":
+			if _, err := h.unmarshalOption(d, seen); err != nil {
+				return err
+			}
+		default:
+			return d.Errf("unrecognized %s option '%s'", AppName, d.Val())
+		}
+	}
+	cfg.MaxSessions, cfg.SessionTTL = h.MaxSessions, h.SessionTTL
+	return nil
 }
 
 // Interface guards

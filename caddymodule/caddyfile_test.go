@@ -164,6 +164,30 @@ func TestAdaptErrors(t *testing.T) {
 	}
 }
 
+// TestAppOptionErrors feeds the mcp_sessions global option bad input.
+func TestAppOptionErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		global string // the global options block's body
+		want   string
+	}{
+		{name: "two names", global: "mcp_sessions a b", want: "after 'b'"},
+		{name: "unknown option", global: "mcp_sessions {\n\tbogus 1\n}", want: "unrecognized mcp_sessions option 'bogus'"},
+		{name: "handler option", global: "mcp_sessions {\n\tunknown_session forward\n}", want: "unrecognized mcp_sessions option 'unknown_session'"},
+		{name: "table twice", global: "mcp_sessions {\n}\nmcp_sessions default {\n}", want: "session table 'default' is configured twice"},
+		{name: "bad max_sessions", global: "mcp_sessions {\n\tmax_sessions abc\n}", want: "max_sessions: 'abc' is not a positive whole number"},
+		{name: "duplicate option", global: "mcp_sessions {\n\tsession_ttl 1h\n\tsession_ttl 2h\n}", want: "duplicate option 'session_ttl'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := "{\n" + tc.global + "\n}\n:8080 {\n\tmcp_proxy a\n}\n"
+			_, _, err := adapt(cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("adapting %q: err = %v, want one containing %q", cfg, err, tc.want)
+			}
+		})
+	}
+}
+
 // TestMCPProxyAdapts covers mcp_proxy blocks that must adapt, checked by a
 // fragment of the JSON; the golden files cover whole configurations.
 func TestMCPProxyAdapts(t *testing.T) {

@@ -8,6 +8,7 @@
 // request carrying the session to the same upstream.
 //
 // Modules:
+//   - mcp_sessions ([App]): the session tables, by name, and their settings;
 //   - http.handlers.mcp_session ([Handler]): learns sessions from responses,
 //     rejects malformed and unknown session IDs, evicts ended sessions;
 //   - http.reverse_proxy.selection_policies.mcp_session ([SessionSelection]):
@@ -19,5 +20,6 @@
 //     drain and undrain under Caddy's admin endpoint.
 //
 // Caddyfile directives: `mcp_proxy` (both modules in one directive),
-// `mcp_session` (the handler), and `lb_policy mcp_session` inside `reverse_proxy`.
+// `mcp_session` (the handler), and `lb_policy mcp_session` inside
+// `reverse_proxy`; the global option `mcp_sessions` configures the app.
 package caddymodule

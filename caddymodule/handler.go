@@ -1,14 +1,12 @@
 package caddymodule
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -73,25 +71,28 @@ const (
 // or its DELETE with 2xx; the upstream's response passes unchanged. A 404
 // to a GET keeps the session (see evictAfter).
 type Handler struct {
-	// The name of the session table. Handlers and selection policies with the
-	// same table name share sessions; the table survives config reloads while
-	// any config uses it. Handlers of one config that share a table must give
-	// it the same max_sessions and session_ttl; a reload's bounds apply when
-	// its config serves its first request, so a failed reload changes nothing.
+	// The name of the session table, held by the `mcp_sessions` app.
+	// Handlers and selection policies with the same table name share
+	// sessions; the table survives config reloads while any config uses it.
 	// Default: `default`.
 	Table string `json:"table,omitempty"`
 
-	// The most sessions the table holds. When it is full, learning a new
-	// session evicts the least recently used one. Each session costs about
-	// 150 bytes plus its ID. Default: 100000 (about 18 MiB when full).
+	// The most sessions the table holds, as the `mcp_sessions` app's
+	// `max_sessions` for this table; the app's default applies when neither
+	// sets it. Places in one config that set it must agree. It applies when
+	// the config has loaded, so a failed reload changes nothing. When the
+	// table is full, learning a new session evicts the least recently used
+	// one. Each session costs about 150 bytes plus its ID. Default: 100000
+	// (about 18 MiB when full).
 	MaxSessions int `json:"max_sessions,omitempty"`
 
-	// How long a session may go unused before the table forgets it. Every
-	// request of the session counts as use, and a session whose GET stream is
-	// open through the proxy does not expire while the stream is open. MCP
-	// servers keep sessions until DELETE by default, so the proxy should not
-	// forget first: the default is long, and `max_sessions` bounds memory.
-	// Default: `24h`.
+	// How long a session may go unused before the table forgets it, as the
+	// `mcp_sessions` app's `session_ttl` for this table (the same rules as
+	// `max_sessions`). Every request of the session counts as use, and a
+	// session whose GET stream is open through the proxy does not expire
+	// while the stream is open. MCP servers keep sessions until DELETE by
+	// default, so the proxy should not forget first: the default is long,
+	// and `max_sessions` bounds memory. Default: `24h`.
 	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
 
 	// The longest `Mcp-Session-Id` value accepted, in bytes. The MCP spec sets
@@ -117,8 +118,6 @@ type Handler struct {
 	DisableLocalhostProtection bool `json:"disable_localhost_protection,omitempty"`
 
 	table          *Table
-	acquired       bool
-	configured     *sync.Once   // applies the bounds to the table at the first request
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
 	logger         *zap.Logger
 }
@@ -131,18 +130,12 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision fills in defaults and acquires the session table, applying this
-// handler's bounds to it.
+// Provision fills in defaults and fetches the session table from the
+// mcp_sessions app, giving it this handler's max_sessions and session_ttl.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	if h.Table == "" {
 		h.Table = DefaultTableName
-	}
-	if h.MaxSessions == 0 {
-		h.MaxSessions = DefaultMaxSessions
-	}
-	if h.SessionTTL == 0 {
-		h.SessionTTL = caddy.Duration(DefaultSessionTTL)
 	}
 	if h.MaxSessionIDLength == 0 {
 		h.MaxSessionIDLength = DefaultMaxSessionIDLength
@@ -153,53 +146,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.Validate(); err != nil {
 		return err
 	}
-	if err := h.claimTable(ctx); err != nil {
-		return err
-	}
-	t, err := acquireTable(h.Table, h.MaxSessions, time.Duration(h.SessionTTL))
+	app, err := sessionsApp(ctx)
 	if err != nil {
 		return err
 	}
-	h.table, h.acquired = t, true
-	h.configured, h.warnedNoPolicy = new(sync.Once), new(atomic.Bool)
-	t.SetLogger(h.logger)
-	return registerMetrics(ctx.GetMetricsRegistry())
-}
-
-// claims records, per table name, the bounds the handlers of the config
-// being loaded give it, to catch two handlers of one config that share a
-// table but disagree on its bounds.
-var claims = struct {
-	sync.Mutex
-	m map[string]claim
-}{m: map[string]claim{}}
-
-type claim struct {
-	config      context.Context // identifies the config load
-	maxSessions int
-	ttl         caddy.Duration
-}
-
-// claimTable errors if another handler of the same config gave the table other bounds.
-func (h *Handler) claimTable(ctx caddy.Context) error {
-	claims.Lock()
-	defer claims.Unlock()
-	c, ok := claims.m[h.Table]
-	if ok && c.config == ctx.Context && (c.maxSessions != h.MaxSessions || c.ttl != h.SessionTTL) {
-		return fmt.Errorf("session table %q: max_sessions %d and session_ttl %s here, but %d and %s in another handler of this config "+
-			"that shares the table; give them the same settings, or different table names",
-			h.Table, h.MaxSessions, time.Duration(h.SessionTTL), c.maxSessions, time.Duration(c.ttl))
+	t, err := app.Table(h.Table, TableConfig{MaxSessions: h.MaxSessions, SessionTTL: h.SessionTTL}, "an mcp_session handler")
+	if err != nil {
+		return err
 	}
-	claims.m[h.Table] = claim{config: ctx.Context, maxSessions: h.MaxSessions, ttl: h.SessionTTL}
+	h.table, h.warnedNoPolicy = t, new(atomic.Bool)
+	t.SetLogger(h.logger)
 	return nil
-}
-
-// configureTable applies the handler's bounds to its table, once, when the
-// handler serves its first request: only then is its config known to be
-// running. A config that fails to load must not shrink a table that the
-// running config uses.
-func (h *Handler) configureTable() {
-	h.configured.Do(func() { h.table.Configure(h.MaxSessions, time.Duration(h.SessionTTL)) })
 }
 
 // Validate checks the handler's settings.
@@ -217,19 +174,9 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
-// Cleanup releases the session table, if Provision acquired it.
-func (h *Handler) Cleanup() error {
-	if h.acquired {
-		releaseTable(h.Table)
-		h.acquired = false
-	}
-	return nil
-}
-
 // ServeHTTP pins the request to its session's upstream, or lets it be
 // balanced and learns the session its response creates.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	h.configureTable()
 	if !h.DisableLocalhostProtection && rebinding(r) {
 		return writeRPCError(w, http.StatusForbidden, CodeInvalidRequest, fmt.Sprintf("Forbidden: invalid Host header %q: "+
 			"this proxy listens on loopback and serves only localhost names (DNS rebinding protection); "+
@@ -438,6 +385,5 @@ func checkSessionID(id string, maxLen int) string {
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.Validator             = (*Handler)(nil)
-	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )

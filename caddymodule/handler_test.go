@@ -23,12 +23,32 @@ import (
 // testSessionID is shaped like the IDs the MCP go-sdk mints.
 const testSessionID = "B5CKDXQ4Z3N7RWJ2YHT6MFEA4U"
 
-// newContext returns a Caddy context for provisioning modules in tests.
-func newContext(t *testing.T) caddy.Context {
+// newContext returns the context of a new, empty config for provisioning
+// modules in tests. Cancelling it, when the test ends, cleans up what was
+// provisioned in it, as unloading a config does.
+func newContext(t testing.TB) caddy.Context {
 	t.Helper()
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	base, err := caddy.ProvisionContext(new(caddy.Config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(base)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// startApp starts the mcp_sessions app of ctx's config, as a config load
+// does once everything is provisioned, and returns it.
+func startApp(t testing.TB, ctx caddy.Context) *App {
+	t.Helper()
+	app, err := sessionsApp(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Start(); err != nil {
+		t.Fatalf("starting the %s app: %v", AppName, err)
+	}
+	return app
 }
 
 // provisionHandler provisions h with a table of its own (named after the
@@ -39,14 +59,11 @@ func provisionHandler(t *testing.T, h *Handler) (*Handler, *observer.ObservedLog
 	if h.Table == "" {
 		h.Table = "test/" + t.Name()
 	}
-	if err := h.Provision(newContext(t)); err != nil {
+	ctx := newContext(t)
+	if err := h.Provision(ctx); err != nil {
 		t.Fatalf("Provision: %v", err)
 	}
-	t.Cleanup(func() {
-		if err := h.Cleanup(); err != nil {
-			t.Errorf("Cleanup: %v", err)
-		}
-	})
+	startApp(t, ctx)
 	core, logs := observer.New(zapcore.DebugLevel)
 	h.logger = zap.New(core)
 	return h, logs
@@ -58,7 +75,6 @@ func provisionPolicy(t *testing.T, s *SessionSelection) *SessionSelection {
 	if err := s.Provision(newContext(t)); err != nil {
 		t.Fatalf("Provision: %v", err)
 	}
-	t.Cleanup(func() { _ = s.Cleanup() })
 	return s
 }
 
@@ -233,15 +249,16 @@ func TestServeHTTPRejects(t *testing.T) {
 
 func TestHandlerProvisionDefaults(t *testing.T) {
 	h, _ := provisionHandler(t, &Handler{})
-	if h.Table != "test/"+t.Name() || h.MaxSessions != DefaultMaxSessions || h.SessionTTL != caddy.Duration(DefaultSessionTTL) ||
-		h.MaxSessionIDLength != DefaultMaxSessionIDLength || h.UnknownSession != UnknownSessionReject {
+	if h.Table != "test/"+t.Name() || h.MaxSessionIDLength != DefaultMaxSessionIDLength || h.UnknownSession != UnknownSessionReject {
 		t.Errorf("defaults not applied: %+v", h)
+	}
+	if h.table.MaxSessions() != DefaultMaxSessions || h.table.TTL() != DefaultSessionTTL {
+		t.Errorf("table bounds %d, %s; want the defaults", h.table.MaxSessions(), h.table.TTL())
 	}
 	var d Handler
 	if err := d.Provision(newContext(t)); err != nil {
 		t.Fatal(err)
 	}
-	defer d.Cleanup()
 	if d.Table != DefaultTableName || d.table == nil {
 		t.Errorf("Table = %q, want %q", d.Table, DefaultTableName)
 	}
@@ -263,86 +280,90 @@ func TestHandlerValidate(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Provision(%+v) = %v, want an error containing %q", tc.h, err, tc.want)
 		}
-		if h.acquired {
-			t.Errorf("an invalid handler acquired its table")
+		if h.table != nil {
+			t.Errorf("an invalid handler got its table")
 		}
+	}
+	if _, ok := tables.References("validate/" + t.Name()); ok {
+		t.Errorf("an invalid handler's table is in the pool")
 	}
 }
 
 // TestHandlersShareTable checks that handlers naming the same table share
-// it, that the last one to serve a request sets its bounds, and that it
-// lives until the last one is cleaned up.
+// it, that a config's bounds apply when its app starts, and that the table
+// lives until the last config using it is unloaded.
 func TestHandlersShareTable(t *testing.T) {
 	name := "shared/" + t.Name()
-	h1, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 10})
+	ctx1 := newContext(t)
+	h1 := &Handler{Table: name, MaxSessions: 10}
+	if err := h1.Provision(ctx1); err != nil {
+		t.Fatal(err)
+	}
+	startApp(t, ctx1)
 	h1.table.Learn("s1", "a:1")
 	h1.table.Learn("s2", "a:1")
 	h1.table.Learn("s3", "a:1")
-	h2, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 2})
+	ctx2, cancel2 := caddy.NewContext(newContext(t)) // a reload: the new config provisions first
+	h2 := &Handler{Table: name, MaxSessions: 2}
+	if err := h2.Provision(ctx2); err != nil {
+		t.Fatal(err)
+	}
 	if h1.table != h2.table {
 		t.Fatal("handlers with the same table name got different tables")
 	}
 	if h2.table.Len() != 3 {
-		t.Errorf("Len() = %d after provisioning a handler with max_sessions 2 that served nothing yet, want 3", h2.table.Len())
+		t.Errorf("Len() = %d after provisioning a config with max_sessions 2 that has not started, want 3", h2.table.Len())
 	}
-	h2.configureTable() // its first request
-	if h2.table.Len() != 2 {
-		t.Errorf("Len() = %d after the second handler's max_sessions 2, want 2", h2.table.Len())
+	startApp(t, ctx2)
+	if h2.table.Len() != 2 || h2.table.MaxSessions() != 2 {
+		t.Errorf("Len() = %d, max %d once the new config started, want 2, 2", h2.table.Len(), h2.table.MaxSessions())
 	}
-	if err := h1.Cleanup(); err != nil {
+	cancel2() // the config unloaded; the first still uses the table
+	if refs, ok := tables.References(name); !ok || refs != 1 {
+		t.Errorf("references after unloading one of two configs: %d, %v; want 1", refs, ok)
+	}
+	h3 := &Handler{Table: name}
+	if err := h3.Provision(ctx1); err != nil {
 		t.Fatal(err)
 	}
-	if err := h1.Cleanup(); err != nil { // idempotent: must not release twice
-		t.Fatal(err)
-	}
-	h3, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 2})
-	h3.configureTable()
-	if h3.table != h2.table || h3.table.Len() != 2 {
-		t.Error("the table did not survive while a handler still used it")
+	if h3.table != h1.table || h3.table.Len() != 2 {
+		t.Error("the table did not survive while a config still used it")
 	}
 }
 
 // TestFailedReloadLeavesTable: a config that provisions a handler with
 // other bounds and then fails to load (Provision, then Cleanup, never a
-// request) must not change the table the running config uses.
+// start) must not change the table the running config uses.
 func TestFailedReloadLeavesTable(t *testing.T) {
 	name := "reload/" + t.Name()
 	running, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 10, SessionTTL: caddy.Duration(time.Hour)})
-	running.configureTable()
 	for _, id := range []string{"s1", "s2", "s3"} {
 		running.table.Learn(id, "a:1")
 	}
+	ctx, cancel := caddy.NewContext(newContext(t))
 	failed := &Handler{Table: name, MaxSessions: 1, SessionTTL: caddy.Duration(time.Second)}
-	if err := failed.Provision(newContext(t)); err != nil {
+	if err := failed.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := failed.Cleanup(); err != nil {
-		t.Fatal(err)
-	}
+	cancel()
 	if n, max, ttl := running.table.Len(), running.table.MaxSessions(), running.table.TTL(); n != 3 || max != 10 || ttl != time.Hour {
 		t.Errorf("after a failed load: %d sessions, max_sessions %d, ttl %s; want 3, 10, 1h", n, max, ttl)
 	}
 }
 
-// TestConflictingBoundsInOneConfig: two handlers of one config that share
-// a table must agree on its bounds.
+// TestConflictingBoundsInOneConfig: places of one config that share a
+// table must agree on its bounds; a place that sets nothing agrees with any.
 func TestConflictingBoundsInOneConfig(t *testing.T) {
 	ctx := newContext(t)
 	name := "conflict/" + t.Name()
-	a := &Handler{Table: name, MaxSessions: 5}
-	if err := a.Provision(ctx); err != nil {
-		t.Fatal(err)
+	for _, h := range []*Handler{{Table: name, MaxSessions: 5}, {Table: name, MaxSessions: 5}, {Table: name}} {
+		if err := h.Provision(ctx); err != nil {
+			t.Fatalf("agreeing bounds: %v", err)
+		}
 	}
-	t.Cleanup(func() { _ = a.Cleanup() })
-	same := &Handler{Table: name, MaxSessions: 5}
-	if err := same.Provision(ctx); err != nil {
-		t.Fatalf("same bounds: %v", err)
-	}
-	t.Cleanup(func() { _ = same.Cleanup() })
 	b := &Handler{Table: name, MaxSessions: 50000}
 	err := b.Provision(ctx)
-	t.Cleanup(func() { _ = b.Cleanup() })
-	if err == nil || !strings.Contains(err.Error(), "different table names") {
+	if err == nil || !strings.Contains(err.Error(), "different table names") || !strings.Contains(err.Error(), "50000") {
 		t.Fatalf("conflicting bounds in one config: err = %v, want one that says what to change", err)
 	}
 }

@@ -33,8 +33,7 @@ type LeastSessionsSelection struct {
 	// otherwise `default`.
 	Table string `json:"table,omitempty"`
 
-	table    *Table
-	acquired bool
+	table *Table
 }
 
 // CaddyModule returns the Caddy module information.
@@ -45,26 +44,17 @@ func (LeastSessionsSelection) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision acquires the session table.
-func (s *LeastSessionsSelection) Provision(caddy.Context) error {
+// Provision fetches the session table from the mcp_sessions app.
+func (s *LeastSessionsSelection) Provision(ctx caddy.Context) error {
 	if s.Table == "" {
 		s.Table = DefaultTableName
 	}
-	t, err := acquireTable(s.Table, DefaultMaxSessions, DefaultSessionTTL)
+	app, err := sessionsApp(ctx)
 	if err != nil {
 		return err
 	}
-	s.table, s.acquired = t, true
-	return nil
-}
-
-// Cleanup releases the session table, if Provision acquired it.
-func (s *LeastSessionsSelection) Cleanup() error {
-	if s.acquired {
-		releaseTable(s.Table)
-		s.acquired = false
-	}
-	return nil
+	s.table, err = app.Table(s.Table, TableConfig{}, "a least_sessions selection policy")
+	return err
 }
 
 // Select returns the available, non-draining upstream with the fewest live
@@ -123,7 +113,6 @@ func (s *LeastSessionsSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) erro
 // Interface guards
 var (
 	_ caddy.Provisioner     = (*LeastSessionsSelection)(nil)
-	_ caddy.CleanerUpper    = (*LeastSessionsSelection)(nil)
 	_ reverseproxy.Selector = (*LeastSessionsSelection)(nil)
 	_ caddyfile.Unmarshaler = (*LeastSessionsSelection)(nil)
 )

@@ -17,7 +17,7 @@ import (
 )
 
 // provisionLeastSessions provisions s (on a table named after the test
-// unless it names one) and cleans it up when the test ends.
+// unless it names one) in a config of its own.
 func provisionLeastSessions(t *testing.T, s *LeastSessionsSelection) *LeastSessionsSelection {
 	t.Helper()
 	if s.Table == "" {
@@ -26,7 +26,6 @@ func provisionLeastSessions(t *testing.T, s *LeastSessionsSelection) *LeastSessi
 	if err := s.Provision(newContext(t)); err != nil {
 		t.Fatalf("Provision: %v", err)
 	}
-	t.Cleanup(func() { _ = s.Cleanup() })
 	return s
 }
 
@@ -250,37 +249,29 @@ func TestLeastSessionsTies(t *testing.T) {
 
 func TestLeastSessionsProvision(t *testing.T) {
 	// Default table.
-	if _, err := acquireTable(DefaultTableName, DefaultMaxSessions, DefaultSessionTTL); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { releaseTable(DefaultTableName) })
 	var d LeastSessionsSelection
 	if err := d.Provision(newContext(t)); err != nil {
 		t.Fatal(err)
 	}
-	if d.Table != DefaultTableName || d.table == nil || !d.acquired {
-		t.Errorf("Table = %q, table %p, acquired %v; want the default table acquired", d.Table, d.table, d.acquired)
-	}
-	if err := d.Cleanup(); err != nil || d.acquired {
-		t.Errorf("Cleanup = %v, acquired %v", err, d.acquired)
-	}
-	if err := d.Cleanup(); err != nil { // idempotent
-		t.Errorf("second Cleanup = %v", err)
+	if d.Table != DefaultTableName || d.table == nil || d.table.Name() != DefaultTableName {
+		t.Errorf("Table = %q, table %p; want the default table", d.Table, d.table)
 	}
 
-	// A named table is shared with a handler of the same name, and the
-	// policy's reference keeps it alive.
+	// A named table is shared with a handler of the same name, in the same
+	// config or another, and the policy's config keeps it alive.
 	name := "least/" + t.Name()
-	h, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 7})
+	ctx := newContext(t)
+	h := &Handler{Table: name, MaxSessions: 7}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
 	s := provisionLeastSessions(t, &LeastSessionsSelection{Table: name})
 	if s.table != h.table {
 		t.Fatal("policy and handler with the same table name got different tables")
 	}
+	startApp(t, ctx)
 	if s.table.MaxSessions() != 7 {
 		t.Errorf("the policy changed the handler's max_sessions: %d", s.table.MaxSessions())
-	}
-	if err := h.Cleanup(); err != nil {
-		t.Fatal(err)
 	}
 	h2, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 7})
 	if h2.table != s.table {
@@ -414,7 +405,6 @@ func TestFallbackInheritsTable(t *testing.T) {
 				s.FallbackRaw = json.RawMessage(tc.fallback)
 			}
 			provisionPolicy(t, s)
-			t.Cleanup(func() { _ = s.Cleanup() })
 			ls, ok := s.fallback.(*LeastSessionsSelection)
 			if !ok {
 				t.Fatalf("fallback is %T", s.fallback)
@@ -433,7 +423,6 @@ func TestFallbackInheritsTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	provisionPolicy(t, &s)
-	t.Cleanup(func() { _ = s.Cleanup() })
 	if ls, ok := s.fallback.(*LeastSessionsSelection); !ok || ls.Table != name || ls.table != s.table {
 		t.Errorf("Caddyfile fallback = %#v, want least_sessions on table %q", s.fallback, name)
 	}
@@ -471,7 +460,6 @@ func TestMCPProxyFallbackLeastSessions(t *testing.T) {
 func TestSessionSelectionLeastSessions(t *testing.T) {
 	name := "least/" + t.Name()
 	s := provisionPolicy(t, &SessionSelection{Table: name, FallbackRaw: json.RawMessage(`{"policy":"least_sessions"}`)})
-	t.Cleanup(func() { _ = s.Cleanup() })
 	pool := testPool()
 	learnN(s.table, pool[0].Dial, 4)
 	learnN(s.table, pool[2].Dial, 1)
@@ -503,7 +491,6 @@ func TestSessionSelectionDraining(t *testing.T) {
 				s.FallbackRaw = json.RawMessage(fallback)
 			}
 			provisionPolicy(t, s)
-			t.Cleanup(func() { _ = s.Cleanup() })
 			pool := testPool()
 			learnN(s.table, pool[1].Dial, 1) // least_sessions would prefer pool[0] or pool[2]...
 			learnN(s.table, pool[2].Dial, 1)
@@ -580,7 +567,6 @@ func TestDrainingCountConcurrent(t *testing.T) {
 // TestWithoutDraining checks the pool filter directly.
 func TestWithoutDraining(t *testing.T) {
 	s := provisionPolicy(t, &SessionSelection{Table: "drain/" + t.Name()})
-	t.Cleanup(func() { _ = s.Cleanup() })
 	pool := testPool()
 	if got := s.withoutDraining(pool); &got[0] != &pool[0] || len(got) != 3 {
 		t.Error("with nothing draining, the pool is not returned as is")
@@ -607,7 +593,6 @@ func TestLeastSessionsCountsStreamsOnce(t *testing.T) {
 	if err := s.Provision(newContext(t)); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = s.Cleanup() })
 	pool := testPool()[:2]
 	// pool[0]: 2 sessions, both with an open GET stream (2 requests in flight);
 	// pool[1]: 3 sessions without streams. pool[0] has fewer sessions.

@@ -187,8 +187,8 @@ func TestHandlerProvisionRegistersMetrics(t *testing.T) {
 		if err := h.Provision(ctx); err != nil {
 			t.Fatalf("Provision: %v", err)
 		}
-		t.Cleanup(func() { _ = h.Cleanup() })
 	}
+	startApp(t, ctx)
 	got, _ := gatherPlugin(t, ctx.GetMetricsRegistry())
 	wantSeries(t, got.ofTable(name), tableSeries(name, 42))
 
@@ -198,8 +198,7 @@ func TestHandlerProvisionRegistersMetrics(t *testing.T) {
 	if err := h.Provision(ctx2); err != nil {
 		t.Fatalf("Provision in a second config: %v", err)
 	}
-	t.Cleanup(func() { _ = h.Cleanup() })
-	h.configureTable() // its first request
+	startApp(t, ctx2)
 	for _, reg := range []*prometheus.Registry{ctx.GetMetricsRegistry(), ctx2.GetMetricsRegistry()} {
 		got, _ := gatherPlugin(t, reg)
 		wantSeries(t, got.ofTable(name), tableSeries(name, 43))
@@ -212,7 +211,6 @@ func TestMetricsScripted(t *testing.T) {
 	name := "metrics/" + t.Name()
 	h, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 10})
 	policy := provisionPolicy(t, &SessionSelection{Table: name})
-	t.Cleanup(func() { _ = policy.Cleanup() })
 	pool := testPool()[:2]
 	a, b := pool[0].Dial, pool[1].Dial
 	proxy := &fakeProxy{policy: policy, pool: pool}

@@ -47,7 +47,6 @@ type SessionSelection struct {
 
 	fallback reverseproxy.Selector
 	table    *Table
-	acquired bool
 	lastPool *atomic.Pointer[*reverseproxy.Upstream] // the first element of the last pool noted
 }
 
@@ -59,7 +58,8 @@ func (SessionSelection) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision acquires the session table and loads the fallback policy.
+// Provision fetches the session table from the mcp_sessions app and loads
+// the fallback policy.
 func (s *SessionSelection) Provision(ctx caddy.Context) error {
 	if s.Table == "" {
 		s.Table = DefaultTableName
@@ -77,21 +77,14 @@ func (s *SessionSelection) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("loading fallback selection policy: %v", err)
 	}
 	s.fallback = mod.(reverseproxy.Selector)
-	t, err := acquireTable(s.Table, DefaultMaxSessions, DefaultSessionTTL)
+	app, err := sessionsApp(ctx)
 	if err != nil {
 		return err
 	}
-	s.table, s.acquired = t, true
-	s.lastPool = new(atomic.Pointer[*reverseproxy.Upstream])
-	return nil
-}
-
-// Cleanup releases the session table, if Provision acquired it.
-func (s *SessionSelection) Cleanup() error {
-	if s.acquired {
-		releaseTable(s.Table)
-		s.acquired = false
+	if s.table, err = app.Table(s.Table, TableConfig{}, "an mcp_session selection policy"); err != nil {
+		return err
 	}
+	s.lastPool = new(atomic.Pointer[*reverseproxy.Upstream])
 	return nil
 }
 
@@ -181,6 +174,5 @@ func selectPinned(pool reverseproxy.UpstreamPool, r *http.Request, dial string) 
 // Interface guards
 var (
 	_ caddy.Provisioner     = (*SessionSelection)(nil)
-	_ caddy.CleanerUpper    = (*SessionSelection)(nil)
 	_ reverseproxy.Selector = (*SessionSelection)(nil)
 )

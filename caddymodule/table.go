@@ -484,19 +484,20 @@ func (t *Table) sweepBatch() (removed int, more bool) {
 	return removed, true
 }
 
-// StartJanitor starts a goroutine that sweeps expired sessions every interval
-// until [Table.Destruct]. It is not tied to a config's context, which every
-// reload cancels.
-func (t *Table) StartJanitor(interval time.Duration) {
+// StartJanitor starts a goroutine that sweeps expired sessions until
+// [Table.Destruct], every interval(ttl) for the table's current TTL. It is
+// not tied to a config's context, which every reload cancels.
+func (t *Table) StartJanitor(interval func(ttl time.Duration) time.Duration) {
 	t.stop, t.done = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(t.done)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
+		timer := time.NewTimer(interval(t.TTL()))
+		defer timer.Stop()
 		for {
 			select {
-			case <-tick.C:
+			case <-timer.C:
 				t.Sweep()
+				timer.Reset(interval(t.TTL()))
 			case <-t.stop:
 				return
 			}
@@ -531,7 +532,7 @@ func acquireTable(name string, maxSessions int, ttl time.Duration) (*Table, erro
 		if err != nil {
 			return nil, err
 		}
-		t.StartJanitor(janitorInterval(ttl))
+		t.StartJanitor(janitorInterval)
 		return t, nil
 	})
 	if err != nil {

@@ -676,7 +676,7 @@ func TestTableJanitor(t *testing.T) {
 	tbl, clk := newTestTable(t, 10, time.Second)
 	tbl.Learn("s", "a:1")
 	clk.Advance(time.Hour)
-	tbl.StartJanitor(time.Millisecond)
+	tbl.StartJanitor(func(time.Duration) time.Duration { return time.Millisecond })
 	// Wait for the janitor's first sweep (real time: its ticker).
 	deadline := time.Now().Add(10 * time.Second)
 	for tbl.Len() != 0 && time.Now().Before(deadline) {

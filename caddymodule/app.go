@@ -1,0 +1,345 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+func init() {
+	caddy.RegisterModule(App{})
+}
+
+// AppName is the module ID of the session tables app.
+const AppName = "mcp_sessions"
+
+// App holds the session tables of a config. The `mcp_session` handler and
+// the `mcp_session` and `least_sessions` selection policies fetch their
+// table from it by name, as does the admin API; a config that uses them
+// gets the app even when it does not configure it.
+//
+// A table's settings come from this app's `tables` and from the options of
+// the `mcp_session` handlers (or `mcp_proxy` directives) that name the
+// table; two places that set one option differently are a load error. They
+// apply when the app starts, once the whole config has loaded: a config
+// that fails to load changes no table, and a reload that lowers
+// `max_sessions` applies at the reload. Tables outlive the app: a reload
+// keeps every table that the new config still names, with its sessions and
+// draining upstreams.
+type App struct {
+	// The session tables, by name. A table that a handler or a policy names
+	// but that is not listed here gets the defaults, or the options given in
+	// the handler.
+	Tables map[string]*TableConfig `json:"tables,omitempty"`
+
+	ctx  caddy.Context
+	mu   *sync.Mutex
+	uses map[string]*tableUse // by table name; guarded by mu
+}
+
+// TableConfig is the configuration of one session table.
+type TableConfig struct {
+	// The most sessions the table holds. When it is full, learning a new
+	// session evicts the least recently used one. Each session costs about
+	// 150 bytes plus its ID. Default: 100000 (about 18 MiB when full).
+	MaxSessions int `json:"max_sessions,omitempty"`
+
+	// How long a session may go unused before the table forgets it. Every
+	// request of the session counts as use, and a session whose GET stream is
+	// open through the proxy does not expire while the stream is open.
+	// Default: `24h`.
+	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
+}
+
+// tableUse is one table of the config: its merged settings, where each
+// setting came from, and the table itself.
+type tableUse struct {
+	cfg     TableConfig
+	sources [2]string // where max_sessions and session_ttl were set
+	table   *Table
+}
+
+// CaddyModule returns the Caddy module information.
+func (App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  AppName,
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// Provision checks the configured tables and registers the plugin's metrics
+// in the config's registry. Tables are acquired when a module asks for one.
+func (a *App) Provision(ctx caddy.Context) error {
+	a.ctx, a.mu, a.uses = ctx, new(sync.Mutex), map[string]*tableUse{}
+	for _, name := range a.configuredNames() {
+		if _, err := a.use(name, *a.Tables[name], "the "+AppName+" app"); err != nil {
+			return err
+		}
+	}
+	return registerMetrics(ctx.GetMetricsRegistry())
+}
+
+// configuredNames returns the names of the configured tables, sorted, so
+// that errors are stable.
+func (a *App) configuredNames() []string {
+	names := make([]string, 0, len(a.Tables))
+	for name, cfg := range a.Tables {
+		if cfg == nil {
+			a.Tables[name] = new(TableConfig)
+		}
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Table returns the table called name ("default" when empty) for a module
+// of this config, acquiring it on first use. cfg holds the settings the
+// module gives the table (zero fields set nothing); source names the module
+// in errors. It errors when cfg contradicts a setting made elsewhere in the
+// config or is invalid.
+func (a *App) Table(name string, cfg TableConfig, source string) (*Table, error) {
+	if name == "" {
+		name = DefaultTableName
+	}
+	return a.use(name, cfg, source)
+}
+
+func (a *App) use(name string, cfg TableConfig, source string) (*Table, error) {
+	if err := cfg.validate(name); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	u := a.uses[name]
+	if u == nil {
+		u = &tableUse{}
+	}
+	if err := u.merge(name, cfg, source); err != nil {
+		return nil, err
+	}
+	if u.table == nil {
+		t, err := acquireTable(name, u.maxSessions(), u.ttl())
+		if err != nil {
+			return nil, err
+		}
+		u.table, a.uses[name] = t, u
+	}
+	return u.table, nil
+}
+
+// validate checks the settings of the table called name.
+func (c TableConfig) validate(name string) error {
+	switch {
+	case c.MaxSessions < 0:
+		return fmt.Errorf("session table %q: max_sessions must be positive, got %d", name, c.MaxSessions)
+	case c.SessionTTL < 0:
+		return fmt.Errorf("session table %q: session_ttl must be positive, got %s", name, time.Duration(c.SessionTTL))
+	}
+	return nil
+}
+
+// merge adds the settings cfg, made in source, to u's.
+func (u *tableUse) merge(name string, cfg TableConfig, source string) error {
+	if err := mergeSetting(name, "max_sessions", &u.cfg.MaxSessions, cfg.MaxSessions, &u.sources[0], source, "%d"); err != nil {
+		return err
+	}
+	return mergeSetting(name, "session_ttl", &u.cfg.SessionTTL, cfg.SessionTTL, &u.sources[1], source, "%s")
+}
+
+// mergeSetting sets *dst to v if v is set, unless *dst was set to another
+// value elsewhere (*dstSource).
+func mergeSetting[T comparable](table, option string, dst *T, v T, dstSource *string, source, format string) error {
+	var zero T
+	if v == zero || *dst == v {
+		return nil
+	}
+	if *dst != zero {
+		return fmt.Errorf("session table %q: %s "+format+" in %s, but "+format+" in %s; "+
+			"give the table one setting, or use different table names", table, option, display(v), source, display(*dst), *dstSource)
+	}
+	*dst, *dstSource = v, source
+	return nil
+}
+
+// display renders a setting's value for an error message.
+func display(v any) any {
+	if d, ok := v.(caddy.Duration); ok {
+		return time.Duration(d)
+	}
+	return v
+}
+
+func (u *tableUse) maxSessions() int {
+	if u.cfg.MaxSessions == 0 {
+		return DefaultMaxSessions
+	}
+	return u.cfg.MaxSessions
+}
+
+func (u *tableUse) ttl() time.Duration {
+	if u.cfg.SessionTTL == 0 {
+		return DefaultSessionTTL
+	}
+	return time.Duration(u.cfg.SessionTTL)
+}
+
+// Start applies every table's settings, now that the whole config has
+// loaded, after checking that each `reverse_proxy` with the `mcp_session`
+// policy reads the table its `mcp_session` handler writes.
+func (a *App) Start() error {
+	if err := a.checkPairs(); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, u := range a.uses {
+		u.table.Configure(u.maxSessions(), u.ttl())
+	}
+	return nil
+}
+
+// Stop does nothing: the tables outlive the config; Cleanup releases them.
+func (a *App) Stop() error { return nil }
+
+// Cleanup releases the tables the app acquired.
+func (a *App) Cleanup() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for name := range a.uses {
+		releaseTable(name)
+	}
+	a.uses = map[string]*tableUse{}
+	return nil
+}
+
+// tables returns the app's tables by name.
+func (a *App) tables() map[string]*Table {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m := make(map[string]*Table, len(a.uses))
+	for name, u := range a.uses {
+		m[name] = u.table
+	}
+	return m
+}
+
+// sessionsApp returns the config's session tables app, loading it if the
+// config does not configure it.
+func sessionsApp(ctx caddy.Context) (*App, error) {
+	v, err := ctx.App(AppName)
+	if err != nil {
+		return nil, err
+	}
+	return v.(*App), nil
+}
+
+// httpApp returns the config's http app, or nil if it has none.
+func (a *App) httpApp() *caddyhttp.App {
+	v, err := a.ctx.AppIfConfigured("http")
+	if err != nil {
+		return nil
+	}
+	app, _ := v.(*caddyhttp.App)
+	return app
+}
+
+// handlerSeen is an mcp_session handler met while walking routes: the
+// table it writes, and the matchers of its route (nil when it applies to
+// every request that reaches the routes walked).
+type handlerSeen struct {
+	table    string
+	matchers caddyhttp.MatcherSets
+}
+
+// checkPairs errors when a reverse_proxy's mcp_session policy names another
+// table than the mcp_session handler before it, in any server's routes.
+func (a *App) checkPairs() error {
+	app := a.httpApp()
+	if app == nil {
+		return nil
+	}
+	var errs []error
+	for _, srv := range app.Servers {
+		errs = append(errs, checkRoutes(srv.Routes, nil))
+		if srv.Errors != nil {
+			errs = append(errs, checkRoutes(srv.Errors.Routes, nil))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkRoutes walks routes in order; outer are the handlers met before
+// them in enclosing routes.
+func checkRoutes(routes caddyhttp.RouteList, outer []handlerSeen) error {
+	seen := outer
+	for _, route := range routes {
+		inRoute := relevant(seen, route.MatcherSets)
+		for _, h := range route.Handlers {
+			switch h := h.(type) {
+			case *Handler:
+				inRoute = append(inRoute, handlerSeen{table: h.Table})
+				seen = append(seen, handlerSeen{table: h.Table, matchers: route.MatcherSets})
+			case *caddyhttp.Subroute:
+				if err := checkRoutes(h.Routes, inRoute); err != nil {
+					return err
+				}
+			case *reverseproxy.Handler:
+				if err := checkProxy(h, inRoute); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// relevant returns the handlers of seen that run before a route with the
+// given matchers: those whose route matches every request, or matches the
+// same requests. The result applies to every request of the route.
+func relevant(seen []handlerSeen, matchers caddyhttp.MatcherSets) []handlerSeen {
+	out := make([]handlerSeen, 0, len(seen))
+	for _, s := range seen {
+		if len(s.matchers) == 0 || reflect.DeepEqual(s.matchers, matchers) {
+			out = append(out, handlerSeen{table: s.table})
+		}
+	}
+	return out
+}
+
+// checkProxy errors when the proxy's mcp_session policy, or its
+// least_sessions fallback, names another table than the last handler of
+// before.
+func checkProxy(rp *reverseproxy.Handler, before []handlerSeen) error {
+	if rp.LoadBalancing == nil || len(before) == 0 {
+		return nil
+	}
+	policy, ok := rp.LoadBalancing.SelectionPolicy.(*SessionSelection)
+	if !ok {
+		return nil
+	}
+	want := before[len(before)-1].table
+	got := policy.Table
+	if ls, ok := policy.fallback.(*LeastSessionsSelection); ok && got == want {
+		got = ls.Table
+	}
+	if got == want {
+		return nil
+	}
+	return fmt.Errorf("the mcp_session handler before a reverse_proxy writes session table %q, but the reverse_proxy's "+
+		"selection policy reads table %q; give both the same table name (mcp_proxy does this for you)", want, got)
+}
+
+// Interface guards
+var (
+	_ caddy.App          = (*App)(nil)
+	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.CleanerUpper = (*App)(nil)
+)

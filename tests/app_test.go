@@ -1,0 +1,148 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+)
+
+// tableStatus is the admin API's view of one table.
+type tableStatus struct {
+	Table       string           `json:"table"`
+	Sessions    int              `json:"sessions"`
+	MaxSessions int              `json:"max_sessions"`
+	SessionTTL  string           `json:"session_ttl"`
+	Upstreams   []upstreamStatus `json:"upstreams"`
+}
+
+// tableOf returns the admin API's view of the running config's table name.
+func tableOf(t testing.TB, name string) tableStatus {
+	t.Helper()
+	var list []tableStatus
+	if st := adminCall(t, http.MethodGet, "/mcp_sessions/", nil, &list); st != http.StatusOK {
+		t.Fatalf("GET /mcp_sessions/: %d", st)
+	}
+	i := slices.IndexFunc(list, func(s tableStatus) bool { return s.Table == name })
+	if i < 0 {
+		t.Fatalf("the running config has no table %q: %+v", name, list)
+	}
+	return list[i]
+}
+
+// withGlobal returns cfg, a Caddyfile whose first block is the global
+// options, with extra added to them.
+func withGlobal(cfg, extra string) string {
+	return strings.Replace(cfg, "{\n", "{\n\t"+extra+"\n", 1)
+}
+
+// tryLoadCaddyfile adapts and loads cfg into the in-process Caddy, and
+// returns the load's error. A load replaces the admin server, so the
+// default client's idle connections to the old one are dropped.
+func tryLoadCaddyfile(t testing.TB, cfg string) error {
+	t.Helper()
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
+	if err != nil {
+		t.Fatalf("adapting Caddyfile: %v\n%s", err, cfg)
+	}
+	defer http.DefaultClient.CloseIdleConnections()
+	return caddy.Load(js, true)
+}
+
+// openSessions opens n go-sdk sessions through url and returns the servers
+// that own them, in order.
+func openSessions(ctx context.Context, t testing.TB, url string, hc *http.Client, n int) []*liveSession {
+	t.Helper()
+	css := make([]*liveSession, n)
+	for i := range css {
+		css[i] = openLiveSession(ctx, t, url, hc)
+	}
+	return css
+}
+
+// TestSessionsAppSettings: a table's settings come from the mcp_sessions
+// global option or from mcp_proxy, apply when the config has loaded (a
+// reload that lowers max_sessions evicts at once, before any request), and
+// a load that fails, for instance because a handler and its policy name
+// different tables, changes nothing.
+func TestSessionsAppSettings(t *testing.T) {
+	bs := startBackends(t, 2, true)
+	port := mustFreePort()
+	url := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	site := func(body string) string { return siteConfig(port, body) }
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+
+	// The global option sets the bounds of a table mcp_proxy names.
+	loadCaddyfile(t, withGlobal(site("mcp_proxy "+addrs(bs)+" {\n\t\ttable app\n\t}"),
+		"mcp_sessions app {\n\t\tmax_sessions 10\n\t\tsession_ttl 1h\n\t}"))
+	css := openSessions(ctx, t, url, hc, 6)
+	if st := tableOf(t, "app"); st.MaxSessions != 10 || st.SessionTTL != "1h0m0s" || st.Sessions != 6 {
+		t.Fatalf("table from the global option: %+v, want 6 sessions of 10, ttl 1h", st)
+	}
+
+	// A load whose handler and policy name different tables fails, and
+	// changes nothing, not even the bounds it asks for.
+	mismatch := site(`mcp_session {
+		table app
+		max_sessions 1
+	}
+	reverse_proxy ` + addrs(bs) + ` {
+		lb_policy mcp_session {
+			table other
+		}
+	}`)
+	err := tryLoadCaddyfile(t, mismatch)
+	if err == nil || !strings.Contains(err.Error(), `writes session table "app"`) || !strings.Contains(err.Error(), `reads table "other"`) {
+		t.Fatalf("loading a handler and a policy with different tables: err = %v, want it to name both tables", err)
+	}
+	if st := tableOf(t, "app"); st.MaxSessions != 10 || st.Sessions != 6 {
+		t.Fatalf("after the failed load: %+v, want 6 sessions of 10", st)
+	}
+	// The same config with one table name loads (negative control).
+	matching := strings.NewReplacer("table other", "table app", "max_sessions 1", "max_sessions 10").Replace(mismatch)
+	if err := tryLoadCaddyfile(t, matching); err != nil {
+		t.Fatalf("the same config with matching tables: %v", err)
+	}
+
+	// A reload that lowers max_sessions applies at the reload: the least
+	// recently used sessions go before any request arrives.
+	reloadViaAdmin(t, site("mcp_proxy "+addrs(bs)+" {\n\t\ttable app\n\t\tmax_sessions 3\n\t}"))
+	if st := tableOf(t, "app"); st.MaxSessions != 3 || st.Sessions != 3 || st.SessionTTL != "24h0m0s" {
+		t.Fatalf("after reloading with max_sessions 3: %+v, want 3 sessions of 3, the default ttl", st)
+	}
+	hc.CloseIdleConnections()
+	kept := 0
+	for i, s := range css {
+		id, err := whoamiAcrossReload(ctx, t, hc, s.cs)
+		switch {
+		case i < 3 && err == nil:
+			t.Errorf("session %d, among the least recently used, survived the lower max_sessions", i)
+		case i >= 3 && (err != nil || id.Server != s.server):
+			t.Errorf("session %d lost or misrouted after the reload: %v, %+v", i, err, id)
+		case err == nil:
+			kept++
+		}
+	}
+	if kept != 3 {
+		t.Errorf("%d sessions kept, want the 3 most recently used", kept)
+	}
+
+	// Two places that set one option differently fail the load.
+	err = tryLoadCaddyfile(t, withGlobal(site("mcp_proxy "+addrs(bs)+" {\n\t\ttable app\n\t\tmax_sessions 5\n\t}"),
+		"mcp_sessions app {\n\t\tmax_sessions 7\n\t}"))
+	if err == nil || !strings.Contains(err.Error(), "max_sessions 5 in an mcp_session handler, but 7 in the mcp_sessions app") {
+		t.Fatalf("conflicting max_sessions: err = %v", err)
+	}
+	if st := tableOf(t, "app"); st.MaxSessions != 3 {
+		t.Fatalf("after the failed load: max_sessions %d, want 3", st.MaxSessions)
+	}
+}
