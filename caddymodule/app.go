@@ -52,9 +52,10 @@ type TableConfig struct {
 	MaxSessions int `json:"max_sessions,omitempty"`
 
 	// How long a session may go unused before the table forgets it. Every
-	// request of the session counts as use, and a session whose GET stream is
-	// open through the proxy does not expire while the stream is open.
-	// Default: `24h`.
+	// request of the session counts as use, recorded exactly: a session used
+	// more often than session_ttl never expires. A session whose GET stream
+	// is open through the proxy does not expire while the stream is open.
+	// The minimum is `1s`. Default: `24h`.
 	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
 }
 
@@ -140,8 +141,9 @@ func (c TableConfig) validate(name string) error {
 	switch {
 	case c.MaxSessions < 0:
 		return fmt.Errorf("session table %q: max_sessions must be positive, got %d", name, c.MaxSessions)
-	case c.SessionTTL < 0:
-		return fmt.Errorf("session table %q: session_ttl must be positive, got %s", name, time.Duration(c.SessionTTL))
+	case c.SessionTTL != 0 && time.Duration(c.SessionTTL) < MinSessionTTL:
+		return fmt.Errorf("session table %q: session_ttl %s is below the minimum of %s; sessions would be forgotten between a client's requests",
+			name, time.Duration(c.SessionTTL), MinSessionTTL)
 	}
 	return nil
 }

@@ -97,6 +97,9 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 			if err != nil || dur <= 0 {
 				return d.Errf("session_ttl: '%s' is not a positive duration such as 30m or 24h", v)
 			}
+			if dur < MinSessionTTL {
+				return d.Errf("session_ttl: '%s' is below the minimum of %s", v, MinSessionTTL)
+			}
 			h.SessionTTL = caddy.Duration(dur)
 			return nil
 		}

@@ -83,6 +83,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{name: "zero ttl", input: "mcp_session {\n session_ttl 0\n}", want: "session_ttl: '0' is not a positive duration"},
 		{name: "zero ttl with unit", input: "mcp_session {\n session_ttl 0s\n}", want: "session_ttl: '0s' is not a positive duration"},
 		{name: "negative ttl", input: "mcp_session {\n session_ttl -5m\n}", want: "session_ttl: '-5m' is not a positive duration"},
+		{name: "ttl below the minimum", input: "mcp_session {\n session_ttl 1ns\n}", want: "session_ttl: '1ns' is below the minimum of 1s"},
+		{name: "ttl just below the minimum", input: "mcp_session {\n session_ttl 999ms\n}", want: "session_ttl: '999ms' is below the minimum of 1s"},
 		{name: "max_sessions -1", input: "mcp_session {\n max_sessions -1\n}", want: "max_sessions: '-1' is not a positive whole number"},
 		{name: "max_sessions 0", input: "mcp_session {\n max_sessions 0\n}", want: "max_sessions: '0' is not a positive whole number"},
 		{name: "max_sessions abc", input: "mcp_session {\n max_sessions abc\n}", want: "max_sessions: 'abc' is not a positive whole number"},

@@ -88,11 +88,12 @@ type Handler struct {
 
 	// How long a session may go unused before the table forgets it, as the
 	// `mcp_sessions` app's `session_ttl` for this table (the same rules as
-	// `max_sessions`). Every request of the session counts as use, and a
+	// `max_sessions`). Every request of the session counts as use, recorded
+	// exactly: a session used more often than session_ttl never expires. A
 	// session whose GET stream is open through the proxy does not expire
 	// while the stream is open. MCP servers keep sessions until DELETE by
 	// default, so the proxy should not forget first: the default is long,
-	// and `max_sessions` bounds memory. Default: `24h`.
+	// and `max_sessions` bounds memory. The minimum is `1s`. Default: `24h`.
 	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
 
 	// The longest `Mcp-Session-Id` value accepted, in bytes. The MCP spec sets
@@ -164,8 +165,9 @@ func (h *Handler) Validate() error {
 	switch {
 	case h.MaxSessions < 0:
 		return fmt.Errorf("max_sessions must be positive, got %d", h.MaxSessions)
-	case h.SessionTTL < 0:
-		return fmt.Errorf("session_ttl must be positive, got %s", time.Duration(h.SessionTTL))
+	case h.SessionTTL != 0 && time.Duration(h.SessionTTL) < MinSessionTTL:
+		return fmt.Errorf("session_ttl %s is below the minimum of %s; sessions would be forgotten between a client's requests",
+			time.Duration(h.SessionTTL), MinSessionTTL)
 	case h.MaxSessionIDLength < 0:
 		return fmt.Errorf("max_session_id_length must be positive, got %d", h.MaxSessionIDLength)
 	case h.UnknownSession != "" && h.UnknownSession != UnknownSessionReject && h.UnknownSession != UnknownSessionForward:
@@ -184,16 +186,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	ids := r.Header[HeaderSessionID]
 	h.table.Stats.eras[eraOf(r, len(ids))].Add(1)
-	switch len(ids) {
-	case 0:
+	if len(ids) == 0 {
 		return next.ServeHTTP(newSessionWriter(w, h, r, "", nil), r)
-	case 1:
-	default:
-		return writeBadSession(w, fmt.Sprintf("Mcp-Session-Id was sent %d times; send it once", len(ids)))
 	}
-	id := ids[0]
-	if reason := checkSessionID(id, h.MaxSessionIDLength); reason != "" {
-		return writeBadSession(w, "Mcp-Session-Id "+reason)
+	id, problem := sessionOf(r.Header, h.MaxSessionIDLength)
+	if problem != "" {
+		return writeBadSession(w, problem)
 	}
 	up := h.table.Lookup(id)
 	if up == nil {
@@ -309,12 +307,25 @@ func (h *Handler) debug(msg, id, upstream string, fields ...zap.Field) {
 // rebinding reports whether r arrived on a loopback address but names a
 // host that is not loopback: the signature of a DNS rebinding attack. The
 // rule is the MCP Go SDK's (mcp/streamable.go, DisableLocalhostProtection).
+//
+// The local address is checked whatever the listener's network: TCP for
+// HTTP/1.1 and HTTP/2, UDP for HTTP/3 over QUIC.
 func rebinding(r *http.Request) bool {
-	local, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr)
-	if !ok || !local.IP.IsLoopback() {
-		return false
+	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	return ok && isLoopbackAddr(local) && !isLoopbackHost(r.Host)
+}
+
+// isLoopbackAddr reports whether a listener's local address is a loopback
+// IP address, for any network. Addresses without an IP (unix sockets) are not.
+func isLoopbackAddr(a net.Addr) bool {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		return a.IP.IsLoopback()
+	case *net.UDPAddr:
+		return a.IP.IsLoopback()
 	}
-	return !isLoopbackHost(r.Host)
+	ap, err := netip.ParseAddrPort(a.String())
+	return err == nil && ap.Addr().IsLoopback()
 }
 
 // isLoopbackHost reports whether host, with or without a port, is
@@ -362,6 +373,39 @@ func isDate(v string) bool {
 // ModernProtocolVersion is the first MCP protocol version without sessions.
 // Versions are dates, so they compare as strings.
 const ModernProtocolVersion = "2026-07-28"
+
+// sessionOf returns the request's session ID, or why the request's
+// Mcp-Session-Id cannot be used: sent more than once, malformed (see
+// [checkSessionID]), or named in Connection. A proxy strips the fields that
+// Connection names before forwarding (RFC 9110 §7.6.1), so the upstream
+// would get the request without the session the proxy pinned it on.
+func sessionOf(h http.Header, maxLen int) (id, problem string) {
+	ids := h[HeaderSessionID]
+	if len(ids) != 1 {
+		return "", fmt.Sprintf("Mcp-Session-Id was sent %d times; send it once", len(ids))
+	}
+	if reason := checkSessionID(ids[0], maxLen); reason != "" {
+		return "", "Mcp-Session-Id " + reason
+	}
+	if namedInConnection(h, HeaderSessionID) {
+		return "", "Connection names Mcp-Session-Id, which would strip the session from the forwarded request; " +
+			"remove Mcp-Session-Id from Connection"
+	}
+	return ids[0], ""
+}
+
+// namedInConnection reports whether the Connection fields of h list name
+// (case-insensitive, RFC 9110 §7.6.1).
+func namedInConnection(h http.Header, name string) bool {
+	for _, v := range h["Connection"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), name) {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // checkSessionID returns why id is not a usable Mcp-Session-Id, or "" if it
 // is: it must be 1 to maxLen bytes of visible ASCII, 0x21-0x7E (MCP

@@ -202,6 +202,7 @@ func TestServeHTTPRejects(t *testing.T) {
 		name    string
 		handler Handler
 		ids     []string // Mcp-Session-Id fields
+		conn    []string // Connection fields
 		status  int      // 0: next must be called
 		code    int
 		msg     string
@@ -219,6 +220,14 @@ func TestServeHTTPRejects(t *testing.T) {
 		{name: "unknown, explicit reject", handler: Handler{UnknownSession: UnknownSessionReject}, ids: []string{testSessionID}, status: 404, code: CodeSessionNotFound, msg: "Session not found"},
 		{name: "unknown, forward", handler: Handler{UnknownSession: UnknownSessionForward}, ids: []string{testSessionID}},
 		{name: "malformed, forward", handler: Handler{UnknownSession: UnknownSessionForward}, ids: []string{"a b"}, status: 400, code: CodeInvalidRequest, msg: "0x20"},
+		// A proxy strips the fields Connection names: the upstream would get
+		// the request without the session it was pinned on.
+		{name: "Connection names it", ids: []string{testSessionID}, conn: []string{"Mcp-Session-Id"}, status: 400, code: CodeInvalidRequest, msg: "Connection names Mcp-Session-Id"},
+		{name: "Connection names it in a list", ids: []string{testSessionID}, conn: []string{"keep-alive,  mcp-session-id "}, status: 400, code: CodeInvalidRequest, msg: "remove Mcp-Session-Id from Connection"},
+		{name: "Connection names it in a second field", ids: []string{testSessionID}, conn: []string{"close", "MCP-SESSION-ID"}, status: 400, code: CodeInvalidRequest, msg: "Connection names"},
+		{name: "Connection names it, forward", handler: Handler{UnknownSession: UnknownSessionForward}, ids: []string{testSessionID}, conn: []string{"Mcp-Session-Id"}, status: 400, code: CodeInvalidRequest, msg: "Connection names"},
+		{name: "Connection names other fields", ids: []string{testSessionID}, conn: []string{"keep-alive, Mcp-Session-Idx, x-Mcp-Session-Id"}, status: 404, code: CodeSessionNotFound, msg: "Session not found"},
+		{name: "Connection names it, no session", conn: []string{"Mcp-Session-Id"}},
 	} {
 		for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodDelete} {
 			t.Run(tc.name+"/"+method, func(t *testing.T) {
@@ -226,7 +235,9 @@ func TestServeHTTPRejects(t *testing.T) {
 				h, _ := provisionHandler(t, &hc)
 				next := new(countingNext)
 				rec := httptest.NewRecorder()
-				if err := h.ServeHTTP(rec, newRequest(method, tc.ids...), next); err != nil {
+				r := newRequest(method, tc.ids...)
+				r.Header["Connection"] = tc.conn
+				if err := h.ServeHTTP(rec, r, next); err != nil {
 					t.Fatalf("ServeHTTP: %v", err)
 				}
 				if tc.status == 0 {
@@ -270,7 +281,9 @@ func TestHandlerValidate(t *testing.T) {
 		want string
 	}{
 		{Handler{MaxSessions: -1}, "max_sessions must be positive, got -1"},
-		{Handler{SessionTTL: -1}, "session_ttl must be positive"},
+		{Handler{SessionTTL: -1}, "session_ttl -1ns is below the minimum of 1s"},
+		{Handler{SessionTTL: caddy.Duration(time.Nanosecond)}, "session_ttl 1ns is below the minimum of 1s"},
+		{Handler{SessionTTL: caddy.Duration(999 * time.Millisecond)}, "session_ttl 999ms is below the minimum of 1s"},
 		{Handler{MaxSessionIDLength: -5}, "max_session_id_length must be positive, got -5"},
 		{Handler{UnknownSession: "maybe"}, `unknown_session must be "reject" or "forward", got "maybe"`},
 	} {

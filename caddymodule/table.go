@@ -22,10 +22,10 @@ const (
 	DefaultTableName = "default"
 )
 
-// touchEvery is the resolution of the idle clock: a lookup rewrites a
-// session's last-use time only when it is older than this, so most lookups
-// cost one map access.
-const touchEvery = time.Second
+// MinSessionTTL is the shortest session TTL accepted. A shorter one would
+// forget sessions between a client's requests; MCP sessions live for
+// minutes to hours.
+const MinSessionTTL = time.Second
 
 // sweepBatch is the most entries the janitor examines under one lock hold.
 const sweepBatch = 1024
@@ -123,8 +123,7 @@ type SessionInfo struct {
 	Upstream string
 	// Age is the time since the session was learned, at 1 s resolution.
 	Age time.Duration
-	// Idle is the time since the session was last used, at 1 s resolution
-	// (the table's touch interval).
+	// Idle is the time since the session was last used, at 1 s resolution.
 	Idle time.Duration
 	// OpenStreams is the number of GET streams of the session open through the proxy.
 	OpenStreams int
@@ -258,10 +257,10 @@ func (t *Table) Lookup(id string) *Upstream {
 		t.lru.Remove(id)
 		return nil
 	}
-	if now-e.lastUsed >= int64(touchEvery) {
-		e.lastUsed = now
-		t.lru.Add(id, e)
-	}
+	// Every use is recorded exactly, so a session used more often than
+	// its TTL never expires, however short the TTL.
+	e.lastUsed = now
+	t.lru.Add(id, e)
 	return e.up
 }
 

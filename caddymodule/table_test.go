@@ -239,21 +239,14 @@ func TestTableTTL(t *testing.T) {
 			wantTTL: 1,
 		},
 		{
-			// A lookup younger than touchEvery since the last touch
-			// does not rewrite the last-use time.
-			name: "lookup within touchEvery does not refresh",
+			name: "every lookup refreshes the idle time",
 			steps: []step{
-				{advance: touchEvery - time.Nanosecond, do: "lookup", want: "a:1"},
-				{advance: ttl - touchEvery + 2*time.Nanosecond, do: "lookup", want: ""},
+				{advance: time.Nanosecond, do: "lookup", want: "a:1"},
+				{advance: ttl, do: "lookup", want: "a:1"},
+				{advance: ttl, do: "lookup", want: "a:1"},
+				{advance: ttl + time.Nanosecond, do: "lookup", want: ""},
 			},
 			wantTTL: 1,
-		},
-		{
-			name: "lookup at touchEvery refreshes",
-			steps: []step{
-				{advance: touchEvery, do: "lookup", want: "a:1"},
-				{advance: ttl, do: "lookup", want: "a:1"},
-			},
 		},
 		{
 			name: "open stream prevents expiry until closed",
@@ -450,8 +443,7 @@ func TestTableLRU(t *testing.T) {
 		}
 	}
 	// The lookups above ran in order a, b, c, d: "a" is now the least
-	// recently used, even though no time passed (recency is not subject
-	// to touchEvery).
+	// recently used, even though no time passed.
 	tbl.Learn("e", "up:e")
 	if tbl.Lookup("a") != nil {
 		t.Error("a survived, want it evicted as least recently used")
@@ -746,5 +738,30 @@ func TestTableEvictUpstream(t *testing.T) {
 	}
 	if n := tbl.EvictUpstream("nowhere:1", EvictAdmin); n != 0 {
 		t.Errorf("EvictUpstream of an unknown upstream = %d, want 0", n)
+	}
+}
+
+// TestTableUsedMoreOftenThanTTLNeverExpires: a session whose uses are
+// always less than its TTL apart stays, however short the TTL; idle for
+// longer than its TTL, it is gone.
+func TestTableUsedMoreOftenThanTTLNeverExpires(t *testing.T) {
+	for _, ttl := range []time.Duration{MinSessionTTL, 10 * time.Second, DefaultSessionTTL} {
+		for _, gap := range []time.Duration{ttl * 6 / 10, ttl - time.Millisecond, ttl} {
+			t.Run(fmt.Sprintf("ttl %v every %v", ttl, gap), func(t *testing.T) {
+				tbl, clk := newTestTable(t, 10, ttl)
+				tbl.Learn("s", "a:1")
+				for i := range 500 {
+					clk.Advance(gap)
+					tbl.Sweep()
+					if lookupDial(tbl, "s") == "" {
+						t.Fatalf("use %d, %v after the previous one: session expired", i+1, gap)
+					}
+				}
+				clk.Advance(ttl + time.Nanosecond)
+				if got := tbl.Sweep(); got != 1 {
+					t.Fatalf("idle for ttl + 1ns: Sweep() = %d, want 1", got)
+				}
+			})
+		}
 	}
 }

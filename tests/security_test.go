@@ -1,0 +1,241 @@
+package tests
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go/http3"
+)
+
+// Security and abuse: hop-by-hop tricks, DNS rebinding over every listener
+// type, short session TTLs.
+
+// rawHTTP1 sends req, written as is, on a new TCP connection to addr and
+// returns the response status line and body. It bypasses Go's client,
+// which might rewrite hop-by-hop fields.
+func rawHTTP1(t testing.TB, addr, req string) (status int, body string) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("reading the response: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestConnectionCannotStripSession: a request that lists Mcp-Session-Id in
+// Connection would be pinned on the session, then forwarded without it
+// (a proxy strips the fields Connection names). The proxy answers 400
+// itself, in every spelling and position of the token, and the session
+// keeps working. The control lists another field and is pinned as usual.
+func TestConnectionCannotStripSession(t *testing.T) {
+	bs := startBackends(t, 2, true)
+	p := startProxy(t, "mcp_proxy "+addrs(bs))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cs, err := connect(ctx, p.url(), hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	owner, err := whoami(ctx, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`
+	request := func(connection string) string {
+		return fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+
+			"Accept: application/json, text/event-stream\r\nMcp-Protocol-Version: 2025-11-25\r\n"+
+			"Mcp-Session-Id: %s\r\nConnection: %s\r\nContent-Length: %d\r\n\r\n%s",
+			p.addr, cs.ID(), connection, len(call), call)
+	}
+	for _, connection := range []string{"Mcp-Session-Id", "close, mcp-session-id", "keep-alive,MCP-SESSION-ID ", "Mcp-Session-Id, close"} {
+		status, body := rawHTTP1(t, p.addr, request(connection))
+		if status != http.StatusBadRequest || !strings.Contains(body, "Connection names Mcp-Session-Id") {
+			t.Errorf("Connection: %s: %d %q; want the proxy's 400", connection, status, body)
+		}
+	}
+	status, body := rawHTTP1(t, p.addr, request("close, X-Other"))
+	if status != http.StatusOK || !strings.Contains(body, owner.Server) {
+		t.Errorf("control, Connection: close, X-Other: %d %q; want 200 from %s", status, body, owner.Server)
+	}
+	if again, err := whoami(ctx, cs); err != nil || again.Server != owner.Server {
+		t.Fatalf("the session after the rejected requests: %+v, %v; want it alive on %s", again, err, owner.Server)
+	}
+}
+
+// tlsSiteConfig returns a Caddyfile whose one site serves body over TLS
+// (Caddy's internal CA) with HTTP/1.1, HTTP/2 and HTTP/3 on
+// 127.0.0.1:port, for the hosts localhost and evil.example: a DNS
+// rebinding attack makes the victim's browser send the attacker's name to
+// a loopback address.
+func tlsSiteConfig(t testing.TB, port int, body string) string {
+	return fmt.Sprintf(`{
+	admin %s
+	log {
+		output discard
+	}
+	storage file_system %s
+	skip_install_trust
+	auto_https disable_redirects
+	persist_config off
+	servers {
+		protocols h1 h2 h3
+	}
+}
+
+https://localhost:%d, https://evil.example:%d {
+	bind 127.0.0.1
+	tls internal
+	%s
+}
+`, adminAddr, t.TempDir(), port, port, body)
+}
+
+// TestDNSRebindingProtectionOverHTTP3: on a loopback TLS site, a request
+// naming a foreign Host gets the proxy's 403 over HTTP/3 (a real quic-go
+// client) as over HTTP/1.1 and HTTP/2: the check reads the listener's local
+// address whatever its network (UDP for QUIC). Loopback names pass over
+// every protocol. The control, localhost_protection off, lets the foreign
+// Host through to the go-sdk server over HTTP/3, so the 403 is the check's.
+func TestDNSRebindingProtectionOverHTTP3(t *testing.T) {
+	b := startBackend(t, "s1", true)
+	port := mustFreePort()
+	tlsConf := &tls.Config{ServerName: "localhost", InsecureSkipVerify: true} //nolint:gosec // Caddy's internal CA, loopback test
+	h3 := &http.Client{Transport: &http3.Transport{TLSClientConfig: tlsConf.Clone()}, Timeout: 10 * time.Second}
+	h2 := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConf.Clone(), Protocols: protocols((*http.Protocols).SetHTTP2)}, Timeout: 10 * time.Second}
+	h1 := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConf.Clone(), Protocols: protocols((*http.Protocols).SetHTTP1)}, Timeout: 10 * time.Second}
+	clients := []struct {
+		proto string
+		hc    *http.Client
+	}{{"HTTP/3.0", h3}, {"HTTP/2.0", h2}, {"HTTP/1.1", h1}}
+	url := fmt.Sprintf("https://127.0.0.1:%d/mcp", port)
+	try := func(hc *http.Client, host string) exchange {
+		t.Helper()
+		return sendWithHost(t, hc, http.MethodPost, url, host, mcpPOSTHeaders(""), goSDKInitBody)
+	}
+
+	loadCaddyfile(t, tlsSiteConfig(t, port, "mcp_proxy "+b.addr))
+	waitForHTTP3(t, h3, url)
+	for _, c := range clients {
+		for _, host := range []string{"evil.example", fmt.Sprintf("evil.example:%d", port)} {
+			ex := try(c.hc, host)
+			if ex.proto != c.proto || ex.status != http.StatusForbidden || rpcErrorCode(ex.body) != -32600 {
+				t.Errorf("%s, Host %s: %s %d %q; want the proxy's 403 over %s", c.proto, host, ex.proto, ex.status, ex.body, c.proto)
+			}
+		}
+		ex := try(c.hc, fmt.Sprintf("localhost:%d", port))
+		if ex.proto != c.proto || ex.status != http.StatusOK || ex.header.Get("Mcp-Session-Id") == "" {
+			t.Errorf("%s, Host localhost: %s %d %q; want the go-sdk server's 200 with a session", c.proto, ex.proto, ex.status, ex.body)
+		}
+	}
+
+	loadCaddyfile(t, tlsSiteConfig(t, port, "mcp_proxy "+b.addr+" {"+behindTunnel+"\n\t}"))
+	waitForHTTP3(t, h3, url)
+	if ex := try(h3, "evil.example"); ex.proto != "HTTP/3.0" || ex.status != http.StatusOK {
+		t.Fatalf("control, localhost_protection off over HTTP/3: %s %d %q; want the go-sdk server's 200", ex.proto, ex.status, ex.body)
+	}
+}
+
+// protocols returns the set of HTTP protocols that holds only the one set by enable.
+func protocols(enable func(*http.Protocols, bool)) *http.Protocols {
+	p := new(http.Protocols)
+	enable(p, true)
+	return p
+}
+
+// waitForHTTP3 waits until the site at url answers over HTTP/3: Caddy
+// starts its QUIC listener alongside the TCP one.
+func waitForHTTP3(t testing.TB, h3 *http.Client, url string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		req, _ := http.NewRequest(http.MethodOptions, url, nil)
+		req.Host = "localhost"
+		resp, err := h3.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no HTTP/3 answer from %s: %v", url, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestShortTTLSessionInUseNeverExpires: with session_ttl 1s, sessions on
+// go-sdk servers that call a tool every 600 ms stay pinned for 6 s (each
+// call is less than a TTL after the previous one), however the calls fall
+// against the idle clock's resolution. The sessions are opened with raw
+// requests and hold no GET stream, which would keep them alive by itself.
+// The control in the same run: a session left idle for 2 s is forgotten
+// (the proxy's 404).
+func TestShortTTLSessionInUseNeverExpires(t *testing.T) {
+	bs := startBackends(t, 2, true)
+	p := startProxy(t, "mcp_proxy "+addrs(bs)+" {\n\t\tsession_ttl 1s\n\t}")
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+
+	const sessions, calls = 5, 10
+	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`
+	ids := make([]string, sessions)
+	errs := make(chan error, sessions)
+	for i := range ids {
+		ids[i] = goSDKSession(t, hc, p.url())
+		go func(id string) {
+			for n := range calls {
+				time.Sleep(600 * time.Millisecond)
+				req, _ := http.NewRequest(http.MethodPost, p.url(), strings.NewReader(fmt.Sprintf(call, n+2)))
+				for k, v := range mcpPOSTHeaders(id) {
+					req.Header[k] = v
+				}
+				resp, err := hc.Do(req)
+				if err != nil {
+					errs <- err
+					return
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), id) {
+					errs <- fmt.Errorf("call %d of session %s: %d %q", n+1, id, resp.StatusCode, body)
+					return
+				}
+			}
+			errs <- nil
+		}(ids[i])
+	}
+	for range sessions {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	time.Sleep(2 * time.Second)
+	ex := send(t, hc, http.MethodPost, p.url(), mcpPOSTHeaders(ids[0]), `{"jsonrpc":"2.0","id":99,"method":"ping"}`)
+	if ex.status != http.StatusNotFound || !strings.Contains(ex.body, "Session not found") {
+		t.Fatalf("control: a session idle for 2s with session_ttl 1s: %d %q; want the proxy's 404", ex.status, ex.body)
+	}
+}
