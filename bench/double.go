@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // The upstream double: a tiny MCP-shaped Streamable HTTP upstream for the
@@ -125,7 +127,7 @@ func (d *double) stream(w http.ResponseWriter, r *http.Request) {
 }
 
 // startDoubles starts n upstream doubles named d1..dn.
-func (e *env) startDoubles(n int, delay, ping time.Duration, h2c bool) ([]*proc, []string, error) {
+func (e *env) startDoubles(n int, delay, ping time.Duration, h2c bool) ([]*testproc.Proc, []string, error) {
 	return e.startFleet(n, "double-", "d", e.self, func(name, addr string) []string {
 		args := []string{"double", "-name", name, "-listen", addr, "-first-delay", delay.String(), "-ping", ping.String()}
 		if h2c {

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // env is one benchmark run: the work directory, the binaries it built, and
@@ -20,7 +22,7 @@ type env struct {
 	whoami  string // whoami MCP server (./examples/whoami-server)
 	self    string // this program, for the upstream double
 	haproxy string // HAProxy binary
-	procs   []*proc
+	procs   []*testproc.Proc
 	log     io.Writer
 }
 
@@ -47,27 +49,47 @@ func (e *env) build(goBin, repo string) error {
 	return nil
 }
 
-// start starts a child process and records it for stopAll.
-func (e *env) start(name string, env []string, bin string, args ...string) (*proc, error) {
-	p, err := startProc(e.dir, name, env, bin, args...)
+// start starts a child process logging to <dir>/<name>.log, waits until it
+// listens on addr alone (see testproc.SoleListener) for at most timeout, and
+// records it for stopAll.
+func (e *env) start(name, addr string, timeout time.Duration, env []string, bin string, args ...string) (*testproc.Proc, error) {
+	f, err := os.Create(filepath.Join(e.dir, name+".log"))
 	if err != nil {
 		return nil, err
 	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	p, err := testproc.Start(name, addr, cmd, f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
 	e.procs = append(e.procs, p)
+	go func() {
+		<-p.Done()
+		f.Close()
+	}()
+	if err := p.Wait(timeout, testproc.Listening(), testproc.SoleListener()); err != nil {
+		p.Stop(stopGrace)
+		return nil, err
+	}
 	return p, nil
 }
+
+// stopGrace is how long a child may take to end after SIGTERM.
+const stopGrace = 3 * time.Second
 
 // stopAll stops every child process still running.
 func (e *env) stopAll() {
 	for _, p := range e.procs {
-		p.stop()
+		p.Stop(stopGrace)
 	}
 	e.procs = nil
 }
 
 // startServers starts n whoami servers named s1..sn, answering POSTs with
 // JSON (jsonMode) or SSE, and returns them with their addresses.
-func (e *env) startServers(n int, jsonMode bool) ([]*proc, []string, error) {
+func (e *env) startServers(n int, jsonMode bool) ([]*testproc.Proc, []string, error) {
 	return e.startFleet(n, "whoami-", "s", e.whoami, func(name, addr string) []string {
 		args := []string{"-name", name, "-listen", addr}
 		if jsonMode {
@@ -81,21 +103,17 @@ func (e *env) startServers(n int, jsonMode bool) ([]*proc, []string, error) {
 // as <logPrefix><name>), each on its own free port on 127.0.0.1 with the
 // arguments args gives for its name and address, and waits until each
 // listens. It returns them with their addresses.
-func (e *env) startFleet(n int, logPrefix, letter, binary string, args func(name, addr string) []string) ([]*proc, []string, error) {
-	var ps []*proc
+func (e *env) startFleet(n int, logPrefix, letter, binary string, args func(name, addr string) []string) ([]*testproc.Proc, []string, error) {
+	var ps []*testproc.Proc
 	var addrs []string
 	for i := 1; i <= n; i++ {
-		port, err := freePort()
+		addr, err := testproc.FreeAddr()
 		if err != nil {
 			return nil, nil, err
 		}
-		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		name := fmt.Sprintf("%s%d", letter, i)
-		p, err := e.start(logPrefix+name, nil, binary, args(name, addr)...)
+		p, err := e.start(logPrefix+name, addr, 10*time.Second, nil, binary, args(name, addr)...)
 		if err != nil {
-			return nil, nil, err
-		}
-		if err := waitListening(p, port, 10*time.Second); err != nil {
 			return nil, nil, err
 		}
 		ps, addrs = append(ps, p), append(addrs, addr)
@@ -105,18 +123,17 @@ func (e *env) startFleet(n int, logPrefix, letter, binary string, args func(name
 
 // proxyProc is a running proxy: Caddy or HAProxy.
 type proxyProc struct {
-	*proc
-	addr  string // host:port clients connect to
+	*testproc.Proc
 	admin string // Caddy's admin endpoint, host:port; "" for HAProxy
 }
 
 // startCaddy runs Caddy serving route on a free port.
 func (e *env) startCaddy(name, route string) (*proxyProc, error) {
-	port, err := freePort()
+	port, err := testproc.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	adminPort, err := freePort()
+	adminPort, err := testproc.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -125,21 +142,17 @@ func (e *env) startCaddy(name, route string) (*proxyProc, error) {
 		return nil, err
 	}
 	xdg := filepath.Join(e.dir, "xdg")
-	p, err := e.start(name, []string{"XDG_CONFIG_HOME=" + xdg, "XDG_DATA_HOME=" + xdg},
+	p, err := e.start(name, fmt.Sprintf("127.0.0.1:%d", port), 30*time.Second, []string{"XDG_CONFIG_HOME=" + xdg, "XDG_DATA_HOME=" + xdg},
 		e.caddy, "run", "--config", cfgPath, "--adapter", "caddyfile")
 	if err != nil {
 		return nil, err
 	}
-	if err := waitListening(p, port, 30*time.Second); err != nil {
-		p.stop()
-		return nil, err
-	}
-	return &proxyProc{proc: p, addr: fmt.Sprintf("127.0.0.1:%d", port), admin: fmt.Sprintf("127.0.0.1:%d", adminPort)}, nil
+	return &proxyProc{Proc: p, admin: fmt.Sprintf("127.0.0.1:%d", adminPort)}, nil
 }
 
 // startHAProxy runs HAProxy (foreground, one process) in front of upstreams on a free port.
 func (e *env) startHAProxy(name string, upstreams []string, noDelay bool) (*proxyProc, error) {
-	port, err := freePort()
+	port, err := testproc.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -147,15 +160,11 @@ func (e *env) startHAProxy(name string, upstreams []string, noDelay bool) (*prox
 	if err := os.WriteFile(cfgPath, []byte(haproxyConfig(port, upstreams, noDelay)), 0o644); err != nil {
 		return nil, err
 	}
-	p, err := e.start(name, nil, e.haproxy, "-db", "-f", cfgPath)
+	p, err := e.start(name, fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second, nil, e.haproxy, "-db", "-f", cfgPath)
 	if err != nil {
 		return nil, err
 	}
-	if err := waitListening(p, port, 10*time.Second); err != nil {
-		p.stop()
-		return nil, err
-	}
-	return &proxyProc{proc: p, addr: fmt.Sprintf("127.0.0.1:%d", port)}, nil
+	return &proxyProc{Proc: p}, nil
 }
 
 // haproxyVersion returns the first line of `haproxy -v`.

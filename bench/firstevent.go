@@ -62,11 +62,11 @@ func (e *env) firstEventPart(o *options) ([]feResult, error) {
 				fmt.Fprintf(e.log, "error: %v\n", err)
 				continue
 			}
-			dest = []string{px.addr}
+			dest = []string{px.Addr()}
 		}
 		res.reqToEvent, res.transit, res.errors, res.firstErr, res.err = timeFirstEvents(dest, o.events, o.eventConc)
 		if px != nil {
-			px.stop()
+			px.Stop(stopGrace)
 		}
 		if res.err != nil {
 			fmt.Fprintf(e.log, "error: %v\n", res.err)

@@ -35,7 +35,7 @@ func (e *env) memCaddyPart(o *options) (*memCaddyResult, error) {
 		return nil, err
 	}
 	// Warm up: connections, pools and code paths, with sessions of their own.
-	if err := createSessions(px.addr, 1000, 32, nil); err != nil {
+	if err := createSessions(px.Addr(), 1000, 32, nil); err != nil {
 		return nil, err
 	}
 	if res.rssBefore, res.heapBefore, err = caddyMemory(px); err != nil {
@@ -57,7 +57,7 @@ func (e *env) memCaddyPart(o *options) (*memCaddyResult, error) {
 			}
 		}
 	}()
-	err = createSessions(px.addr, n, 32, func(int, string) { done.Add(1) })
+	err = createSessions(px.Addr(), n, 32, func(int, string) { done.Add(1) })
 	close(stopProgress)
 	if err != nil {
 		return nil, err
@@ -66,7 +66,7 @@ func (e *env) memCaddyPart(o *options) (*memCaddyResult, error) {
 	if res.rssFull, res.heap, err = caddyMemory(px); err != nil {
 		return nil, err
 	}
-	res.hwm = procStatus(px.pid(), "VmHWM")
+	res.hwm = procStatus(px.Pid(), "VmHWM")
 	var tables []struct{ Sessions int }
 	if err := getJSON("http://"+px.admin+"/mcp_sessions/", &tables); err == nil {
 		for _, t := range tables {
@@ -96,5 +96,5 @@ func caddyMemory(px *proxyProc) (rss, heap int64, err error) {
 	if err := getJSON("http://"+px.admin+"/debug/vars", &vars); err != nil {
 		return 0, 0, err
 	}
-	return procStatus(px.pid(), "VmRSS"), vars.Memstats.HeapAlloc, nil
+	return procStatus(px.Pid(), "VmRSS"), vars.Memstats.HeapAlloc, nil
 }

@@ -98,11 +98,11 @@ func (e *env) holdStreams(o *options, key string) (*streamsResult, error) {
 
 	fmt.Fprintf(e.log, "streams %s: creating %d sessions through the proxy\n", key, n)
 	ids := make([]string, n)
-	if err := createSessions(px.addr, len(ids), 32, func(i int, id string) { ids[i] = id }); err != nil {
+	if err := createSessions(px.Addr(), len(ids), 32, func(i int, id string) { ids[i] = id }); err != nil {
 		return nil, err
 	}
 	time.Sleep(500 * time.Millisecond)
-	res.rssBefore = procStatus(px.pid(), "VmRSS")
+	res.rssBefore = procStatus(px.Pid(), "VmRSS")
 
 	fmt.Fprintf(e.log, "streams %s: opening %d GET streams\n", key, n)
 	streams := make([]*heldStream, n)
@@ -114,7 +114,7 @@ func (e *env) holdStreams(o *options, key string) (*streamsResult, error) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			s, err := openStream(px.addr, ids[i])
+			s, err := openStream(px.Addr(), ids[i])
 			if err != nil {
 				firstErr.CompareAndSwap(nil, err.Error())
 				return
@@ -132,9 +132,9 @@ func (e *env) holdStreams(o *options, key string) (*streamsResult, error) {
 	fmt.Fprintf(e.log, "streams %s: %d opened in %v; holding for %v\n", key, res.opened, res.openTime.Round(time.Millisecond), o.streamHold)
 	time.Sleep(o.streamHold)
 	end := time.Now()
-	res.rssHeld = procStatus(px.pid(), "VmRSS")
-	res.rssPeak = procStatus(px.pid(), "VmHWM")
-	res.fds = fdCount(px.pid())
+	res.rssHeld = procStatus(px.Pid(), "VmRSS")
+	res.rssPeak = procStatus(px.Pid(), "VmHWM")
+	res.fds = fdCount(px.Pid())
 	for _, s := range streams {
 		if s != nil && !s.closed.Load() && end.Sub(time.Unix(0, s.lastEvent.Load())) <= 2*o.streamPing {
 			res.held++
@@ -164,8 +164,8 @@ func (e *env) holdStreams(o *options, key string) (*streamsResult, error) {
 			s.conn.Close()
 		}
 	}
-	if px.exited() {
-		return res, fmt.Errorf("caddy exited: %s", px.tail())
+	if px.Exited() {
+		return res, fmt.Errorf("caddy exited: %s", px.Log().Tail(2000))
 	}
 	fmt.Fprintf(e.log, "streams %s: %d held, proxy RSS %s\n", key, res.held, mib(res.rssHeld))
 	return res, nil

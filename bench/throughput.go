@@ -74,7 +74,7 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 	}
 	targets := addrs
 	if px != nil {
-		targets = []string{px.addr}
+		targets = []string{px.Addr()}
 	}
 
 	var cpu0, srv0 time.Duration
@@ -85,13 +85,13 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 	cfg.onWindow = func(open bool) {
 		srv := time.Duration(0)
 		for _, s := range servers {
-			srv += procCPU(s.pid())
+			srv += procCPU(s.Pid())
 		}
 		busy, _ := machineCPU()
 		gen := selfCPU()
 		var pcpu time.Duration
 		if px != nil {
-			pcpu = procCPU(px.pid())
+			pcpu = procCPU(px.Pid())
 		}
 		if open {
 			cpu0, srv0, busy0, gen0 = pcpu, srv, busy, gen
@@ -106,9 +106,9 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 	res.load = runLoad(cfg)
 	profWG.Wait()
 	if px != nil {
-		res.proxyRSS = procStatus(px.pid(), "VmHWM")
-		if px.exited() {
-			res.err = fmt.Errorf("%s exited during the run: %s", px.name, px.tail())
+		res.proxyRSS = procStatus(px.Pid(), "VmHWM")
+		if px.Exited() {
+			res.err = fmt.Errorf("%s exited during the run: %s", px.Name(), px.Log().Tail(2000))
 		}
 	}
 	return res
