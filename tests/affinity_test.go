@@ -4,20 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
-
-// stockRoundRobin is stock Caddy in front of the same backends: the setup
-// that breaks sessions, used as the negative control.
-func stockRoundRobin(bs []*backend) string {
-	return fmt.Sprintf("reverse_proxy %s {\n\t\tlb_policy round_robin\n\t\theader_up Host {upstream_hostport}\n\t}", addrs(bs))
-}
 
 // TestPinsSessionsUnderLoad is the main job: 100 concurrent go-sdk client
 // sessions of 5 tool calls each through mcp_proxy over 3 go-sdk servers all
@@ -32,20 +23,20 @@ func TestPinsSessionsUnderLoad(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			bs := startBackends(t, 3, mode.json)
 
-			p := startProxy(t, "mcp_proxy "+addrs(bs))
-			res := runSessions(t, p.url(), 100, 5)
+			p := startProxy(t, "mcp_proxy "+upstreams(bs))
+			res := runSessions(t, p.url(), 100, sessionPlan{calls: 5})
 			t.Logf("mcp_proxy: %s", res)
-			if res.ok != 100 || res.calls != 500 {
+			if res.ok != 100 || res.onCreator != 500 {
 				t.Fatalf("mcp_proxy: want 100/100 sessions and 500 pinned calls; got %s", res)
 			}
 			for _, b := range bs {
-				if res.perServe[b.name] == 0 {
-					t.Errorf("server %s got no sessions: %v", b.name, res.perServe)
+				if res.perServer[b.Name()] == 0 {
+					t.Errorf("server %s got no sessions: %v", b.Name(), res.perServer)
 				}
 			}
 
 			stock := startProxy(t, stockRoundRobin(bs))
-			ctrl := runSessions(t, stock.url(), 100, 5)
+			ctrl := runSessions(t, stock.url(), 100, sessionPlan{calls: 5})
 			t.Logf("stock round_robin (negative control): %s", ctrl)
 			if ctrl.ok == 100 {
 				t.Fatalf("negative control: stock round_robin kept every session, so this test cannot see misrouting")
@@ -60,7 +51,7 @@ func TestPinsSessionsUnderLoad(t *testing.T) {
 // sessions go to the live servers.
 func TestKillOneServerMidRun(t *testing.T) {
 	bs := startBackends(t, 3, false)
-	p := startProxy(t, "mcp_proxy "+addrs(bs))
+	p := startProxy(t, "mcp_proxy "+upstreams(bs))
 	victim := bs[1]
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -100,7 +91,7 @@ func TestKillOneServerMidRun(t *testing.T) {
 				took := time.Since(begin)
 				mu.Lock()
 				switch {
-				case err != nil && first.Server == victim.name && killed.Load():
+				case err != nil && first.Server == victim.Name() && killed.Load():
 					lost = append(lost, first.Server)
 					slowFail = max(slowFail, took)
 				case err != nil:
@@ -124,28 +115,28 @@ func TestKillOneServerMidRun(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	killed.Store(true)
-	victim.kill()
+	victim.Kill()
 	time.Sleep(1500 * time.Millisecond)
 	stop.Store(true)
 	wg.Wait()
 
-	t.Logf("after killing %s: survivors %v, lost sessions %d, slowest failure %v", victim.name, survivors, len(lost), slowFail)
-	if survivors[victim.name] != 0 {
-		t.Errorf("%d sessions of the killed server still succeeded: they were re-routed", survivors[victim.name])
+	t.Logf("after killing %s: survivors %v, lost sessions %d, slowest failure %v", victim.Name(), survivors, len(lost), slowFail)
+	if survivors[victim.Name()] != 0 {
+		t.Errorf("%d sessions of the killed server still succeeded: they were re-routed", survivors[victim.Name()])
 	}
 	if len(lost) == 0 {
-		t.Errorf("no session of the killed server %s failed; did it own any?", victim.name)
+		t.Errorf("no session of the killed server %s failed; did it own any?", victim.Name())
 	}
 	if slowFail > time.Second {
 		t.Errorf("a session of the killed server took %v to fail; want under 1s", slowFail)
 	}
-	if survivors[bs[0].name] == 0 || survivors[bs[2].name] == 0 {
+	if survivors[bs[0].Name()] == 0 || survivors[bs[2].Name()] == 0 {
 		t.Errorf("sessions of live servers did not survive: %v", survivors)
 	}
 
-	res := runSessions(t, p.url(), 30, 3)
+	res := runSessions(t, p.url(), 30, sessionPlan{calls: 3})
 	t.Logf("new sessions after the kill: %s", res)
-	if res.ok != 30 || res.perServe[victim.name] != 0 {
+	if res.ok != 30 || res.perServer[victim.Name()] != 0 {
 		t.Errorf("new sessions after the kill: want 30/30 on live servers; got %s", res)
 	}
 }
@@ -154,29 +145,27 @@ func TestKillOneServerMidRun(t *testing.T) {
 // (h2c) connections, with the header in lowercase as HTTP/2 sends it.
 func TestPinsOverHTTP2(t *testing.T) {
 	bs := startBackends(t, 3, false)
-	p := startProxy(t, "mcp_proxy "+addrs(bs))
-	protocols := new(http.Protocols)
-	protocols.SetUnencryptedHTTP2(true)
-	hc := &http.Client{Transport: &http.Transport{Protocols: protocols}}
+	p := startProxy(t, "mcp_proxy "+upstreams(bs))
+	hc := newH2CClient()
 	defer hc.CloseIdleConnections()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i := range 6 {
-		rep := runSession(ctx, p.url(), hc, 5)
-		if rep.err != nil || rep.calls != 5 {
-			t.Fatalf("session %d over h2c: %d calls, error %v", i, rep.calls, rep.err)
+		rep := runSession(ctx, p.url(), hc, sessionPlan{calls: 5})
+		if !rep.ok() || rep.onCreator != 5 {
+			t.Fatalf("session %d over h2c: %d of 5 calls on its server, error %v", i, rep.onCreator, rep.err)
 		}
 	}
 }
 
-// TestReloadKeepsSessions covers issue point 8: the session table survives
-// config reloads through the admin API (what `caddy reload` does) that keep
-// an upstream, including reloads that change the plugin's own options and
-// the upstream list: 0 mappings lost.
+// TestReloadKeepsSessions (README, "What happens when": `caddy reload`): the
+// session table survives config reloads through the admin API (what `caddy
+// reload` does) that keep an upstream, including reloads that change the
+// plugin's own options and the upstream list: 0 mappings lost.
 func TestReloadKeepsSessions(t *testing.T) {
 	bs := startBackends(t, 4, false)
-	p := startProxy(t, "mcp_proxy "+addrs(bs[:3]))
+	p := startProxy(t, "mcp_proxy "+upstreams(bs[:3]))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -189,10 +178,10 @@ func TestReloadKeepsSessions(t *testing.T) {
 		css[i] = openLiveSession(ctx, t, p.url(), hc)
 	}
 	reloads := []string{
-		"mcp_proxy " + addrs(bs[:3]) + " {\n\t\tmax_sessions 5000\n\t\tsession_ttl 2h\n\t}",
-		"mcp_proxy " + addrs(bs) + " {\n\t\tfallback least_conn\n\t\tlb_retries 1\n\t}",
-		"mcp_proxy " + addrs(bs[1:]) + " {\n\t\tfallback random\n\t}",
-		"mcp_proxy " + addrs(bs),
+		"mcp_proxy " + upstreams(bs[:3]) + " {\n\t\tmax_sessions 5000\n\t\tsession_ttl 2h\n\t}",
+		"mcp_proxy " + upstreams(bs) + " {\n\t\tfallback least_conn\n\t\tlb_retries 1\n\t}",
+		"mcp_proxy " + upstreams(bs[1:]) + " {\n\t\tfallback random\n\t}",
+		"mcp_proxy " + upstreams(bs),
 	}
 	for n, cfg := range reloads {
 		reloadViaAdmin(t, siteConfig(p.port(), cfg))
@@ -200,7 +189,7 @@ func TestReloadKeepsSessions(t *testing.T) {
 		lost := 0
 		for _, s := range css {
 			id, err := whoamiAcrossReload(ctx, t, hc, s.cs)
-			removed := n == 2 && s.server == bs[0].name
+			removed := n == 2 && s.server == bs[0].Name()
 			switch {
 			case removed && err == nil:
 				t.Errorf("reload %d: a session of the removed upstream %s was re-routed to %s", n+1, s.server, id.Server)
@@ -214,30 +203,9 @@ func TestReloadKeepsSessions(t *testing.T) {
 		}
 		t.Logf("reload %d kept every session of its upstreams (%d sessions of the removed upstream ended)", n+1, lost)
 		if n == 2 {
-			css = reopenLost(ctx, t, p.url(), hc, css, bs[0].name)
+			css = reopenLost(ctx, t, p.url(), hc, css, bs[0].Name())
 		}
 	}
-}
-
-// liveSession is an open client session and the server that owns it.
-type liveSession struct {
-	cs     *mcp.ClientSession
-	server string
-}
-
-// openLiveSession connects and learns which server owns the session.
-func openLiveSession(ctx context.Context, t testing.TB, url string, hc *http.Client) *liveSession {
-	t.Helper()
-	cs, err := connect(ctx, url, hc)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(func() { cs.Close() })
-	id, err := whoami(ctx, cs)
-	if err != nil {
-		t.Fatalf("first call: %v", err)
-	}
-	return &liveSession{cs: cs, server: id.Server}
 }
 
 // reopenLost replaces the sessions owned by server with new ones.
@@ -250,28 +218,6 @@ func reopenLost(ctx context.Context, t testing.TB, url string, hc *http.Client, 
 	return css
 }
 
-// whoamiAcrossReload calls whoami, retrying transport errors on fresh
-// connections. During a reload the old server closes its keep-alive
-// connections, and a POST that raced onto one fails with EOF or a reset in
-// any HTTP client before it reaches a handler. A lost mapping is different:
-// it is a 404 from the proxy, which is never retried here.
-func whoamiAcrossReload(ctx context.Context, t testing.TB, hc *http.Client, cs *mcp.ClientSession) (identity, error) {
-	for attempt := 1; ; attempt++ {
-		id, err := whoami(ctx, cs)
-		if err == nil || attempt == 3 || !isConnectionError(err) {
-			return id, err
-		}
-		t.Logf("retrying on a fresh connection: %v", err)
-		hc.CloseIdleConnections()
-	}
-}
-
-// isConnectionError reports whether err is a client connection failure.
-func isConnectionError(err error) bool {
-	msg := err.Error()
-	return strings.HasSuffix(msg, ": EOF") || strings.Contains(msg, "connection reset by peer")
-}
-
 // TestInteropGoSDK records the Go SDK's row of README.md's
 // Interoperability table: go-sdk clients and servers, SSE and JSON modes.
 func TestInteropGoSDK(t *testing.T) {
@@ -280,15 +226,15 @@ func TestInteropGoSDK(t *testing.T) {
 		json bool
 	}{{"SSE responses", false}, {"JSON responses", true}} {
 		bs := startBackends(t, 3, mode.json)
-		p := startProxy(t, "mcp_proxy "+addrs(bs))
-		res := runSessions(t, p.url(), 50, 5)
-		if res.ok != 50 || res.calls != 250 {
+		p := startProxy(t, "mcp_proxy "+upstreams(bs))
+		res := runSessions(t, p.url(), 50, sessionPlan{calls: 5})
+		if res.ok != 50 || res.onCreator != 250 {
 			t.Fatalf("%s: want 50/50 sessions and 250 pinned calls; got %s", mode.name, res)
 		}
 		recordInterop(interopRow{
 			Server: fmt.Sprintf("go-sdk %s, stateful, %s (3 processes)", goSDKVersion, mode.name),
 			Client: "go-sdk " + goSDKVersion,
-			Result: fmt.Sprintf("%d/50 sessions ok; %d/250 calls answered by the session's server", res.ok, res.calls),
+			Result: fmt.Sprintf("%d/50 sessions ok; %d/250 calls answered by the session's server", res.ok, res.onCreator),
 		})
 	}
 }

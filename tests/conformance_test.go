@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // The MCP conformance suite (@modelcontextprotocol/conformance, server
@@ -168,60 +170,20 @@ func confFailures(r confResult) []string {
 
 // startConformanceGoServers builds go-sdk's conformance everything-server
 // and starts n stateful instances on free 127.0.0.1 ports.
-func startConformanceGoServers(t *testing.T, n int) []*tsPeer {
+func startConformanceGoServers(t *testing.T, n int) []*testproc.Proc {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "everything-server")
 	build := exec.Command("go", "build", "-o", bin, "github.com/modelcontextprotocol/go-sdk/conformance/everything-server")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building go-sdk's conformance everything-server: %v\n%s", err, out)
 	}
-	ps := make([]*tsPeer, n)
+	ps := make([]*testproc.Proc, n)
 	for i := range ps {
-		addr := fmt.Sprintf("127.0.0.1:%d", mustFreePort())
-		p := &tsPeer{name: fmt.Sprintf("g%d", i+1), addr: addr, out: new(tsPeerOutput)}
-		p.cmd = exec.Command(bin, "-http="+addr, "-stateless=false")
-		p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.kill)
-		ps[i] = p
+		addr := freeAddr(t)
+		ps[i] = launch(t, fmt.Sprintf("g%d", i+1), addr, exec.Command(bin, "-http="+addr, "-stateless=false"))
 	}
-	for _, p := range ps {
-		confWaitListening(t, p)
-	}
+	ready(t, whoamiTimeout, ps, testproc.Listening())
 	return ps
-}
-
-// confWaitListening waits until p accepts connections.
-func confWaitListening(t *testing.T, p *tsPeer) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.DialTimeout("tcp", p.addr, time.Second); err == nil {
-			c.Close()
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s did not listen on %s: %s", p.name, p.addr, p.out)
-}
-
-// confLiveSessions returns the live sessions the proxy's default table pins to upstream.
-func confLiveSessions(t *testing.T, upstream string) int {
-	t.Helper()
-	var out struct {
-		LiveSessions int `json:"live_sessions"`
-	}
-	resp, err := newHTTPClient().Get("http://" + adminAddr + "/mcp_sessions/upstream?table=default&upstream=" + upstream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		t.Fatalf("admin upstream %s: %d %v", upstream, resp.StatusCode, err)
-	}
-	return out.LiveSessions
 }
 
 // TestInteropConformanceGoSDK runs the conformance suite against go-sdk's
@@ -242,17 +204,17 @@ func TestInteropConformanceGoSDK(t *testing.T) {
 	env := tsNeedNode(t, "@modelcontextprotocol/conformance")
 	gs := startConformanceGoServers(t, 2)
 
-	direct := runConformance(t, env, "direct", gs[0].url())
-	t.Logf("direct (%s): %s; not passed: %v", gs[0].name, direct, confFailures(direct))
+	direct := runConformance(t, env, "direct", gs[0].URL())
+	t.Logf("direct (%s): %s; not passed: %v", gs[0].Name(), direct, confFailures(direct))
 
-	p := startProxy(t, "mcp_proxy "+tsPeerAddrs(gs))
+	p := startProxy(t, "mcp_proxy "+upstreams(gs))
 	proxied := runConformance(t, env, "mcp_proxy", p.url())
 	t.Logf("mcp_proxy over %d servers: %s; not passed: %v", len(gs), proxied, confFailures(proxied))
 	for _, g := range gs {
-		if n := confLiveSessions(t, g.addr); n == 0 {
-			t.Errorf("mcp_proxy pinned no conformance session to %s (%s)", g.name, g.addr)
+		if n := mustUpstream(t, "default", g.Addr()).LiveSessions; n == 0 {
+			t.Errorf("mcp_proxy pinned no conformance session to %s (%s)", g.Name(), g.Addr())
 		} else {
-			t.Logf("mcp_proxy pinned %d conformance sessions to %s", n, g.name)
+			t.Logf("mcp_proxy pinned %d conformance sessions to %s", n, g.Name())
 		}
 	}
 	diffDefault := confDiff(direct, proxied)
@@ -261,7 +223,7 @@ func TestInteropConformanceGoSDK(t *testing.T) {
 			len(diffDefault), strings.Join(diffDefault, "\n  "))
 	}
 
-	pHost := startProxy(t, "mcp_proxy "+tsPeerAddrs(gs)+" {\n\t\theader_up Host {host}\n\t}")
+	pHost := startProxy(t, "mcp_proxy "+upstreams(gs)+" {\n\t\theader_up Host {host}\n\t}")
 	proxiedHost := runConformance(t, env, "mcp_proxy-host", pHost.url())
 	t.Logf("mcp_proxy with header_up Host {host}: %s; not passed: %v", proxiedHost, confFailures(proxiedHost))
 	if d := confDiff(direct, proxiedHost); len(d) > 0 {
@@ -273,7 +235,7 @@ func TestInteropConformanceGoSDK(t *testing.T) {
 			"(reject a non-localhost Host) never fires, and the proxy accepts what the server alone rejects")
 	}
 
-	stock := startProxy(t, fmt.Sprintf("reverse_proxy %s {\n\t\tlb_policy round_robin\n\t\theader_up Host {upstream_hostport}\n\t}", tsPeerAddrs(gs)))
+	stock := startProxy(t, stockRoundRobin(gs))
 	ctrl := runConformance(t, env, "stock", stock.url())
 	d := confDiff(direct, ctrl)
 	t.Logf("stock round_robin (negative control): %s; %d checks differ from direct:\n  %s", ctrl, len(d), strings.Join(d, "\n  "))
@@ -310,23 +272,23 @@ func TestInteropConformanceServerEverything(t *testing.T) {
 		return cmd
 	})
 	for _, s := range ss {
-		if host, _, _ := net.SplitHostPort(s.addr); host != "127.0.0.1" {
-			t.Fatalf("server-everything %s listens on %s; want 127.0.0.1", s.name, s.addr)
+		if host, _, _ := net.SplitHostPort(s.Addr()); host != "127.0.0.1" {
+			t.Fatalf("server-everything %s listens on %s; want 127.0.0.1", s.Name(), s.Addr())
 		}
 	}
-	directServer, upstreams := ss[0], ss[1:]
+	directServer, ups := ss[0], ss[1:]
 
-	direct := runConformance(t, env, "direct", directServer.url())
+	direct := runConformance(t, env, "direct", directServer.URL())
 	t.Logf("direct: %s; not passed: %v", direct, confFailures(direct))
 
-	p := startProxy(t, "mcp_proxy "+tsPeerAddrs(upstreams))
+	p := startProxy(t, "mcp_proxy "+upstreams(ups))
 	proxied := runConformance(t, env, "mcp_proxy", p.url())
-	t.Logf("mcp_proxy over %d servers: %s", len(upstreams), proxied)
-	for _, u := range upstreams {
-		if n := confLiveSessions(t, u.addr); n == 0 {
-			t.Errorf("mcp_proxy pinned no conformance session to %s (%s)", u.name, u.addr)
+	t.Logf("mcp_proxy over %d servers: %s", len(ups), proxied)
+	for _, u := range ups {
+		if n := mustUpstream(t, "default", u.Addr()).LiveSessions; n == 0 {
+			t.Errorf("mcp_proxy pinned no conformance session to %s (%s)", u.Name(), u.Addr())
 		} else {
-			t.Logf("mcp_proxy pinned %d conformance sessions to %s", n, u.name)
+			t.Logf("mcp_proxy pinned %d conformance sessions to %s", n, u.Name())
 		}
 	}
 	// server-everything has no DNS rebinding protection of its own; the

@@ -67,14 +67,8 @@ func startDoubles(t testing.TB, n int) []*double {
 	return ds
 }
 
-// doubleAddrs returns the doubles' addresses, space-separated.
-func doubleAddrs(ds []*double) string {
-	s := make([]string, len(ds))
-	for i, d := range ds {
-		s[i] = d.addr
-	}
-	return strings.Join(s, " ")
-}
+// Addr returns the double's address, host:port.
+func (d *double) Addr() string { return d.addr }
 
 // port returns the double's port.
 func (d *double) port() string {
@@ -184,51 +178,6 @@ func (d *double) total() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return len(d.reqs)
-}
-
-// exchange is a raw HTTP exchange through the proxy.
-type exchange struct {
-	status int
-	header http.Header
-	body   string
-	proto  string
-}
-
-// send makes one request. Header names in hdr are sent exactly as written
-// (not canonicalized), so tests control the spelling on the wire.
-func send(t testing.TB, hc *http.Client, method, url string, hdr map[string][]string, body string) exchange {
-	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, vs := range hdr {
-		req.Header[k] = vs
-	}
-	if body != "" && req.Header.Get("Content-Type") == "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return exchange{status: resp.StatusCode, header: resp.Header, body: string(b), proto: resp.Proto}
-}
-
-// sid is a header map carrying session id in the Go spelling.
-func sid(id string) map[string][]string { return map[string][]string{"Mcp-Session-Id": {id}} }
-
-// initialize sends an initialize-like POST without a session and returns the
-// session the response carries.
-func initialize(t testing.TB, hc *http.Client, url string) string {
-	t.Helper()
-	ex := send(t, hc, http.MethodPost, url, nil, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`)
-	if ex.status != http.StatusOK || len(ex.header.Values("Mcp-Session-Id")) != 1 {
-		t.Fatalf("initialize: %d %v %s", ex.status, ex.header, ex.body)
-	}
-	return ex.header.Get("Mcp-Session-Id")
 }
 
 // ownerOf returns the double that minted session id.

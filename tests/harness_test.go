@@ -4,9 +4,6 @@
 package tests
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -16,8 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,7 +20,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	_ "github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
 )
@@ -37,6 +31,9 @@ var (
 	adminAddr string
 )
 
+// TestMain builds the whoami server, runs the tests with the in-process
+// Caddy, and then checks README.md's Interoperability table against what
+// the interop tests measured (see interop_table_test.go).
 func TestMain(m *testing.M) {
 	os.Exit(runTests(m))
 }
@@ -57,77 +54,10 @@ func runTests(m *testing.M) int {
 	}
 	adminAddr = fmt.Sprintf("127.0.0.1:%d", mustFreePort())
 	defer caddy.Stop() //nolint:errcheck
-	return m.Run()
-}
-
-// mustFreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func mustFreePort() int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
+	if code := m.Run(); code != 0 {
+		return code
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// backend is one whoami MCP server process.
-type backend struct {
-	name string
-	addr string // host:port
-	cmd  *exec.Cmd
-	out  *bytes.Buffer
-}
-
-// startBackend starts a whoami-server process called name and waits until it listens.
-func startBackend(t testing.TB, name string, jsonMode bool) *backend {
-	t.Helper()
-	addrFile := filepath.Join(t.TempDir(), name+".addr")
-	args := []string{"-name", name, "-listen", "127.0.0.1:0", "-addr-file", addrFile}
-	if jsonMode {
-		args = append(args, "-json")
-	}
-	b := &backend{name: name, cmd: exec.Command(whoamiBin, args...), out: new(bytes.Buffer)}
-	b.cmd.Stdout, b.cmd.Stderr = b.out, b.out
-	if err := b.cmd.Start(); err != nil {
-		t.Fatalf("starting backend %s: %v", name, err)
-	}
-	t.Cleanup(b.kill)
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if data, err := os.ReadFile(addrFile); err == nil {
-			b.addr = strings.TrimSpace(string(data))
-			return b
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("backend %s did not start: %s", name, b.out)
-	return nil
-}
-
-// startBackends starts n whoami servers named s1..sn.
-func startBackends(t testing.TB, n int, jsonMode bool) []*backend {
-	bs := make([]*backend, n)
-	for i := range bs {
-		bs[i] = startBackend(t, fmt.Sprintf("s%d", i+1), jsonMode)
-	}
-	return bs
-}
-
-// kill ends the backend process at once, as a crash would.
-func (b *backend) kill() {
-	if b.cmd.Process != nil && b.cmd.ProcessState == nil {
-		_ = b.cmd.Process.Signal(syscall.SIGKILL)
-		_ = b.cmd.Wait()
-	}
-}
-
-// addrs returns the backends' addresses, space-separated, for a Caddyfile.
-func addrs(bs []*backend) string {
-	s := make([]string, len(bs))
-	for i, b := range bs {
-		s[i] = b.addr
-	}
-	return strings.Join(s, " ")
+	return checkInteropTable()
 }
 
 // proxy is a site served by the in-process Caddy.
@@ -182,6 +112,12 @@ func startProxy(t testing.TB, body string) proxy {
 	return proxy{addr: fmt.Sprintf("127.0.0.1:%d", port)}
 }
 
+// stockRoundRobin is stock Caddy in front of the same backends: the setup
+// that breaks sessions, used as the negative control.
+func stockRoundRobin[U addressed](us []U) string {
+	return fmt.Sprintf("reverse_proxy %s {\n\t\tlb_policy round_robin\n\t\theader_up Host {upstream_hostport}\n\t}", upstreams(us))
+}
+
 // loadCaddyfile adapts cfg and loads it into the in-process Caddy, replacing
 // the running config (a reload, when one is running).
 func loadCaddyfile(t testing.TB, cfg string) {
@@ -222,111 +158,4 @@ func reloadViaAdmin(t testing.TB, cfg string) {
 // newHTTPClient returns a client with its own connection pool.
 func newHTTPClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-}
-
-// connect opens an MCP session through url with the go-sdk client.
-func connect(ctx context.Context, url string, hc *http.Client) (*mcp.ClientSession, error) {
-	client := mcp.NewClient(&mcp.Implementation{Name: "affinity-test", Version: "v0"}, nil)
-	return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
-}
-
-// identity is the whoami tool's answer.
-type identity struct {
-	Server  string `json:"server"`
-	Session string `json:"session"`
-}
-
-// whoami calls the whoami tool.
-func whoami(ctx context.Context, cs *mcp.ClientSession) (identity, error) {
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami"})
-	if err != nil {
-		return identity{}, err
-	}
-	if res.IsError {
-		return identity{}, fmt.Errorf("whoami tool error: %v", res.Content)
-	}
-	raw, err := json.Marshal(res.StructuredContent)
-	if err != nil {
-		return identity{}, err
-	}
-	var id identity
-	err = json.Unmarshal(raw, &id)
-	return id, err
-}
-
-// sessionReport is the outcome of one client session in a load run.
-type sessionReport struct {
-	server string // the server that answered the first call
-	calls  int    // calls answered by that server, with the client's session ID
-	err    error  // the first failure, if any
-}
-
-// runSession connects, calls whoami n times and closes the session. Each
-// call must be answered by the server that answered the first, seeing the
-// client's own session ID.
-func runSession(ctx context.Context, url string, hc *http.Client, n int) sessionReport {
-	cs, err := connect(ctx, url, hc)
-	if err != nil {
-		return sessionReport{err: fmt.Errorf("connect: %w", err)}
-	}
-	defer cs.Close()
-	var rep sessionReport
-	for i := range n {
-		id, err := whoami(ctx, cs)
-		if err != nil {
-			rep.err = fmt.Errorf("call %d: %w", i+1, err)
-			return rep
-		}
-		if rep.server == "" {
-			rep.server = id.Server
-		}
-		if id.Server != rep.server || id.Session != cs.ID() || cs.ID() == "" {
-			rep.err = fmt.Errorf("call %d misrouted: answered by %s for session %q, session began on %s as %q",
-				i+1, id.Server, id.Session, rep.server, cs.ID())
-			return rep
-		}
-		rep.calls++
-	}
-	return rep
-}
-
-// loadResult sums up a run of concurrent sessions.
-type loadResult struct {
-	reports  []sessionReport
-	ok       int
-	calls    int
-	perServe map[string]int
-	firstErr error
-}
-
-func (r loadResult) String() string {
-	return fmt.Sprintf("%d/%d sessions ok, %d calls pinned, sessions per server %v, first error: %v",
-		r.ok, len(r.reports), r.calls, r.perServe, r.firstErr)
-}
-
-// runSessions runs sessions concurrent sessions of calls whoami calls each.
-func runSessions(t testing.TB, url string, sessions, calls int) loadResult {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	hc := newHTTPClient()
-	defer hc.CloseIdleConnections()
-	res := loadResult{reports: make([]sessionReport, sessions), perServe: map[string]int{}}
-	var wg sync.WaitGroup
-	for i := range sessions {
-		wg.Go(func() { res.reports[i] = runSession(ctx, url, hc, calls) })
-	}
-	wg.Wait()
-	for _, r := range res.reports {
-		res.calls += r.calls
-		if r.err != nil {
-			if res.firstErr == nil {
-				res.firstErr = r.err
-			}
-			continue
-		}
-		res.ok++
-		res.perServe[r.server]++
-	}
-	return res
 }

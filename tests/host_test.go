@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -10,7 +9,8 @@ import (
 	"time"
 )
 
-// The Host header (issue point 11, case S17) and CORS (case S14).
+// The Host header (README, `header_up Host` and `localhost_protection`) and
+// CORS preflights (README, "What happens when": no Mcp-Session-Id).
 
 // publicHost is the Host a client of a public proxy sends.
 const publicHost = "mcp.example.com"
@@ -117,19 +117,6 @@ func TestDNSRebindingProtection(t *testing.T) {
 	}
 }
 
-// rpcErrorCode returns the error code of a JSON-RPC error body, or 0.
-func rpcErrorCode(body string) int {
-	var msg struct {
-		Error struct {
-			Code int `json:"code"`
-		} `json:"error"`
-	}
-	if json.Unmarshal([]byte(body), &msg) != nil {
-		return 0
-	}
-	return msg.Error.Code
-}
-
 // TestGoSDKBehindPublicHost: a go-sdk server bound to loopback refuses a
 // foreign Host (DNS-rebinding protection). Through the default mcp_proxy a
 // go-sdk client whose requests carry Host: mcp.example.com works end to
@@ -143,24 +130,24 @@ func TestGoSDKBehindPublicHost(t *testing.T) {
 	public := &http.Client{Transport: hostRewriter{host: publicHost, next: hc.Transport}}
 
 	t.Run("default", func(t *testing.T) {
-		p := startProxy(t, "mcp_proxy "+addrs(bs)+" {"+behindTunnel+"\n\t}")
+		p := startProxy(t, "mcp_proxy "+upstreams(bs)+" {"+behindTunnel+"\n\t}")
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		for i := range 4 {
-			if rep := runSession(ctx, p.url(), public, 3); rep.err != nil || rep.calls != 3 {
-				t.Fatalf("session %d with Host %s: %d calls, %v", i+1, publicHost, rep.calls, rep.err)
+			if rep := runSession(ctx, p.url(), public, sessionPlan{calls: 3}); !rep.ok() || rep.onCreator != 3 {
+				t.Fatalf("session %d with Host %s: %d of 3 calls on its server, %v", i+1, publicHost, rep.onCreator, rep.err)
 			}
 		}
 	})
 
 	t.Run("header_up Host {host}", func(t *testing.T) {
-		p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\theader_up Host {host}"+behindTunnel+"\n\t}", addrs(bs)))
-		direct := sendWithHost(t, hc, http.MethodPost, "http://"+bs[0].addr+"/mcp", publicHost, mcpPOSTHeaders(""), goSDKInitBody)
+		p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\theader_up Host {host}"+behindTunnel+"\n\t}", upstreams(bs)))
+		direct := sendWithHost(t, hc, http.MethodPost, bs[0].URL(), publicHost, mcpPOSTHeaders(""), initBody)
 		if direct.status != http.StatusForbidden {
 			t.Fatalf("the server itself answered %d %q to Host %s; want 403", direct.status, direct.body, publicHost)
 		}
 		for i := range len(bs) { // round robin: once per server
-			ex := sendWithHost(t, hc, http.MethodPost, p.url(), publicHost, mcpPOSTHeaders(""), goSDKInitBody)
+			ex := sendWithHost(t, hc, http.MethodPost, p.url(), publicHost, mcpPOSTHeaders(""), initBody)
 			if ex.status != direct.status || ex.body != direct.body || ex.header.Get("Content-Type") != direct.header.Get("Content-Type") {
 				t.Errorf("initialize %d through the proxy: %d %q (%s); want the server's %d %q (%s) unchanged",
 					i+1, ex.status, ex.body, ex.header.Get("Content-Type"), direct.status, direct.body, direct.header.Get("Content-Type"))
@@ -221,7 +208,7 @@ func corsHandler(d *double) http.HandlerFunc {
 // balances it to an upstream instead of rejecting it, and the upstream's
 // CORS answer comes back. The SSE response to a browser's initialize keeps
 // Access-Control-Expose-Headers: Mcp-Session-Id, and the next request of
-// the session reaches its owner (S14).
+// the session reaches its owner.
 func TestCORSThroughProxy(t *testing.T) {
 	const origin = "https://app.example"
 	const reqHeaders = "content-type, mcp-session-id, mcp-protocol-version, last-event-id"
@@ -229,7 +216,7 @@ func TestCORSThroughProxy(t *testing.T) {
 	for _, d := range ds {
 		d.handle(corsHandler(d))
 	}
-	p := startProxy(t, "mcp_proxy "+doubleAddrs(ds))
+	p := startProxy(t, "mcp_proxy "+upstreams(ds))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 

@@ -2,18 +2,16 @@ package tests
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // gunicornAppDir holds the Python ASGI app of examples/gunicorn.
@@ -62,127 +60,49 @@ func findGunicorn(t *testing.T) gunicornPeer {
 	return gunicornPeer{bin: bin, dir: dir, gunicorn: versions[0], uvicorn: versions[1]}
 }
 
-// gunicornLog is a bytes.Buffer safe for a process to write while the test reads.
-type gunicornLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *gunicornLog) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *gunicornLog) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// gunicornProc is one gunicorn master and its workers, in their own process group.
-type gunicornProc struct {
-	name    string
-	addr    string
-	workers int
-	cmd     *exec.Cmd
-	log     *gunicornLog
-	socket  string        // the unix socket's path, when bound to one
-	exited  chan struct{} // closed when the master has exited
-}
-
 // startGunicorn starts `gunicorn app:app -k uvicorn.workers.UvicornWorker
 // --workers <workers>` on a free loopback port, serving the example app as
 // server name, and waits until every worker has started the app.
-func startGunicorn(t *testing.T, peer gunicornPeer, name string, workers int) *gunicornProc {
+func startGunicorn(t *testing.T, peer gunicornPeer, name string, workers int) *testproc.Proc {
 	t.Helper()
 	return startGunicorns(t, peer, []string{name}, workers)[0]
 }
 
 // startGunicorns starts one gunicorn per name, with workers workers each, on
 // free loopback ports, and waits until all of them serve. They boot concurrently.
-func startGunicorns(t *testing.T, peer gunicornPeer, names []string, workers int) []*gunicornProc {
+func startGunicorns(t *testing.T, peer gunicornPeer, names []string, workers int) []*testproc.Proc {
 	t.Helper()
 	return startGunicornsOn(t, peer, names, workers, "")
 }
 
+// gunicornReady is the line each gunicorn worker logs once it serves the app.
+const gunicornReady = "Application startup complete"
+
 // startGunicornsOn is startGunicorns, with unix sockets in socketDir instead
-// of ports when socketDir is not empty.
-func startGunicornsOn(t *testing.T, peer gunicornPeer, names []string, workers int, socketDir string) []*gunicornProc {
+// of ports when socketDir is not empty. Each gunicorn is ready once every
+// worker has started the app and its address accepts connections.
+func startGunicornsOn(t *testing.T, peer gunicornPeer, names []string, workers int, socketDir string) []*testproc.Proc {
 	t.Helper()
-	gs := make([]*gunicornProc, len(names))
+	gs := make([]*testproc.Proc, len(names))
 	for i, name := range names {
-		g := &gunicornProc{name: name, workers: workers, log: new(gunicornLog), exited: make(chan struct{})}
-		bind := ""
-		if socketDir != "" {
-			g.socket = filepath.Join(socketDir, name+".sock")
-			g.addr = "unix/" + g.socket
-			bind = "unix:" + g.socket
-		} else {
-			g.addr = fmt.Sprintf("127.0.0.1:%d", mustFreePort())
-			bind = g.addr
-		}
-		g.cmd = exec.Command(peer.bin, "--chdir", peer.dir, "app:app",
+		addr, bind := gunicornBind(t, name, socketDir)
+		cmd := exec.Command(peer.bin, "--chdir", peer.dir, "app:app",
 			"-k", "uvicorn.workers.UvicornWorker", "--workers", strconv.Itoa(workers), "--bind", bind)
-		g.cmd.Env = append(os.Environ(), "MCP_SERVER_NAME="+name, "PYTHONDONTWRITEBYTECODE=1")
-		g.cmd.Stdout, g.cmd.Stderr = g.log, g.log
-		g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := g.cmd.Start(); err != nil {
-			t.Fatalf("starting gunicorn %s: %v", name, err)
-		}
-		go func() {
-			_ = g.cmd.Wait()
-			close(g.exited)
-		}()
-		t.Cleanup(func() {
-			// The master and its workers share the process group.
-			_ = syscall.Kill(-g.cmd.Process.Pid, syscall.SIGKILL)
-			<-g.exited
-		})
-		gs[i] = g
+		gs[i] = launch(t, name, addr, withEnv(cmd, "MCP_SERVER_NAME="+name, "PYTHONDONTWRITEBYTECODE=1"))
 	}
-	deadline := time.Now().Add(gunicornStartTimeout)
-	for _, g := range gs {
-		for !g.ready() {
-			select {
-			case <-g.exited:
-				t.Fatalf("gunicorn %s exited: %s", g.name, g.log)
-			default:
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("gunicorn %s: %d workers not ready after %v: %s", g.name, workers, gunicornStartTimeout, g.log)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	ready(t, gunicornStartTimeout, gs, testproc.LogCount(gunicornReady, workers), testproc.Listening())
 	return gs
 }
 
-// ready reports whether every worker has started the app and the port accepts connections.
-func (g *gunicornProc) ready() bool {
-	if strings.Count(g.log.String(), "Application startup complete") < g.workers {
-		return false
+// gunicornBind returns the upstream address (host:port or unix/<path>) and
+// the --bind value of gunicorn name: a free port, or a socket in socketDir.
+func gunicornBind(t *testing.T, name, socketDir string) (addr, bind string) {
+	if socketDir == "" {
+		addr = freeAddr(t)
+		return addr, addr
 	}
-	network, addr := "tcp", g.addr
-	if g.socket != "" {
-		network, addr = "unix", g.socket
-	}
-	c, err := net.DialTimeout(network, addr, time.Second)
-	if err != nil {
-		return false
-	}
-	c.Close()
-	return true
-}
-
-// gunicornAddrs returns the gunicorns' upstream addresses (host:port or
-// unix//path), space-separated, for a Caddyfile.
-func gunicornAddrs(gs []*gunicornProc) string {
-	s := make([]string, len(gs))
-	for i, g := range gs {
-		s[i] = g.addr
-	}
-	return strings.Join(s, " ")
+	socket := filepath.Join(socketDir, name+".sock")
+	return "unix/" + socket, "unix:" + socket
 }
 
 // gunicornRow names the Python stack in the Interoperability table.
@@ -198,8 +118,8 @@ func gunicornRow(peer gunicornPeer, shape string) string {
 func TestInteropGunicornPerWorkerPorts(t *testing.T) {
 	peer := findGunicorn(t)
 	gs := startGunicorns(t, peer, []string{"gu1", "gu2", "gu3"}, 1)
-	p := startProxy(t, "mcp_proxy "+gunicornAddrs(gs))
-	res := runCreatorSessions(t, p.url(), "", peerSessions, peerCalls)
+	p := startProxy(t, "mcp_proxy "+upstreams(gs))
+	res := runSessions(t, p.url(), peerSessions, sessionPlan{calls: peerCalls})
 	t.Logf("3 gunicorns x 1 worker behind mcp_proxy: %s", res)
 	if res.ok != peerSessions || res.onCreator != peerTotalCalls || res.sessioned != peerSessions || len(res.perServer) != 3 {
 		t.Fatalf("want %d/%d sessions ok with a session ID and %d calls on the creating worker, spread over 3 workers; got %s",
@@ -226,8 +146,8 @@ func TestInteropGunicornPerWorkerPorts(t *testing.T) {
 func TestInteropGunicornSharedSocket(t *testing.T) {
 	peer := findGunicorn(t)
 	g := startGunicorn(t, peer, "shared", 3)
-	p := startProxy(t, "mcp_proxy "+g.addr)
-	res := runCreatorSessions(t, p.url(), "", peerSessions, peerCalls)
+	p := startProxy(t, "mcp_proxy "+g.Addr())
+	res := runSessions(t, p.url(), peerSessions, sessionPlan{calls: peerCalls})
 	t.Logf("1 gunicorn x 3 workers behind mcp_proxy: %s", res)
 	notFound := 0
 	for _, err := range res.errs {
@@ -267,20 +187,20 @@ func TestInteropGunicornUnixSockets(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	gs := startGunicornsOn(t, peer, []string{"us1", "us2", "us3"}, 1, dir)
-	want := func(what string, res creatorResult) bool {
+	want := func(what string, res loadResult) bool {
 		t.Helper()
 		t.Logf("%s: %s", what, res)
 		return res.ok == peerSessions && res.onCreator == peerTotalCalls && res.sessioned == peerSessions && len(res.perServer) == 3
 	}
 
-	p := startProxy(t, "mcp_proxy "+gunicornAddrs(gs)+" {\n\t\theader_up Host localhost:80\n\t}")
-	if res := runCreatorSessions(t, p.url(), "", peerSessions, peerCalls); !want("unix sockets, header_up Host localhost:80", res) {
+	p := startProxy(t, "mcp_proxy "+upstreams(gs)+" {\n\t\theader_up Host localhost:80\n\t}")
+	if res := runSessions(t, p.url(), peerSessions, sessionPlan{calls: peerCalls}); !want("unix sockets, header_up Host localhost:80", res) {
 		t.Fatalf("with header_up Host localhost:80: want %d/%d sessions ok with a session ID and %d calls on the creating worker, spread over 3 workers; got %s",
 			peerSessions, peerSessions, peerTotalCalls, res)
 	}
 
-	p = startProxy(t, "mcp_proxy "+gunicornAddrs(gs))
-	res := runCreatorSessions(t, p.url(), "", peerSessions, peerCalls)
+	p = startProxy(t, "mcp_proxy "+upstreams(gs))
+	res := runSessions(t, p.url(), peerSessions, sessionPlan{calls: peerCalls})
 	if !want("unix sockets, plain mcp_proxy", res) {
 		t.Fatalf("plain mcp_proxy over unix sockets: want %d/%d sessions ok with a session ID and %d calls on the creating worker, spread over 3 workers; got %s",
 			peerSessions, peerSessions, peerTotalCalls, res)

@@ -53,12 +53,13 @@ const (
 	interopEnd   = "<!-- end of interop table -->"
 )
 
-// renderInterop returns the table's Markdown.
+// compareRows orders the table by server, then client, then result.
+func compareRows(a, b interopRow) int {
+	return strings.Compare(a.Server+a.Client+a.Result, b.Server+b.Client+b.Result)
+}
+
+// renderInterop returns the table's Markdown; rows are sorted.
 func renderInterop(rows []interopRow) string {
-	rows = slices.Clone(rows)
-	slices.SortFunc(rows, func(a, b interopRow) int {
-		return strings.Compare(a.Server+a.Client, b.Server+b.Client)
-	})
 	var b strings.Builder
 	b.WriteString("| Server | Client | Result through `mcp_proxy` |\n|---|---|---|\n")
 	for _, r := range rows {
@@ -67,37 +68,49 @@ func renderInterop(rows []interopRow) string {
 	return b.String()
 }
 
-// TestZZInteropTable runs last (file and test order): it checks that
-// README.md's Interoperability table is exactly what this run's interop
-// tests measured, or rewrites it with -update-readme. It is skipped when
-// interop tests were filtered out or skipped, since the table would be partial.
-func TestZZInteropTable(t *testing.T) {
-	interop.Lock()
-	rows, skipped := slices.Clone(interop.rows), slices.Clone(interop.skipped)
-	interop.rows, interop.skipped = nil, nil // with -count N, each round starts afresh
-	interop.Unlock()
-	if len(rows) == 0 || len(skipped) > 0 || flag.Lookup("test.run").Value.String() != "" && !*updateReadme {
-		t.Skipf("the interop table needs every interop test to run (skipped: %v)", skipped)
+// checkInteropTable runs from TestMain once every test has passed, in any
+// order (-shuffle): it checks that README.md's Interoperability table is
+// exactly what this run's interop tests measured, or rewrites it with
+// -update-readme, and returns the exit code. It checks nothing when interop
+// tests were filtered out (-run without -update-readme) or skipped, since
+// the table would be partial. A row measured again (-count) counts once.
+func checkInteropTable() int {
+	rows := slices.Clone(interop.rows)
+	slices.SortFunc(rows, compareRows)
+	rows = slices.Compact(rows)
+	filtered := flag.Lookup("test.run").Value.String() != "" && !*updateReadme
+	if len(rows) == 0 || len(interop.skipped) > 0 || filtered {
+		if len(interop.skipped) > 0 {
+			fmt.Printf("README.md's interop table not checked: interop tests skipped: %v\n", interop.skipped)
+		}
+		return 0
 	}
+	if err := syncReadme(rows); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: "+err.Error())
+		return 1
+	}
+	return 0
+}
+
+// syncReadme compares README.md's table with rows, or rewrites it with
+// -update-readme. The error says how to bring README.md up to date.
+func syncReadme(rows []interopRow) error {
 	raw, err := os.ReadFile("../README.md")
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	readme := string(raw)
 	i, j := strings.Index(readme, interopBegin), strings.Index(readme, interopEnd)
 	if i < 0 || j < i {
-		t.Fatalf("README.md has no interop table markers %q ... %q", interopBegin, interopEnd)
+		return fmt.Errorf("README.md has no interop table markers %q ... %q", interopBegin, interopEnd)
 	}
 	want := readme[:i] + interopBegin + "\n\n" + renderInterop(rows) + "\n" + readme[j:]
-	if want == readme {
-		return
+	switch {
+	case want == readme:
+		return nil
+	case *updateReadme:
+		fmt.Printf("rewrote README.md's interop table:\n%s", renderInterop(rows))
+		return os.WriteFile("../README.md", []byte(want), 0o644)
 	}
-	if *updateReadme {
-		if err := os.WriteFile("../README.md", []byte(want), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("rewrote README.md's interop table:\n%s", renderInterop(rows))
-		return
-	}
-	t.Fatalf("README.md's interop table differs from this run's results; run go test ./tests -run Interop -update-readme. Measured:\n%s", renderInterop(rows))
+	return fmt.Errorf("README.md's interop table differs from this run's results; run go test ./tests -run Interop -update-readme. Measured:\n%s", renderInterop(rows))
 }

@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,10 +12,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // The Node peers of the interop tests live in tests/node, installed by
@@ -55,105 +54,28 @@ func tsNeedNode(t *testing.T, packages ...string) tsNodeEnv {
 	return env
 }
 
-// tsPeerOutput collects a child process's output; safe to read while the
-// process writes.
-type tsPeerOutput struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *tsPeerOutput) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *tsPeerOutput) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// tsPeer is a server process started by an interop test.
-type tsPeer struct {
-	name string
-	addr string // 127.0.0.1:port
-	cmd  *exec.Cmd
-	out  *tsPeerOutput
-
-	addrFile string
-}
-
-// url returns the process's MCP endpoint.
-func (p *tsPeer) url() string { return "http://" + p.addr + "/mcp" }
-
-// kill ends the process at once.
-func (p *tsPeer) kill() {
-	if p.cmd.Process != nil && p.cmd.ProcessState == nil {
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		_ = p.cmd.Wait()
-	}
-}
-
-// launchTSPeer starts cmd as a server called name, without waiting for it to
-// listen (see wait). The process writes its address ("127.0.0.1:port") to
-// $MCP_ADDR_FILE once it listens. cmd.Env, if set, is kept.
-func launchTSPeer(t testing.TB, name string, cmd *exec.Cmd) *tsPeer {
-	t.Helper()
-	p := &tsPeer{name: name, cmd: cmd, out: new(tsPeerOutput), addrFile: filepath.Join(t.TempDir(), name+".addr")}
-	if cmd.Env == nil {
-		cmd.Env = os.Environ()
-	}
-	cmd.Env = append(cmd.Env, "MCP_ADDR_FILE="+p.addrFile)
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	t.Cleanup(p.kill)
-	return p
-}
-
-// wait waits until the process listens and learns its address.
-func (p *tsPeer) wait(t testing.TB) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if data, err := os.ReadFile(p.addrFile); err == nil {
-			p.addr = strings.TrimSpace(string(data))
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("%s did not start: %s", p.name, p.out)
-}
+// tsStartTimeout bounds a Node server's start.
+const tsStartTimeout = 20 * time.Second
 
 // startTSPeers starts n servers named prefix1..prefixN side by side and waits
 // until all listen; mk returns the command of the server with a given name.
-func startTSPeers(t testing.TB, n int, prefix string, mk func(name string) *exec.Cmd) []*tsPeer {
+// Each server writes its address ("127.0.0.1:port") to $MCP_ADDR_FILE once
+// it listens. cmd.Env, if set, is kept.
+func startTSPeers(t testing.TB, n int, prefix string, mk func(name string) *exec.Cmd) []*testproc.Proc {
 	t.Helper()
-	ps := make([]*tsPeer, n)
-	for i := range ps {
-		name := fmt.Sprintf("%s%d", prefix, i+1)
-		ps[i] = launchTSPeer(t, name, mk(name))
-	}
-	for _, p := range ps {
-		p.wait(t)
-	}
-	return ps
-}
-
-// tsPeerAddrs returns the processes' addresses, space-separated, for a Caddyfile.
-func tsPeerAddrs(ps []*tsPeer) string {
-	s := make([]string, len(ps))
-	for i, p := range ps {
-		s[i] = p.addr
-	}
-	return strings.Join(s, " ")
+	return launchFleet(t, n, prefix, tsStartTimeout, func(name, addrFile string) *exec.Cmd {
+		cmd := mk(name)
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, "MCP_ADDR_FILE="+addrFile)
+		return cmd
+	})
 }
 
 // startTSServers starts n whoami servers on the TypeScript SDK
 // (tests/node/whoami-server.mjs) named prefix1..prefixN, with extra flags.
-func startTSServers(t testing.TB, env tsNodeEnv, n int, prefix string, flags ...string) []*tsPeer {
+func startTSServers(t testing.TB, env tsNodeEnv, n int, prefix string, flags ...string) []*testproc.Proc {
 	t.Helper()
 	return startTSPeers(t, n, prefix, func(name string) *exec.Cmd {
 		args := append([]string{filepath.Join(env.dir, "whoami-server.mjs"), "--name", name}, flags...)
@@ -173,16 +95,16 @@ type tsStats struct {
 }
 
 // tsStatsOf asks a TypeScript whoami server, directly, what reached it.
-func tsStatsOf(t testing.TB, p *tsPeer) tsStats {
+func tsStatsOf(t testing.TB, p *testproc.Proc) tsStats {
 	t.Helper()
-	resp, err := http.Get("http://" + p.addr + "/debug/stats")
+	resp, err := http.Get("http://" + p.Addr() + "/debug/stats")
 	if err != nil {
-		t.Fatalf("stats of %s: %v", p.name, err)
+		t.Fatalf("stats of %s: %v", p.Name(), err)
 	}
 	defer resp.Body.Close()
 	var s tsStats
 	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
-		t.Fatalf("stats of %s: %v", p.name, err)
+		t.Fatalf("stats of %s: %v", p.Name(), err)
 	}
 	return s
 }
@@ -236,7 +158,7 @@ func TestInteropTSSDK(t *testing.T) {
 	}{{"SSE responses", nil}, {"JSON responses", []string{"--json"}}} {
 		t.Run(strings.Fields(mode.name)[0], func(t *testing.T) {
 			ss := startTSServers(t, env, 3, "t", mode.flags...)
-			p := startProxy(t, "mcp_proxy "+tsPeerAddrs(ss))
+			p := startProxy(t, "mcp_proxy "+upstreams(ss))
 			server := fmt.Sprintf("TypeScript SDK %s, stateful, %s (3 processes)", tsSDKVersion, mode.name)
 
 			ts := runTSClients(t, env, p.url(), sessions, calls)
@@ -246,8 +168,8 @@ func TestInteropTSSDK(t *testing.T) {
 					sessions, sessions, sessions*calls, sessions, ts)
 			}
 			for _, s := range ss {
-				if ts.PerServer[s.name] == 0 {
-					t.Errorf("server %s got no TypeScript client sessions: %v", s.name, ts.PerServer)
+				if ts.PerServer[s.Name()] == 0 {
+					t.Errorf("server %s got no TypeScript client sessions: %v", s.Name(), ts.PerServer)
 				}
 			}
 			recordInterop(interopRow{
@@ -257,19 +179,19 @@ func TestInteropTSSDK(t *testing.T) {
 					ts.OK, sessions, ts.Calls, sessions*calls, ts.Deleted, sessions),
 			})
 
-			gores := runSessions(t, p.url(), sessions, calls)
+			gores := runSessions(t, p.url(), sessions, sessionPlan{calls: calls})
 			t.Logf("mcp_proxy, go-sdk clients: %s", gores)
-			if gores.ok != sessions || gores.calls != sessions*calls {
+			if gores.ok != sessions || gores.onCreator != sessions*calls {
 				t.Fatalf("go-sdk clients: want %d/%d sessions and %d pinned calls; got %s", sessions, sessions, sessions*calls, gores)
 			}
 			recordInterop(interopRow{
 				Server: server,
 				Client: "go-sdk " + goSDKVersion,
 				Result: fmt.Sprintf("%d/%d sessions ok; %d/%d calls answered by the session's server",
-					gores.ok, sessions, gores.calls, sessions*calls),
+					gores.ok, sessions, gores.onCreator, sessions*calls),
 			})
 
-			stock := startProxy(t, fmt.Sprintf("reverse_proxy %s {\n\t\tlb_policy round_robin\n\t\theader_up Host {upstream_hostport}\n\t}", tsPeerAddrs(ss)))
+			stock := startProxy(t, stockRoundRobin(ss))
 			ctrl := runTSClients(t, env, stock.url(), 30, calls)
 			t.Logf("stock round_robin (negative control), TypeScript clients: %+v", ctrl)
 			if ctrl.OK == 30 {
@@ -279,34 +201,9 @@ func TestInteropTSSDK(t *testing.T) {
 	}
 }
 
-// tsExchange is one HTTP exchange made by the interop tests.
-type tsExchange struct {
-	step   string
-	status int
-	header http.Header
-	body   string
-}
-
-// tsDo sends one request with hc and reads the whole response.
-func tsDo(t testing.TB, hc *http.Client, step, method, url string, hdr http.Header, body string) tsExchange {
-	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header = hdr.Clone()
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatalf("%s: %s %s: %v", step, method, url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return tsExchange{step: step, status: resp.StatusCode, header: resp.Header, body: string(b)}
-}
-
 // tsStream sends a GET that opens an SSE stream and returns its status and
 // headers without waiting for the stream to end.
-func tsStream(t testing.TB, hc *http.Client, step, url string, hdr http.Header) tsExchange {
+func tsStream(t testing.TB, hc *http.Client, step, url string, hdr http.Header) exchange {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -320,7 +217,7 @@ func tsStream(t testing.TB, hc *http.Client, step, url string, hdr http.Header) 
 		t.Fatalf("%s: GET %s: %v", step, url, err)
 	}
 	defer resp.Body.Close()
-	ex := tsExchange{step: step, status: resp.StatusCode, header: resp.Header}
+	ex := exchange{step: step, status: resp.StatusCode, header: resp.Header, proto: resp.Proto}
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(resp.Body)
 		ex.body = string(b)
@@ -331,35 +228,14 @@ func tsStream(t testing.TB, hc *http.Client, step, url string, hdr http.Header) 
 // tsMCPHeaders returns the headers of an MCP request from a browser-like
 // client at origin; session may be empty.
 func tsMCPHeaders(session, origin string) http.Header {
-	h := http.Header{}
-	h.Set("Content-Type", "application/json")
-	h.Set("Accept", "application/json, text/event-stream")
+	h := mcpPOSTHeaders(session)
 	h.Set("Origin", origin)
-	if session != "" {
-		h.Set("Mcp-Session-Id", session)
-		h.Set("Mcp-Protocol-Version", "2025-11-25")
-	}
 	return h
-}
-
-// tsRPCMessage extracts the JSON-RPC message from a JSON or SSE response body.
-func tsRPCMessage(body string) (json.RawMessage, error) {
-	body = strings.TrimSpace(body)
-	if strings.HasPrefix(body, "{") {
-		return json.RawMessage(body), nil
-	}
-	sc := bufio.NewScanner(strings.NewReader(body))
-	for sc.Scan() {
-		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && strings.HasPrefix(data, "{") {
-			return json.RawMessage(data), nil
-		}
-	}
-	return nil, fmt.Errorf("no JSON-RPC message in %q", body)
 }
 
 // tsWhoamiResult parses a whoami tools/call response.
 func tsWhoamiResult(body string) (identity, error) {
-	msg, err := tsRPCMessage(body)
+	msg, err := rpcMessage(body)
 	if err != nil {
 		return identity{}, err
 	}
@@ -374,36 +250,7 @@ func tsWhoamiResult(body string) (identity, error) {
 	return m.Result.StructuredContent, nil
 }
 
-// tsRPCError is a JSON-RPC error response body.
-type tsRPCError struct {
-	JSONRPC string `json:"jsonrpc"`
-	ID      any    `json:"id"`
-	Error   struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-func tsParseRPCError(body string) (tsRPCError, error) {
-	var e tsRPCError
-	err := json.Unmarshal([]byte(body), &e)
-	return e, err
-}
-
-// tsRequireProxy404 asserts that ex is the proxy's own 404 for a session it
-// does not know: a JSON-RPC error with id null and code -32001.
-func tsRequireProxy404(t testing.TB, ex tsExchange) {
-	t.Helper()
-	e, err := tsParseRPCError(ex.body)
-	if ex.status != http.StatusNotFound || err != nil || e.JSONRPC != "2.0" || e.ID != nil || e.Error.Code != -32001 ||
-		ex.header.Get("Content-Type") != "application/json" {
-		t.Fatalf("%s: want the proxy's 404 (JSON-RPC -32001, id null, application/json); got %d %v %q",
-			ex.step, ex.status, ex.header, ex.body)
-	}
-}
-
 const (
-	tsInitBody       = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"hygiene","version":"0"}}}`
 	tsInitializedMsg = `{"jsonrpc":"2.0","method":"notifications/initialized"}`
 	tsWhoamiCall     = `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`
 	tsBadJSON        = `{"jsonrpc":"2.0","id":3,"method":`
@@ -414,7 +261,7 @@ const (
 type tsHygieneRun struct {
 	session   string
 	owner     string // X-Custom of the initialize response: the server that owns the session
-	exchanges []tsExchange
+	exchanges []exchange
 }
 
 // tsRunHygiene makes the header-hygiene exchanges against url: 4 CORS
@@ -426,7 +273,7 @@ type tsHygieneRun struct {
 func tsRunHygiene(t *testing.T, hc *http.Client, url string) tsHygieneRun {
 	t.Helper()
 	var run tsHygieneRun
-	add := func(ex tsExchange) tsExchange {
+	add := func(ex exchange) exchange {
 		run.exchanges = append(run.exchanges, ex)
 		return ex
 	}
@@ -435,29 +282,29 @@ func tsRunHygiene(t *testing.T, hc *http.Client, url string) tsHygieneRun {
 		h.Set("Origin", tsOrigin)
 		h.Set("Access-Control-Request-Method", "POST")
 		h.Set("Access-Control-Request-Headers", "content-type, mcp-session-id, mcp-protocol-version")
-		add(tsDo(t, hc, fmt.Sprintf("preflight %d", i+1), http.MethodOptions, url, h, ""))
+		add(send(t, hc, http.MethodOptions, url, h, "").as(fmt.Sprintf("preflight %d", i+1)))
 	}
-	ex := add(tsDo(t, hc, "initialize", http.MethodPost, url, tsMCPHeaders("", tsOrigin), tsInitBody))
+	ex := add(send(t, hc, http.MethodPost, url, tsMCPHeaders("", tsOrigin), initBody).as("initialize"))
 	run.session, run.owner = ex.header.Get("Mcp-Session-Id"), ex.header.Get("X-Custom")
 	if ex.status != http.StatusOK || run.session == "" || run.owner == "" {
 		t.Fatalf("initialize through %s: %d %v %q", url, ex.status, ex.header, ex.body)
 	}
 	hdr := tsMCPHeaders(run.session, tsOrigin)
-	add(tsDo(t, hc, "notifications/initialized", http.MethodPost, url, hdr, tsInitializedMsg))
-	add(tsDo(t, hc, "whoami call", http.MethodPost, url, hdr, tsWhoamiCall))
-	add(tsDo(t, hc, "malformed request (400)", http.MethodPost, url, hdr, tsBadJSON))
+	add(send(t, hc, http.MethodPost, url, hdr, tsInitializedMsg).as("notifications/initialized"))
+	add(send(t, hc, http.MethodPost, url, hdr, tsWhoamiCall).as("whoami call"))
+	add(send(t, hc, http.MethodPost, url, hdr, tsBadJSON).as("malformed request (400)"))
 	denied := hdr.Clone()
 	denied.Set("X-Test-Auth", "deny")
-	add(tsDo(t, hc, "unauthorized (401)", http.MethodPost, url, denied, tsWhoamiCall))
-	add(tsDo(t, hc, "whoami call after 400 and 401", http.MethodPost, url, hdr, tsWhoamiCall))
+	add(send(t, hc, http.MethodPost, url, denied, tsWhoamiCall).as("unauthorized (401)"))
+	add(send(t, hc, http.MethodPost, url, hdr, tsWhoamiCall).as("whoami call after 400 and 401"))
 	get := hdr.Clone()
 	get.Del("Content-Type")
 	get.Set("Accept", "text/event-stream")
 	add(tsStream(t, hc, "GET stream", url, get))
 	del := hdr.Clone()
 	del.Del("Content-Type")
-	add(tsDo(t, hc, "DELETE", http.MethodDelete, url, del, ""))
-	add(tsDo(t, hc, "call after DELETE", http.MethodPost, url, hdr, tsWhoamiCall))
+	add(send(t, hc, http.MethodDelete, url, del, "").as("DELETE"))
+	add(send(t, hc, http.MethodPost, url, hdr, tsWhoamiCall).as("call after DELETE"))
 	return run
 }
 
@@ -470,7 +317,7 @@ var tsHygieneHeaders = []string{
 	"Access-Control-Expose-Headers", "Access-Control-Max-Age", "Vary",
 }
 
-// TestInteropTSHeaderHygiene (issue point 5): TypeScript SDK servers with
+// TestInteropTSHeaderHygiene: TypeScript SDK servers with
 // a typical app around the transport (CORS, cookies, a custom header, 401
 // with WWW-Authenticate), in JSON and SSE response modes: per mode one
 // server is used directly and two behind mcp_proxy. The same exchanges are
@@ -493,14 +340,14 @@ func TestInteropTSHeaderHygiene(t *testing.T) {
 	}{{"JSON", []string{"--json"}}, {"SSE", nil}} {
 		t.Run(mode.name, func(t *testing.T) {
 			ss := startTSServers(t, env, 3, "h", mode.flags...)
-			direct, upstreams := ss[0], ss[1:]
-			p := startProxy(t, "mcp_proxy "+tsPeerAddrs(upstreams))
+			direct, ups := ss[0], ss[1:]
+			p := startProxy(t, "mcp_proxy "+upstreams(ups))
 			hc := newHTTPClient()
 			defer hc.CloseIdleConnections()
 
-			want := tsRunHygiene(t, hc, direct.url())
+			want := tsRunHygiene(t, hc, direct.URL())
 			got := tsRunHygiene(t, hc, p.url())
-			owner := slices.IndexFunc(upstreams, func(s *tsPeer) bool { return s.name == got.owner })
+			owner := slices.IndexFunc(ups, func(s *testproc.Proc) bool { return s.Name() == got.owner })
 			if owner < 0 {
 				t.Fatalf("initialize through the proxy answered by %q, not an upstream", got.owner)
 			}
@@ -533,7 +380,7 @@ func TestInteropTSHeaderHygiene(t *testing.T) {
 				if gx := g.header.Values("X-Custom"); len(gx) != 1 || gx[0] != server || server == "" {
 					t.Errorf("%s: X-Custom %q; want [%q]", g.step, gx, server)
 				}
-				if gc, wc := g.header.Values("Set-Cookie"), w.header.Values("Set-Cookie"); !slices.Equal(gc, cookies(server)) || !slices.Equal(wc, cookies(direct.name)) {
+				if gc, wc := g.header.Values("Set-Cookie"), w.header.Values("Set-Cookie"); !slices.Equal(gc, cookies(server)) || !slices.Equal(wc, cookies(direct.Name())) {
 					t.Errorf("%s: Set-Cookie %q through the proxy, %q direct", g.step, gc, wc)
 				}
 				for _, h := range tsHygieneHeaders {
@@ -543,7 +390,7 @@ func TestInteropTSHeaderHygiene(t *testing.T) {
 				}
 			}
 			// What these exchanges must show, beyond matching direct.
-			byStep := map[string]tsExchange{}
+			byStep := map[string]exchange{}
 			for _, g := range got.exchanges {
 				byStep[g.step] = g
 			}
@@ -585,14 +432,14 @@ func TestInteropTSHeaderHygiene(t *testing.T) {
 			}
 			// After DELETE: the proxy forgot the session and answers itself;
 			// directly, the server answers its own 404.
-			tsRequireProxy404(t, got.exchanges[last])
+			checkProxy404(t, got.exchanges[last])
 			if w := want.exchanges[last]; w.status != http.StatusNotFound {
 				t.Errorf("call after DELETE, direct: %d %q; want the server's 404", w.status, w.body)
 			}
 			// Every preflight reached an upstream; the session's requests
 			// reached only its owner, and the call after DELETE none.
 			preflights, ownerRequests, elsewhere := 0, 0, 0
-			for i, s := range upstreams {
+			for i, s := range ups {
 				st := tsStatsOf(t, s)
 				preflights += st.Options
 				if i == owner {
@@ -636,7 +483,7 @@ func TestInteropTSHeaderHygiene(t *testing.T) {
 func TestInteropTSUnknownSession400(t *testing.T) {
 	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
 	ss := startTSServers(t, env, 2, "u", "--json", "--unknown-session", "400")
-	p := startProxy(t, "mcp_proxy "+tsPeerAddrs(ss))
+	p := startProxy(t, "mcp_proxy "+upstreams(ss))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -651,7 +498,7 @@ func TestInteropTSUnknownSession400(t *testing.T) {
 	if err != nil || first.Session != cs.ID() || cs.ID() == "" {
 		t.Fatalf("whoami: %+v, %v (session %q)", first, err, cs.ID())
 	}
-	owner := ss[slices.IndexFunc(ss, func(s *tsPeer) bool { return s.name == first.Server })]
+	owner := ss[slices.IndexFunc(ss, func(s *testproc.Proc) bool { return s.Name() == first.Server })]
 
 	// The owner's 400s pass through unchanged and the session stays pinned.
 	hdr := tsMCPHeaders(cs.ID(), tsOrigin)
@@ -668,10 +515,10 @@ func TestInteropTSUnknownSession400(t *testing.T) {
 		{"owner's unknown-session 400", pretend, tsWhoamiCall, -32000, "Bad Request: No valid session ID provided"},
 		{"owner's malformed-request 400", hdr, tsBadJSON, -32700, "Parse error"},
 	} {
-		ex := tsDo(t, hc, c.step, http.MethodPost, p.url(), c.hdr, c.body)
-		e, err := tsParseRPCError(ex.body)
-		if ex.status != http.StatusBadRequest || err != nil || e.Error.Code != c.code || !strings.HasPrefix(e.Error.Message, c.msg) || ex.header.Get("X-Custom") != owner.name {
-			t.Fatalf("%s: %d %v %q; want %s's 400 %d %q unchanged", c.step, ex.status, ex.header, ex.body, owner.name, c.code, c.msg)
+		ex := send(t, hc, http.MethodPost, p.url(), c.hdr, c.body).as(c.step)
+		e, err := parseRPCError(ex.body)
+		if ex.status != http.StatusBadRequest || err != nil || e.Error.Code != c.code || !strings.HasPrefix(e.Error.Message, c.msg) || ex.header.Get("X-Custom") != owner.Name() {
+			t.Fatalf("%s: %d %v %q; want %s's 400 %d %q unchanged", c.step, ex.status, ex.header, ex.body, owner.Name(), c.code, c.msg)
 		}
 		id, err := whoami(ctx, cs)
 		if err != nil || id != first {
@@ -687,19 +534,19 @@ func TestInteropTSUnknownSession400(t *testing.T) {
 	unknown := tsMCPHeaders(madeUp, tsOrigin)
 	getHdr := unknown.Clone()
 	getHdr.Set("Accept", "text/event-stream")
-	tsRequireProxy404(t, tsDo(t, hc, "POST, unknown session", http.MethodPost, p.url(), unknown, tsWhoamiCall))
-	tsRequireProxy404(t, tsDo(t, hc, "GET, unknown session", http.MethodGet, p.url(), getHdr, ""))
-	tsRequireProxy404(t, tsDo(t, hc, "DELETE, unknown session", http.MethodDelete, p.url(), unknown, ""))
+	checkProxy404(t, send(t, hc, http.MethodPost, p.url(), unknown, tsWhoamiCall).as("POST, unknown session"))
+	checkProxy404(t, send(t, hc, http.MethodGet, p.url(), getHdr, "").as("GET, unknown session"))
+	checkProxy404(t, send(t, hc, http.MethodDelete, p.url(), unknown, "").as("DELETE, unknown session"))
 	for i, s := range ss {
 		after := tsStatsOf(t, s)
 		if after.Requests != before[i].Requests || after.BySession[madeUp] != 0 {
 			t.Fatalf("%s received requests of the unknown session: %d requests before, %d after, %d with it",
-				s.name, before[i].Requests, after.Requests, after.BySession[madeUp])
+				s.Name(), before[i].Requests, after.Requests, after.BySession[madeUp])
 		}
 	}
 	// Directly, the same server would have answered 400, which tells a
 	// client nothing about the session being gone.
-	if ex := tsDo(t, hc, "direct, unknown session", http.MethodPost, owner.url(), unknown, tsWhoamiCall); ex.status != http.StatusBadRequest {
+	if ex := send(t, hc, http.MethodPost, owner.URL(), unknown, tsWhoamiCall).as("direct, unknown session"); ex.status != http.StatusBadRequest {
 		t.Fatalf("direct, unknown session: %d %q; want the server's 400", ex.status, ex.body)
 	}
 
@@ -709,7 +556,7 @@ func TestInteropTSUnknownSession400(t *testing.T) {
 		t.Fatalf("close (DELETE): %v", err)
 	}
 	seen := tsStatsOf(t, owner).BySession[session]
-	tsRequireProxy404(t, tsDo(t, hc, "after DELETE", http.MethodPost, p.url(), tsMCPHeaders(session, tsOrigin), tsWhoamiCall))
+	checkProxy404(t, send(t, hc, http.MethodPost, p.url(), tsMCPHeaders(session, tsOrigin), tsWhoamiCall).as("after DELETE"))
 	if st := tsStatsOf(t, owner); st.BySession[session] != seen || st.Deleted != 1 {
 		t.Fatalf("after DELETE: the owner saw %d requests of the session (was %d) and %d DELETEs (want 1)", st.BySession[session], seen, st.Deleted)
 	}

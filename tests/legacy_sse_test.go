@@ -13,7 +13,7 @@ import (
 	whoamiserver "github.com/caddy-mcp-affinity/caddy-mcp-affinity/examples/whoami"
 )
 
-// TestLegacySSEFailsFast documents a limit (README, Limits; case S16): the
+// TestLegacySSEFailsFast documents a limit (README, "Limits"): the
 // 2024-11-05 HTTP+SSE transport carries its session in the POST endpoint's
 // query string, not in Mcp-Session-Id, so the proxy does not pin it and its
 // POSTs are balanced. What must hold is that such a misrouted POST fails at

@@ -17,6 +17,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
 )
 
 // scrape fetches Caddy's metrics from the admin endpoint.
@@ -65,44 +67,12 @@ func metricValue(families map[string]*dto.MetricFamily, name string, want map[st
 	return -1
 }
 
-// adminCall makes a request to the admin endpoint and decodes its JSON answer into out.
-func adminCall(t testing.TB, method, path string, body any, out any) int {
-	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, "http://"+adminAddr+path, rd)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if out != nil && resp.StatusCode == http.StatusOK {
-		if err := json.Unmarshal(raw, out); err != nil {
-			t.Fatalf("%s %s: decoding %q: %v", method, path, raw, err)
-		}
-	}
-	return resp.StatusCode
-}
-
-// upstreamStatus is the admin API's view of one upstream.
-type upstreamStatus struct {
-	Table        string `json:"table"`
-	Upstream     string `json:"upstream"`
-	LiveSessions int64  `json:"live_sessions"`
-	Draining     bool   `json:"draining"`
-}
-
 // TestMetricsAfterScenario scrapes Caddy's metrics endpoint after a
 // scripted scenario and checks every plugin metric, and that the metrics
 // stay registered and current across a reload.
 func TestMetricsAfterScenario(t *testing.T) {
 	ds := startDoubles(t, 3)
-	body := "mcp_proxy " + doubleAddrs(ds) + " {\n\t\ttable metrics\n\t}\n\tmetrics /metrics"
+	body := "mcp_proxy " + upstreams(ds) + " {\n\t\ttable metrics\n\t}\n\tmetrics /metrics"
 	p := startProxy(t, body)
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
@@ -186,33 +156,17 @@ func TestMetricsAfterScenario(t *testing.T) {
 // counts, session lookup and eviction, drain and undrain.
 func TestAdminAPI(t *testing.T) {
 	ds := startDoubles(t, 2)
-	p := startProxy(t, "mcp_proxy "+doubleAddrs(ds)+" {\n\t\ttable admin\n\t\tmax_sessions 500\n\t}")
+	p := startProxy(t, "mcp_proxy "+upstreams(ds)+" {\n\t\ttable admin\n\t\tmax_sessions 500\n\t}")
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	ids := []string{initialize(t, hc, p.url()), initialize(t, hc, p.url()), initialize(t, hc, p.url())}
 
-	var tables []struct {
-		Table       string           `json:"table"`
-		Sessions    int              `json:"sessions"`
-		MaxSessions int              `json:"max_sessions"`
-		Upstreams   []upstreamStatus `json:"upstreams"`
-	}
-	if st := adminCall(t, http.MethodGet, "/mcp_sessions/", nil, &tables); st != http.StatusOK {
-		t.Fatalf("list: %d", st)
-	}
-	i := slices.IndexFunc(tables, func(x struct {
-		Table       string           `json:"table"`
-		Sessions    int              `json:"sessions"`
-		MaxSessions int              `json:"max_sessions"`
-		Upstreams   []upstreamStatus `json:"upstreams"`
-	}) bool {
-		return x.Table == "admin"
-	})
-	if i < 0 || tables[i].Sessions != 3 || tables[i].MaxSessions != 500 {
-		t.Fatalf("list: want table admin with 3 sessions of 500, got %+v", tables)
+	table, found := tableOf(t, "admin")
+	if !found || table.Sessions != 3 || table.MaxSessions != 500 {
+		t.Fatalf("list: want table admin with 3 sessions of 500, got %+v (found %v)", table, found)
 	}
 	perUpstream := map[string]int64{}
-	for _, u := range tables[i].Upstreams {
+	for _, u := range table.Upstreams {
 		perUpstream[u.Upstream] = u.LiveSessions
 	}
 	for _, d := range ds {
@@ -227,12 +181,7 @@ func TestAdminAPI(t *testing.T) {
 		}
 	}
 
-	var sess struct {
-		Upstream    string  `json:"upstream"`
-		Fingerprint string  `json:"fingerprint"`
-		AgeSeconds  float64 `json:"age_seconds"`
-		Evicted     bool    `json:"evicted"`
-	}
+	var sess caddymodule.SessionStatus
 	if st := adminCall(t, http.MethodPost, "/mcp_sessions/lookup", map[string]string{"table": "admin", "session_id": ids[0]}, &sess); st != http.StatusOK {
 		t.Fatalf("lookup: %d", st)
 	}
@@ -250,7 +199,7 @@ func TestAdminAPI(t *testing.T) {
 		t.Fatalf("unknown table: %d, want 404", st)
 	}
 
-	var up upstreamStatus
+	var up caddymodule.UpstreamStatus
 	adminCall(t, http.MethodPost, "/mcp_sessions/drain", map[string]string{"table": "admin", "upstream": ds[0].addr}, &up)
 	if !up.Draining {
 		t.Fatalf("drain: %+v", up)
@@ -287,7 +236,7 @@ func TestAdminAPI(t *testing.T) {
 // the upstreams themselves) seen at each arrival.
 func spreadRun(t *testing.T, fallback string, schedule []int) (mean float64, worst int) {
 	ds := startDoubles(t, 3)
-	p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\ttable spread-%s\n\t\tfallback %s\n\t}", doubleAddrs(ds), fallback, fallback))
+	p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\ttable spread-%s\n\t\tfallback %s\n\t}", upstreams(ds), fallback, fallback))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	ends := map[int][]string{} // step -> sessions that end then
@@ -344,7 +293,7 @@ func TestDecisionLogs(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	port := mustFreePort()
 	cfg := func(level string) string {
-		return strings.Replace(siteConfig(port, "mcp_proxy "+doubleAddrs(ds)+" {\n\t\ttable logs\n\t}"), "{\n\tadmin",
+		return strings.Replace(siteConfig(port, "mcp_proxy "+upstreams(ds)+" {\n\t\ttable logs\n\t}"), "{\n\tadmin",
 			fmt.Sprintf("{\n\tlog mcp {\n\t\toutput file %s\n\t\tlevel %s\n\t\tinclude http.handlers.mcp_session\n\t}\n\tadmin", logFile, level), 1)
 	}
 	p := proxy{addr: fmt.Sprintf("127.0.0.1:%d", port)}

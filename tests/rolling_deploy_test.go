@@ -3,14 +3,10 @@ package tests
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +20,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // rdScript is the rolling deploy example script, relative to this package.
@@ -39,7 +37,7 @@ func rdRequireTools(t *testing.T) {
 	}
 }
 
-// rdCtl is a helper script that starts a whoami server on a given port and
+// rdCtl is a control script that starts a whoami server on a given port and
 // records its PID in DIR/PORT.pid, so the rolling deploy script's --stop can
 // be `kill $(cat DIR/{port}.pid)`. Without a name, it starts the next
 // version of the server last started on the port: NAME-v2.
@@ -125,7 +123,8 @@ func (f *rdFleet) killAll() {
 	}
 }
 
-// stopCmd is the --stop command: the brief's `kill $(cat DIR/{port}.pid)`.
+// stopCmd is the --stop command: `kill $(cat DIR/{port}.pid)`, the usual
+// way to stop a server that wrote a PID file.
 func (f *rdFleet) stopCmd() string {
 	return fmt.Sprintf("kill $(cat %s/{port}.pid)", rdShellQuote(f.dir))
 }
@@ -146,18 +145,15 @@ func rdShellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// rdWaitAccepting waits until addr accepts TCP connections.
+// rdWaitAccepting waits until addr accepts TCP connections. The server was
+// started by the control script, not by launch, so there is no process to
+// watch: only its port.
 func rdWaitAccepting(t testing.TB, addr string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
+	deadline := time.Now().Add(whoamiTimeout)
+	for !testproc.Accepts(addr) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s does not accept connections: %v", addr, err)
+			t.Fatalf("%s does not accept connections after %v", addr, whoamiTimeout)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -206,125 +202,6 @@ func runRollingDeploy(t testing.TB, args ...string) (string, int) {
 	}
 }
 
-// rdStatus is the admin API's status of an upstream.
-type rdStatus struct {
-	Table        string `json:"table"`
-	Upstream     string `json:"upstream"`
-	LiveSessions int64  `json:"live_sessions"`
-	Draining     bool   `json:"draining"`
-}
-
-// rdAdminClient talks to the admin endpoint.
-var rdAdminClient = &http.Client{Timeout: 5 * time.Second}
-
-// rdAdmin calls the admin API and decodes its JSON answer into out.
-func rdAdmin(method, path string, body, out any) error {
-	var rd io.Reader
-	if body != nil {
-		data, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(data)
-	}
-	req, err := http.NewRequest(method, "http://"+adminAddr+path, rd)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := rdAdminClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, data)
-	}
-	return json.Unmarshal(data, out)
-}
-
-// rdGetStatus returns an upstream's status from GET /mcp_sessions/upstream.
-func rdGetStatus(table, upstream string) (rdStatus, error) {
-	var st rdStatus
-	q := url.Values{"table": {table}, "upstream": {upstream}}
-	err := rdAdmin(http.MethodGet, "/mcp_sessions/upstream?"+q.Encode(), nil, &st)
-	return st, err
-}
-
-// rdMustStatus is rdGetStatus, failing the test on error.
-func rdMustStatus(t testing.TB, table, upstream string) rdStatus {
-	t.Helper()
-	st, err := rdGetStatus(table, upstream)
-	if err != nil {
-		t.Fatalf("admin API: %v", err)
-	}
-	return st
-}
-
-// rdSetDraining drains (on) or undrains an upstream through the admin API.
-func rdSetDraining(t testing.TB, table, upstream string, on bool) rdStatus {
-	t.Helper()
-	op := "undrain"
-	if on {
-		op = "drain"
-	}
-	var st rdStatus
-	if err := rdAdmin(http.MethodPost, "/mcp_sessions/"+op, map[string]string{"table": table, "upstream": upstream}, &st); err != nil {
-		t.Fatalf("admin API: %v", err)
-	}
-	if st.Draining != on {
-		t.Fatalf("admin API %s %s: answer says draining=%v", op, upstream, st.Draining)
-	}
-	return st
-}
-
-// rdSession is one client session of the load.
-type rdSession struct {
-	began  time.Time // before connecting
-	server string    // the server that answered the first call
-	calls  int
-	err    error
-}
-
-// rdRunSession connects, calls whoami calls times with short pauses, each
-// call answered by the server of the first with the client's session ID, and
-// closes the session (DELETE).
-func rdRunSession(ctx context.Context, url string, hc *http.Client, calls int) rdSession {
-	s := rdSession{began: time.Now()}
-	cs, err := connect(ctx, url, hc)
-	if err != nil {
-		s.err = fmt.Errorf("connect: %w", err)
-		return s
-	}
-	for i := range calls {
-		id, err := whoami(ctx, cs)
-		if err != nil {
-			s.err = fmt.Errorf("call %d (session began on %q): %w", i+1, s.server, err)
-			cs.Close()
-			return s
-		}
-		if s.server == "" {
-			s.server = id.Server
-		}
-		if id.Server != s.server || id.Session != cs.ID() || cs.ID() == "" {
-			s.err = fmt.Errorf("call %d misrouted: answered by %s for session %q, session began on %s as %q",
-				i+1, id.Server, id.Session, s.server, cs.ID())
-			cs.Close()
-			return s
-		}
-		s.calls++
-		time.Sleep(time.Duration(20+rand.IntN(60)) * time.Millisecond)
-	}
-	if err := cs.Close(); err != nil {
-		s.err = fmt.Errorf("close (session on %s): %w", s.server, err)
-	}
-	return s
-}
-
 // rdObservation is one poll of an upstream's status by the test.
 type rdObservation struct {
 	at       time.Time // when the answer arrived
@@ -354,12 +231,12 @@ func TestRollingDeployUnderLoad(t *testing.T) {
 		stopLoad atomic.Bool
 		loadWG   sync.WaitGroup
 		mu       sync.Mutex
-		sessions []rdSession
+		sessions []sessionReport
 	)
 	for range workers {
 		loadWG.Go(func() {
 			for !stopLoad.Load() {
-				s := rdRunSession(ctx, p.url(), hc, 3+rand.IntN(3))
+				s := runSession(ctx, p.url(), hc, sessionPlan{calls: 3 + rand.IntN(3), pause: 80 * time.Millisecond})
 				mu.Lock()
 				sessions = append(sessions, s)
 				mu.Unlock()
@@ -379,7 +256,7 @@ func TestRollingDeployUnderLoad(t *testing.T) {
 	pollWG.Go(func() {
 		for !stopPoll.Load() {
 			for i, up := range f.ups {
-				st, err := rdGetStatus(table, up)
+				st, err := upstreamOf(table, up)
 				if err != nil {
 					pollErr = err
 					return
@@ -439,20 +316,20 @@ func TestRollingDeployUnderLoad(t *testing.T) {
 		}
 	}
 	for _, s := range sessions {
-		if s.err != nil {
-			failed = append(failed, s.err)
+		if !s.ok() {
+			failed = append(failed, fmt.Errorf("session created by %q: %d calls misrouted, error %v", s.creator, s.misrouted, s.err))
 			continue
 		}
 		calls += s.calls
-		all[s.server]++
+		all[s.creator]++
 		switch {
 		case s.began.Before(scriptStart):
-			before[s.server]++
+			before[s.creator]++
 		case s.began.After(scriptEnd):
-			after[s.server]++
+			after[s.creator]++
 		}
 		for i, name := range f.names {
-			if s.server == name && !drainSeen[i].IsZero() && s.began.After(drainSeen[i]) {
+			if s.creator == name && !drainSeen[i].IsZero() && s.began.After(drainSeen[i]) {
 				afterDrainOnOldName = append(afterDrainOnOldName, fmt.Sprintf("%s began %v after its drain",
 					name, s.began.Sub(drainSeen[i]).Round(time.Millisecond)))
 			}
@@ -543,7 +420,7 @@ func TestRollingDeployScriptFailures(t *testing.T) {
 	f := startRDFleet(t, "f1", "f2")
 	p := startProxy(t, "mcp_proxy "+strings.Join(f.ups, " ")+" {\n\t\ttable "+table+"\n\t}")
 	victim := f.ups[0]
-	runSessions(t, p.url(), 2, 1) // traffic, as in production; TestRollingDeployIdleProxy runs without
+	runSessions(t, p.url(), 2, sessionPlan{calls: 1}) // traffic, as in production; TestRollingDeployIdleProxy runs without
 	common := []string{"--admin", adminAddr, "--poll", "0.1", "--port-timeout", "10"}
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
@@ -562,10 +439,10 @@ func TestRollingDeployScriptFailures(t *testing.T) {
 		if code != 1 || !strings.Contains(out, "stop command exited with status 7") || !strings.Contains(out, "left drained") {
 			t.Errorf("want exit 1 naming the failed stop command; got exit %d:\n%s", code, out)
 		}
-		if st := rdMustStatus(t, table, victim); !st.Draining {
+		if st := mustUpstream(t, table, victim); !st.Draining {
 			t.Errorf("after a failed stop command %s should be left drained: %+v", victim, st)
 		}
-		rdSetDraining(t, table, victim, false)
+		setDraining(t, table, victim, false)
 	})
 
 	// A session pinned to the victim, which keeps its drain from finishing.
@@ -577,7 +454,7 @@ func TestRollingDeployScriptFailures(t *testing.T) {
 		if code != 3 || !strings.Contains(out, "drain timed out after 1s with 1 live sessions") {
 			t.Errorf("want exit 3 after a drain timeout with 1 live session; got exit %d:\n%s", code, out)
 		}
-		if st := rdMustStatus(t, table, victim); st.Draining || st.LiveSessions != 1 {
+		if st := mustUpstream(t, table, victim); st.Draining || st.LiveSessions != 1 {
 			t.Errorf("after an aborted drain %s should be undrained with its 1 session: %+v", victim, st)
 		}
 		if id, err := whoami(ctx, held); err != nil || id.Server != f.names[0] {
@@ -592,7 +469,7 @@ func TestRollingDeployScriptFailures(t *testing.T) {
 		if code != 0 || !strings.Contains(out, "replacing it anyway: forgetting its 1 remaining sessions") {
 			t.Fatalf("want exit 0 after replacing anyway; got exit %d", code)
 		}
-		if st := rdMustStatus(t, table, victim); st.LiveSessions != 0 {
+		if st := mustUpstream(t, table, victim); st.LiveSessions != 0 {
 			t.Errorf("after replacing %s anyway its sessions should be forgotten: %+v", victim, st)
 		}
 		if pid := f.pid(t, 0); pid == f.pids[0] {
@@ -629,10 +506,10 @@ func TestRollingDeployScriptFailures(t *testing.T) {
 		// then keeps new sessions off the replaced upstream for
 		// fail_duration (10s with mcp_proxy), so they all go to the other.
 		var health []map[string]any
-		if err := rdAdmin(http.MethodGet, "/reverse_proxy/upstreams", nil, &health); err == nil {
+		if _, err := adminDo(http.MethodGet, "/reverse_proxy/upstreams", nil, &health); err == nil {
 			t.Logf("Caddy's upstream health after the forced replacement: %v", health)
 		}
-		res := runSessions(t, p.url(), 6, 2)
+		res := runSessions(t, p.url(), 6, sessionPlan{calls: 2})
 		t.Logf("new sessions after the forced replacement: %s", res)
 		if res.ok != 6 {
 			t.Errorf("new sessions after the forced replacement: want 6/6; got %s", res)
@@ -664,13 +541,13 @@ func TestRollingDeployIdleProxy(t *testing.T) {
 		if pid := f.pid(t, i); pid == f.pids[i] {
 			t.Errorf("%s was not replaced: PID %d is the same", up, pid)
 		}
-		if st := rdMustStatus(t, table, up); st.Draining {
+		if st := mustUpstream(t, table, up); st.Draining {
 			t.Errorf("%s is still draining after the script: %+v", up, st)
 		}
 	}
-	res := runSessions(t, p.url(), 6, 2)
+	res := runSessions(t, p.url(), 6, sessionPlan{calls: 2})
 	t.Logf("sessions after the deploy: %s", res)
-	if res.ok != 6 || res.perServe["i1-v2"] == 0 || res.perServe["i2-v2"] == 0 {
+	if res.ok != 6 || res.perServer["i1-v2"] == 0 || res.perServer["i2-v2"] == 0 {
 		t.Errorf("want 6/6 sessions on i1-v2 and i2-v2; got %s", res)
 	}
 }
@@ -685,7 +562,7 @@ func TestDrainSurvivesReload(t *testing.T) {
 	const table = "drain_reload"
 	port := mustFreePort()
 	cfg := func(options string) string {
-		return siteConfig(port, "mcp_proxy "+addrs(bs)+" {\n\t\ttable "+table+"\n"+options+"\t}")
+		return siteConfig(port, "mcp_proxy "+upstreams(bs)+" {\n\t\ttable "+table+"\n"+options+"\t}")
 	}
 	loadCaddyfile(t, cfg(""))
 	p := proxy{addr: fmt.Sprintf("127.0.0.1:%d", port)}
@@ -696,62 +573,51 @@ func TestDrainSurvivesReload(t *testing.T) {
 	defer hc.CloseIdleConnections()
 
 	// A session on the victim, opened before the drain.
-	pinned := rdSessionOn(ctx, t, p.url(), hc, victim.name)
+	pinned := rdSessionOn(ctx, t, p.url(), hc, victim.Name())
 
-	if st := rdSetDraining(t, table, victim.addr, true); st.LiveSessions != 1 {
-		t.Errorf("drain %s: want 1 live session, got %+v", victim.addr, st)
+	if st := setDraining(t, table, victim.Addr(), true); st.LiveSessions != 1 {
+		t.Errorf("drain %s: want 1 live session, got %+v", victim.Addr(), st)
 	}
 	t.Cleanup(func() { // the table outlives the test when the next config uses it (-count)
-		_ = rdAdmin(http.MethodPost, "/mcp_sessions/undrain", map[string]string{"table": table, "upstream": victim.addr}, new(rdStatus))
+		_, _ = adminDo(http.MethodPost, "/mcp_sessions/undrain", map[string]string{"table": table, "upstream": victim.Addr()}, nil)
 	})
 
 	reloadViaAdmin(t, cfg("\t\tmax_sessions 5000\n"))
 	hc.CloseIdleConnections()
-	if st := rdMustStatus(t, table, victim.addr); !st.Draining || st.LiveSessions != 1 {
-		t.Errorf("after the reload %s should still be draining with its 1 session: %+v", victim.addr, st)
+	if st := mustUpstream(t, table, victim.Addr()); !st.Draining || st.LiveSessions != 1 {
+		t.Errorf("after the reload %s should still be draining with its 1 session: %+v", victim.Addr(), st)
 	}
 
-	res := runSessions(t, p.url(), 12, 3)
-	t.Logf("12 new sessions while %s drains: %s", victim.name, res)
-	if res.ok != 12 || res.perServe[victim.name] != 0 {
-		t.Errorf("want 12/12 new sessions, none on the draining %s; got %s", victim.name, res)
+	res := runSessions(t, p.url(), 12, sessionPlan{calls: 3})
+	t.Logf("12 new sessions while %s drains: %s", victim.Name(), res)
+	if res.ok != 12 || res.perServer[victim.Name()] != 0 {
+		t.Errorf("want 12/12 new sessions, none on the draining %s; got %s", victim.Name(), res)
 	}
 	for _, b := range bs {
-		if b != victim && res.perServe[b.name] == 0 {
-			t.Errorf("no new session on %s: %v", b.name, res.perServe)
+		if b != victim && res.perServer[b.Name()] == 0 {
+			t.Errorf("no new session on %s: %v", b.Name(), res.perServer)
 		}
 	}
 	// The new config is the one running. (Its handler applies its bounds to
 	// the table when it serves its first request, so check after some.)
-	var list []struct {
-		Table       string `json:"table"`
-		MaxSessions int    `json:"max_sessions"`
-	}
-	if err := rdAdmin(http.MethodGet, "/mcp_sessions/", nil, &list); err != nil {
-		t.Fatalf("admin API: %v", err)
-	}
-	reloaded := false
-	for _, tb := range list {
-		reloaded = reloaded || tb.Table == table && tb.MaxSessions == 5000
-	}
-	if !reloaded {
-		t.Fatalf("the reload did not apply max_sessions 5000 to table %s: %+v", table, list)
+	if ts, _ := tableOf(t, table); ts.MaxSessions != 5000 {
+		t.Fatalf("the reload did not apply max_sessions 5000 to table %s: %+v", table, ts)
 	}
 
-	id, err := rdWhoamiRetry(ctx, t, hc, pinned)
-	if err != nil || id.Server != victim.name || id.Session != pinned.ID() {
-		t.Errorf("the session pinned to the draining %s before the reload: %+v, %v", victim.name, id, err)
+	id, err := whoamiAcrossReload(ctx, t, hc, pinned)
+	if err != nil || id.Server != victim.Name() || id.Session != pinned.ID() {
+		t.Errorf("the session pinned to the draining %s before the reload: %+v, %v", victim.Name(), id, err)
 	}
 	pinned.Close()
-	if st := rdMustStatus(t, table, victim.addr); !st.Draining || st.LiveSessions != 0 {
-		t.Errorf("after its last session closed %s should be draining with 0 live sessions (drain done): %+v", victim.addr, st)
+	if st := mustUpstream(t, table, victim.Addr()); !st.Draining || st.LiveSessions != 0 {
+		t.Errorf("after its last session closed %s should be draining with 0 live sessions (drain done): %+v", victim.Addr(), st)
 	}
 
-	rdSetDraining(t, table, victim.addr, false)
-	res = runSessions(t, p.url(), 12, 3)
-	t.Logf("12 new sessions after undraining %s: %s", victim.name, res)
-	if res.ok != 12 || res.perServe[victim.name] == 0 {
-		t.Errorf("want 12/12 new sessions, some on the undrained %s; got %s", victim.name, res)
+	setDraining(t, table, victim.Addr(), false)
+	res = runSessions(t, p.url(), 12, sessionPlan{calls: 3})
+	t.Logf("12 new sessions after undraining %s: %s", victim.Name(), res)
+	if res.ok != 12 || res.perServer[victim.Name()] == 0 {
+		t.Errorf("want 12/12 new sessions, some on the undrained %s; got %s", victim.Name(), res)
 	}
 }
 
@@ -762,40 +628,15 @@ func rdSessionOn(ctx context.Context, t testing.TB, url string, hc *http.Client,
 	t.Helper()
 	var landed []string
 	for range 12 {
-		cs, err := connect(ctx, url, hc)
-		if err != nil {
-			t.Fatalf("connect: %v", err)
+		s := openLiveSession(ctx, t, url, hc)
+		if s.server == server {
+			return s.cs
 		}
-		t.Cleanup(func() { cs.Close() })
-		id, err := whoami(ctx, cs)
-		if err != nil {
-			t.Fatalf("whoami: %v", err)
-		}
-		if id.Server == server {
-			return cs
-		}
-		landed = append(landed, id.Server)
+		landed = append(landed, s.server)
 	}
 	var health, tables any
-	_ = rdAdmin(http.MethodGet, "/reverse_proxy/upstreams", nil, &health)
-	_ = rdAdmin(http.MethodGet, "/mcp_sessions/", nil, &tables)
+	_, _ = adminDo(http.MethodGet, "/reverse_proxy/upstreams", nil, &health)
+	_, _ = adminDo(http.MethodGet, "/mcp_sessions/", nil, &tables)
 	t.Fatalf("no session landed on %s in 12 tries: %v; upstream health %v; tables %v", server, landed, health, tables)
 	return nil
-}
-
-// rdWhoamiRetry calls whoami, retrying on a fresh connection when the call
-// raced onto a keep-alive connection the old server closed after a reload.
-func rdWhoamiRetry(ctx context.Context, t testing.TB, hc *http.Client, cs *mcp.ClientSession) (identity, error) {
-	for attempt := 1; ; attempt++ {
-		id, err := whoami(ctx, cs)
-		if err == nil || attempt == 3 {
-			return id, err
-		}
-		msg := err.Error()
-		if !strings.HasSuffix(msg, ": EOF") && !strings.Contains(msg, "connection reset by peer") {
-			return id, err
-		}
-		t.Logf("retrying on a fresh connection: %v", err)
-		hc.CloseIdleConnections()
-	}
 }

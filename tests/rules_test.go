@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,44 +9,13 @@ import (
 	"time"
 )
 
-// checkProxy404 asserts that ex is the proxy's own 404 for an unknown or
-// lost session: a JSON-RPC error body, so that clients re-initialize.
-func checkProxy404(t testing.TB, ex exchange) {
-	t.Helper()
-	if ex.status != http.StatusNotFound {
-		t.Fatalf("want 404, got %d: %s", ex.status, ex.body)
-	}
-	var body struct {
-		JSONRPC string `json:"jsonrpc"`
-		ID      any    `json:"id"`
-		Error   struct {
-			Code    int    `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal([]byte(ex.body), &body); err != nil || body.JSONRPC != "2.0" || body.ID != nil || body.Error.Code != -32001 {
-		t.Fatalf("want a JSON-RPC error body with id null and code -32001, got %q (%v)", ex.body, err)
-	}
-	if ct := ex.header.Get("Content-Type"); ct != "application/json" {
-		t.Fatalf("want Content-Type application/json, got %q", ct)
-	}
-}
-
-// checkBadRequest asserts that ex is a 400 whose JSON-RPC message contains reason.
-func checkBadRequest(t testing.TB, ex exchange, reason string) {
-	t.Helper()
-	if ex.status != http.StatusBadRequest || !strings.Contains(ex.body, reason) || !strings.Contains(ex.body, `"jsonrpc":"2.0"`) {
-		t.Fatalf("want 400 JSON-RPC error mentioning %q, got %d %s", reason, ex.status, ex.body)
-	}
-}
-
-// TestLearnRules covers what creates, changes or ignores a mapping (issue
-// point 1, case S4): only a 2xx response carrying Mcp-Session-Id, in any
+// TestLearnRules covers what creates, changes or ignores a mapping (README,
+// "What happens when", first four rows): only a 2xx response carrying Mcp-Session-Id, in any
 // spelling, to a request that carried none teaches; it is learned when the
 // headers pass, before the body ends.
 func TestLearnRules(t *testing.T) {
 	ds := startDoubles(t, 3)
-	p := startProxy(t, "mcp_proxy "+doubleAddrs(ds))
+	p := startProxy(t, "mcp_proxy "+upstreams(ds))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 
@@ -237,7 +205,7 @@ func TestLearnRules(t *testing.T) {
 	})
 }
 
-// TestUnknownSession covers issue point 4 (case S7 step 7): the proxy itself
+// TestUnknownSession (README, "What happens when": unknown session): the proxy itself
 // answers 404 with a JSON-RPC error for a session it does not hold, without
 // contacting an upstream, unless unknown_session is forward.
 func TestUnknownSession(t *testing.T) {
@@ -245,7 +213,7 @@ func TestUnknownSession(t *testing.T) {
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 
-	p := startProxy(t, "mcp_proxy "+doubleAddrs(ds))
+	p := startProxy(t, "mcp_proxy "+upstreams(ds))
 	for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodDelete} {
 		checkProxy404(t, send(t, hc, method, p.url(), sid("made-up-session"), ""))
 	}
@@ -255,7 +223,7 @@ func TestUnknownSession(t *testing.T) {
 		}
 	}
 
-	p = startProxy(t, "mcp_proxy "+doubleAddrs(ds)+" {\n\t\tunknown_session forward\n\t}")
+	p = startProxy(t, "mcp_proxy "+upstreams(ds)+" {\n\t\tunknown_session forward\n\t}")
 	ex := send(t, hc, http.MethodPost, p.url(), sid("made-up-session"), `{}`)
 	if ex.status != http.StatusNotFound || strings.Contains(ex.body, "jsonrpc") {
 		t.Fatalf("forwarded unknown session: want the upstream's own 404, got %d %s", ex.status, ex.body)
@@ -265,12 +233,13 @@ func TestUnknownSession(t *testing.T) {
 	}
 }
 
-// TestBadSessionHeader covers issue point 9: a malformed Mcp-Session-Id
+// TestBadSessionHeader (README, "What happens when": `Mcp-Session-Id` sent
+// twice, empty, ...): a malformed Mcp-Session-Id
 // gets 400 with a reason, is never stored or forwarded, and costs no other
 // client its session.
 func TestBadSessionHeader(t *testing.T) {
 	ds := startDoubles(t, 2)
-	p := startProxy(t, "mcp_proxy "+doubleAddrs(ds)+" {\n\t\tmax_session_id_length 64\n\t}")
+	p := startProxy(t, "mcp_proxy "+upstreams(ds)+" {\n\t\tmax_session_id_length 64\n\t}")
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	good := initialize(t, hc, p.url())
@@ -304,13 +273,14 @@ func TestBadSessionHeader(t *testing.T) {
 	}
 }
 
-// TestEviction covers issue point 6 (cases S7, S13): DELETE answered 2xx or
-// 404 drops the mapping, 405 keeps it; a 404 to a POST drops it, a 404 to a
-// GET keeps it (a server without a GET route), and both pass through
+// TestEviction (README, "What happens when": the upstream's 404, DELETE and
+// 400 rows): DELETE answered 2xx or 404 drops the mapping, 405 keeps it; a
+// 404 to a POST drops it, a 404 to a GET keeps it (a server without a GET
+// route), and both pass through
 // unchanged; 400 keeps it.
 func TestEviction(t *testing.T) {
 	ds := startDoubles(t, 3)
-	p := startProxy(t, "mcp_proxy "+doubleAddrs(ds))
+	p := startProxy(t, "mcp_proxy "+upstreams(ds))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 
@@ -363,7 +333,8 @@ func TestEviction(t *testing.T) {
 	}
 }
 
-// TestTableBounds covers issue point 7 through the proxy: a full table
+// TestTableBounds (README, `max_sessions` and `session_ttl`) through the
+// proxy: a full table
 // evicts its least recently used session, and a session with an open GET
 // stream outlives the idle TTL while an idle one does not.
 func TestTableBounds(t *testing.T) {
@@ -372,7 +343,7 @@ func TestTableBounds(t *testing.T) {
 	defer hc.CloseIdleConnections()
 
 	t.Run("lru", func(t *testing.T) {
-		p := startProxy(t, "mcp_proxy "+doubleAddrs(ds)+" {\n\t\ttable lru\n\t\tmax_sessions 2\n\t}")
+		p := startProxy(t, "mcp_proxy "+upstreams(ds)+" {\n\t\ttable lru\n\t\tmax_sessions 2\n\t}")
 		a, b := initialize(t, hc, p.url()), initialize(t, hc, p.url())
 		send(t, hc, http.MethodPost, p.url(), sid(a), `{}`) // a is now more recently used than b
 		c := initialize(t, hc, p.url())
@@ -385,7 +356,7 @@ func TestTableBounds(t *testing.T) {
 	})
 
 	t.Run("ttl with an open stream", func(t *testing.T) {
-		p := startProxy(t, "mcp_proxy "+doubleAddrs(ds)+" {\n\t\ttable ttl\n\t\tsession_ttl 1s\n\t}")
+		p := startProxy(t, "mcp_proxy "+upstreams(ds)+" {\n\t\ttable ttl\n\t\tsession_ttl 1s\n\t}")
 		streaming, idle := initialize(t, hc, p.url()), initialize(t, hc, p.url())
 		owner := ownerOf(t, ds, streaming)
 		opened := make(chan struct{})
@@ -418,7 +389,8 @@ func TestTableBounds(t *testing.T) {
 	})
 }
 
-// TestUpstreamGone covers issue point 5 (case S8): when the pinned upstream
+// TestUpstreamGone (README, "What happens when": session's upstream removed,
+// unhealthy or refusing connections): when the pinned upstream
 // is removed from the config, marked unhealthy, or refuses connections, its
 // sessions get 404 within 1 s and are dropped, never re-routed; the other
 // upstreams' sessions are untouched and new sessions go to live upstreams.
@@ -466,15 +438,15 @@ func TestUpstreamGone(t *testing.T) {
 	}
 
 	t.Run("removed by reload", func(t *testing.T) {
-		ds, p, owned := setup(t, func(ds []*double) string { return "mcp_proxy " + doubleAddrs(ds) })
-		reloadViaAdmin(t, siteConfig(p.port(), "mcp_proxy "+doubleAddrs(ds[1:])))
+		ds, p, owned := setup(t, func(ds []*double) string { return "mcp_proxy " + upstreams(ds) })
+		reloadViaAdmin(t, siteConfig(p.port(), "mcp_proxy "+upstreams(ds[1:])))
 		hc.CloseIdleConnections() // the old server closes them; see reloadViaAdmin
 		check(t, ds, p, owned)
 	})
 
 	t.Run("unhealthy per active health checks", func(t *testing.T) {
 		ds, p, owned := setup(t, func(ds []*double) string {
-			return "mcp_proxy " + doubleAddrs(ds) + " {\n\t\thealth_uri /health\n\t\thealth_interval 100ms\n\t}"
+			return "mcp_proxy " + upstreams(ds) + " {\n\t\thealth_uri /health\n\t\thealth_interval 100ms\n\t}"
 		})
 		for _, d := range ds {
 			d.handle(func(w http.ResponseWriter, r *http.Request) {
@@ -491,7 +463,7 @@ func TestUpstreamGone(t *testing.T) {
 	})
 
 	t.Run("refusing connections", func(t *testing.T) {
-		ds, p, owned := setup(t, func(ds []*double) string { return "mcp_proxy " + doubleAddrs(ds) })
+		ds, p, owned := setup(t, func(ds []*double) string { return "mcp_proxy " + upstreams(ds) })
 		ds[0].srv.Close()
 		time.Sleep(100 * time.Millisecond) // the proxy's idle connections to it see the close
 		check(t, ds, p, owned)
@@ -504,7 +476,7 @@ func TestUpstreamGone(t *testing.T) {
 // an upstream that is still alive (nor the failing client's own).
 func TestFailedRequestKeepsOtherSessions(t *testing.T) {
 	ds := startDoubles(t, 2)
-	p := startProxy(t, "mcp_proxy "+doubleAddrs(ds))
+	p := startProxy(t, "mcp_proxy "+upstreams(ds))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	var mine []string // sessions owned by ds[0]

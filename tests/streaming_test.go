@@ -13,22 +13,14 @@ import (
 	"time"
 )
 
-// Streaming through the proxy (issue point 10; cases S9, S10, S12, S13): SSE
+// Streaming through the proxy (README, "Streaming needs no setting"): SSE
 // events are not buffered, long silent GET streams are not cut, a client's
 // disconnect reaches the upstream, resumption headers and empty responses
 // pass unchanged.
 
 // sseEventBudget is the most an SSE event, or a streamed response's
-// headers, may lag behind the upstream's write (S9, S10).
+// headers, may lag behind the upstream's write.
 const sseEventBudget = 100 * time.Millisecond
-
-// newH2CClient returns a client that speaks only cleartext HTTP/2 (prior
-// knowledge) to the proxy.
-func newH2CClient() *http.Client {
-	p := new(http.Protocols)
-	p.SetUnencryptedHTTP2(true)
-	return &http.Client{Transport: &http.Transport{Protocols: p}}
-}
 
 // readSSEBlock reads one SSE block (an event or a comment) from br: its
 // lines up to the blank line that ends it, without that blank line.
@@ -73,7 +65,7 @@ func writeSSE(w http.ResponseWriter, block string) time.Time {
 }
 
 // sseHeaders sets the headers of an SSE response as go-sdk does, plus
-// X-Accel-Buffering: no as the spec asks servers to (S10).
+// X-Accel-Buffering: no, which tells buffering proxies to pass events at once.
 func sseHeaders(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -218,7 +210,7 @@ func TestSSEEventsUnbuffered(t *testing.T) {
 // TestGETStreamSurvivesSilence: a pinned GET stream whose upstream sends
 // headers, then nothing for 3 s, then an event: the client has the headers
 // within 200 ms and the event about 3 s later, within 100 ms of its write;
-// the default config cuts nothing (S9).
+// the default config cuts nothing (README: "GET streams have no proxy timeout").
 func TestGETStreamSurvivesSilence(t *testing.T) {
 	const silence = 3 * time.Second
 	d := startDoubles(t, 1)[0]
@@ -341,27 +333,11 @@ func TestClientCancelReachesUpstream(t *testing.T) {
 	}
 }
 
-// goSDKInitBody is a raw initialize request for protocol 2025-11-25.
-const goSDKInitBody = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}`
-
-// mcpPOSTHeaders are the headers of a raw MCP POST; session may be empty.
-func mcpPOSTHeaders(session string) map[string][]string {
-	h := map[string][]string{
-		"Content-Type": {"application/json"},
-		"Accept":       {"application/json, text/event-stream"},
-	}
-	if session != "" {
-		h["Mcp-Session-Id"] = []string{session}
-		h["Mcp-Protocol-Version"] = []string{"2025-11-25"}
-	}
-	return h
-}
-
 // goSDKSession opens a session on a go-sdk server through url with raw
 // requests (initialize, then notifications/initialized) and returns its ID.
 func goSDKSession(t testing.TB, hc *http.Client, url string) string {
 	t.Helper()
-	ex := send(t, hc, http.MethodPost, url, mcpPOSTHeaders(""), goSDKInitBody)
+	ex := send(t, hc, http.MethodPost, url, mcpPOSTHeaders(""), initBody)
 	id := ex.header.Get("Mcp-Session-Id")
 	if ex.status != http.StatusOK || id == "" {
 		t.Fatalf("initialize: %d %v %q", ex.status, ex.header, ex.body)
@@ -394,7 +370,7 @@ func openStandaloneGET(ctx context.Context, t testing.TB, hc *http.Client, url, 
 // 200: the proxy ended the upstream stream instead of leaking it.
 func TestStandaloneGETReconnectAfterCancel(t *testing.T) {
 	bs := startBackends(t, 1, false)
-	p := startProxy(t, "mcp_proxy "+addrs(bs))
+	p := startProxy(t, "mcp_proxy "+upstreams(bs))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	id := goSDKSession(t, hc, p.url())
@@ -442,11 +418,11 @@ func TestStandaloneGETReconnectAfterCancel(t *testing.T) {
 }
 
 // TestLastEventIDReachesOwner: a pinned GET's Last-Event-ID reaches the
-// session's owner byte-exact, whatever the event ID's shape (S12), and the
+// session's owner byte-exact, whatever the event ID's shape (resumption, MCP transports §Resumability), and the
 // other upstream never sees it.
 func TestLastEventIDReachesOwner(t *testing.T) {
 	ds := startDoubles(t, 2)
-	p := startProxy(t, "mcp_proxy "+doubleAddrs(ds))
+	p := startProxy(t, "mcp_proxy "+upstreams(ds))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	id := initialize(t, hc, p.url())
@@ -516,12 +492,13 @@ func rawRequest(t testing.TB, addr, method, raw string) (*http.Response, string)
 }
 
 // TestEmptyResponsesPassThrough: a 202 with no body to a notification comes
-// back as the owner sent it, with no Content-Type added (S10 step 3); a
+// back as the owner sent it, with no Content-Type added; a
 // DELETE with no body and no Content-Length reaches the owner, whose 204 or
-// empty 200 comes back, and the session is then dropped (S13 step 1-2).
+// empty 200 comes back, and the session is then dropped (README, "What happens
+// when": DELETE answered 2xx).
 func TestEmptyResponsesPassThrough(t *testing.T) {
 	ds := startDoubles(t, 2)
-	p := startProxy(t, "mcp_proxy "+doubleAddrs(ds))
+	p := startProxy(t, "mcp_proxy "+upstreams(ds))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 

@@ -64,7 +64,7 @@ const transports = new Map();
 const stats = { requests: 0, options: 0, initialized: 0, deleted: 0, unknown: 0, bySession: {} };
 
 function newMcpServer() {
-  const server = new McpServer({ name: `whoami-ts-${opt.name}`, version: '1.0.0' });
+  const server = new McpServer({ name: opt.name, version: '1.0.0' });
   server.registerTool(
     'whoami',
     {

@@ -1,0 +1,120 @@
+package tests
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
+)
+
+// The admin API's answers decode into the plugin's own response types
+// (caddymodule.TableStatus, UpstreamStatus, SessionStatus), so the tests
+// and the API cannot drift apart; the rolling deploy script's test checks
+// the same answers as JSON text, the way an operator's tooling reads them.
+
+// adminClient talks to the in-process Caddy's admin endpoint.
+var adminClient = &http.Client{Timeout: 5 * time.Second}
+
+// adminDo sends body (JSON, when not nil) to the admin endpoint and decodes
+// a 200 answer into out (when not nil). It returns the status, or an error
+// when the request or the decoding failed. It does not fail the test, so a
+// goroutine may call it.
+func adminDo(method, path string, body, out any) (int, error) {
+	var rd io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			return 0, err
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequest(method, "http://"+adminAddr+path, rd)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := adminClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil || out == nil || resp.StatusCode != http.StatusOK {
+		return resp.StatusCode, err
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return resp.StatusCode, fmt.Errorf("%s %s: decoding %q: %w", method, path, raw, err)
+	}
+	return resp.StatusCode, nil
+}
+
+// adminCall is adminDo, failing the test when the request fails.
+func adminCall(t testing.TB, method, path string, body, out any) int {
+	t.Helper()
+	status, err := adminDo(method, path, body, out)
+	if err != nil {
+		t.Fatalf("admin API: %v", err)
+	}
+	return status
+}
+
+// adminOK is adminCall, failing the test unless the answer is 200.
+func adminOK(t testing.TB, method, path string, body, out any) {
+	t.Helper()
+	if status := adminCall(t, method, path, body, out); status != http.StatusOK {
+		t.Fatalf("admin API %s %s: %d", method, path, status)
+	}
+}
+
+// upstreamOf returns GET /mcp_sessions/upstream's answer for upstream in table.
+func upstreamOf(table, upstream string) (caddymodule.UpstreamStatus, error) {
+	var st caddymodule.UpstreamStatus
+	q := url.Values{"table": {table}, "upstream": {upstream}}
+	status, err := adminDo(http.MethodGet, "/mcp_sessions/upstream?"+q.Encode(), nil, &st)
+	if err == nil && status != http.StatusOK {
+		err = fmt.Errorf("GET /mcp_sessions/upstream %s: %d", upstream, status)
+	}
+	return st, err
+}
+
+// mustUpstream is upstreamOf, failing the test on error.
+func mustUpstream(t testing.TB, table, upstream string) caddymodule.UpstreamStatus {
+	t.Helper()
+	st, err := upstreamOf(table, upstream)
+	if err != nil {
+		t.Fatalf("admin API: %v", err)
+	}
+	return st
+}
+
+// setDraining drains (on) or undrains upstream in table through the admin
+// API and returns the answer, which must say so.
+func setDraining(t testing.TB, table, upstream string, on bool) caddymodule.UpstreamStatus {
+	t.Helper()
+	op := map[bool]string{true: "drain", false: "undrain"}[on]
+	var st caddymodule.UpstreamStatus
+	adminOK(t, http.MethodPost, "/mcp_sessions/"+op, map[string]string{"table": table, "upstream": upstream}, &st)
+	if st.Draining != on {
+		t.Fatalf("admin API %s %s: answer says draining=%v", op, upstream, st.Draining)
+	}
+	return st
+}
+
+// tableOf returns table's entry in GET /mcp_sessions/, or false.
+func tableOf(t testing.TB, table string) (caddymodule.TableStatus, bool) {
+	t.Helper()
+	var list []caddymodule.TableStatus
+	adminOK(t, http.MethodGet, "/mcp_sessions/", nil, &list)
+	for _, ts := range list {
+		if ts.Table == table {
+			return ts, true
+		}
+	}
+	return caddymodule.TableStatus{}, false
+}
