@@ -1,20 +1,33 @@
 package caddymodule
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 )
 
-func TestErasOrder(t *testing.T) {
-	// eraOf returns indexes into eras; its comments name them.
-	want := [...]Era{EraLegacySession, EraModern, EraOther}
-	if eras != want {
-		t.Errorf("eras = %v, want %v", eras, want)
-	}
+// TestInvalidEra: an Era that is none of the constants counts nothing and
+// names itself, and never indexes out of range.
+func TestInvalidEra(t *testing.T) {
 	var s Stats
-	if got := s.Requests(Era("bogus")); got != 0 {
-		t.Errorf("Requests of an unknown era = %d", got)
+	s.eras[EraModern].Add(1)
+	for _, e := range []Era{0, Era(len(eraNames)), 255} {
+		if e.Valid() || s.Requests(e) != 0 {
+			t.Errorf("Era(%d): Valid %v, Requests %d; want false, 0", e, e.Valid(), s.Requests(e))
+		}
+		if want := fmt.Sprintf("Era(%d)", e); e.String() != want {
+			t.Errorf("String = %q, want %q", e.String(), want)
+		}
+	}
+	labels := map[Era]string{EraLegacySession: "legacy_session", EraModern: "modern_sessionless", EraOther: "other_sessionless"}
+	for _, e := range eras {
+		if !e.Valid() || e.String() != labels[e] {
+			t.Errorf("%d: Valid %v, String %q; want true, %q", e, e.Valid(), e.String(), labels[e])
+		}
+	}
+	if s.Requests(EraModern) != 1 {
+		t.Errorf("Requests(EraModern) = %d, want 1", s.Requests(EraModern))
 	}
 }
 
@@ -57,7 +70,7 @@ func TestEraOf(t *testing.T) {
 					r.Header.Add(k, v)
 				}
 			}
-			got := eras[eraOf(r, len(r.Header[HeaderSessionID]))]
+			got := eraOf(r, len(r.Header[HeaderSessionID]))
 			if got != tc.want {
 				t.Errorf("eraOf(%v) = %s, want %s", r.Header, got, tc.want)
 			}

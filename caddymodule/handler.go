@@ -133,6 +133,9 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 
 // Provision fills in defaults and fetches the session table from the
 // mcp_sessions app, giving it this handler's max_sessions and session_ttl.
+// It returns Validate's error, the error of loading the mcp_sessions app,
+// or the app's error when this handler's settings contradict a setting made
+// elsewhere for the same table.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	if h.Table == "" {
@@ -160,7 +163,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Validate checks the handler's settings.
+// Validate checks the handler's settings. Its error names the first
+// setting that is negative or below its minimum, or an unknown_session
+// that is neither reject nor forward.
 func (h *Handler) Validate() error {
 	switch {
 	case h.MaxSessions < 0:
@@ -177,7 +182,10 @@ func (h *Handler) Validate() error {
 }
 
 // ServeHTTP pins the request to its session's upstream, or lets it be
-// balanced and learns the session its response creates.
+// balanced and learns the session its response creates. The proxy's own
+// answers (403, 400, 404 with a JSON-RPC error, see README "What happens
+// when") are written, not returned; it returns the error of the next
+// handler (reverse_proxy), or of writing the proxy's own answer.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !h.DisableLocalhostProtection && rebinding(r) {
 		return writeRPCError(w, http.StatusForbidden, CodeInvalidRequest, fmt.Sprintf("Forbidden: invalid Host header %q: "+
@@ -284,16 +292,12 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 // really gone loses nothing by this: its next POST or DELETE gets the
 // upstream's 404 and ends it there.
 func (h *Handler) evictAfter(r *http.Request, id string, status int) {
-	reason := EvictReason("")
-	switch {
+	switch { // the table logs the eviction
 	case status == http.StatusNotFound && (r.Method == http.MethodPost || r.Method == http.MethodDelete):
-		reason = EvictUpstream404
+		h.table.Evict(id, EvictUpstream404)
 	case r.Method == http.MethodDelete && status >= 200 && status < 300:
-		reason = EvictDelete
-	default:
-		return
+		h.table.Evict(id, EvictDelete)
 	}
-	h.table.Evict(id, reason) // the table logs the eviction
 }
 
 // debug logs one decision at debug level, with a fingerprint of the session
@@ -343,18 +347,18 @@ func isLoopbackHost(host string) bool {
 	return err == nil && ip.IsLoopback()
 }
 
-// eraOf returns the index in eras of the request's protocol era.
-func eraOf(r *http.Request, sessionFields int) int {
+// eraOf returns the request's protocol era.
+func eraOf(r *http.Request, sessionFields int) Era {
 	switch {
 	case sessionFields > 0:
-		return 0 // EraLegacySession
+		return EraLegacySession
 	case len(r.Header["Mcp-Method"]) > 0:
-		return 1 // EraModern
+		return EraModern
 	}
 	if v := r.Header["Mcp-Protocol-Version"]; len(v) > 0 && isDate(v[0]) && v[0] >= ModernProtocolVersion {
-		return 1 // EraModern
+		return EraModern
 	}
-	return 2 // EraOther
+	return EraOther
 }
 
 // isDate reports whether v has the shape of an MCP protocol version, YYYY-MM-DD.

@@ -653,7 +653,7 @@ func TestPinnedResponses(t *testing.T) {
 	for _, tc := range []struct {
 		method  string
 		respond func(http.ResponseWriter, *http.Request, *reverseproxy.Upstream)
-		evicted EvictReason // "" if the session stays
+		evicted EvictReason // 0 (no reason) if the session stays
 	}{
 		{method: "POST", respond: answer(200)},
 		{method: "POST", respond: answer(202)},
@@ -694,7 +694,7 @@ func TestPinnedResponses(t *testing.T) {
 			}
 			got := lookupDial(f.h.table, testSessionID)
 			live := f.h.table.knownUpstream(up.Dial).LiveSessions()
-			if tc.evicted == "" {
+			if tc.evicted == 0 {
 				if got != up.Dial || live != 1 {
 					t.Errorf("session mapped to %q with %d live, want it kept on %q", got, live, up.Dial)
 				}

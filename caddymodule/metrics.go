@@ -87,10 +87,10 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 	counter(descUnknown, s.Unknown(), t.name)
 	counter(descGone, s.Gone(), t.name)
 	for _, r := range evictReasons {
-		counter(descEvicted, t.Evictions(r), t.name, string(r))
+		counter(descEvicted, t.Evictions(r), t.name, r.String())
 	}
 	for _, e := range eras {
-		counter(descRequests, s.Requests(e), t.name, string(e))
+		counter(descRequests, s.Requests(e), t.name, e.String())
 	}
 }
 

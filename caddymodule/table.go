@@ -30,60 +30,87 @@ const MinSessionTTL = time.Second
 // sweepBatch is the most entries the janitor examines under one lock hold.
 const sweepBatch = 1024
 
-// EvictReason says why a session left the table. The values are the
-// `reason` label of the evictions metric.
-type EvictReason string
+// EvictReason says why a session left the table: one of the Evict
+// constants. Its String is the `reason` label of the evictions metric. The
+// zero value is no reason; it and any other value that is none of the
+// constants are invalid: Table methods given one evict and count nothing.
+type EvictReason uint8
 
 // The reasons a session leaves the table.
 const (
 	// EvictTTL: idle for longer than the table's TTL, with no open GET stream.
-	EvictTTL EvictReason = "ttl"
+	EvictTTL EvictReason = iota + 1
 	// EvictLRU: the least recently used session, pushed out of a full table.
-	EvictLRU EvictReason = "lru"
+	EvictLRU
 	// EvictDelete: the upstream answered the session's DELETE with 2xx or 404.
-	EvictDelete EvictReason = "delete"
+	EvictDelete
 	// EvictUpstream404: the upstream answered a POST or DELETE of the session with 404.
-	EvictUpstream404 EvictReason = "upstream_404"
+	EvictUpstream404
 	// EvictUpstreamGone: the pinned upstream was removed, unhealthy or refused connections.
-	EvictUpstreamGone EvictReason = "upstream_gone"
+	EvictUpstreamGone
 	// EvictAdmin: an operator evicted the session through the admin API.
-	EvictAdmin EvictReason = "admin"
+	EvictAdmin
 	// EvictRelearned: another upstream answered an initialize with the same session ID.
-	EvictRelearned EvictReason = "relearned"
+	EvictRelearned
 )
 
-// evictReasons lists every EvictReason; a reason's index is its counter's.
+// evictReasonNames holds the label of each EvictReason at its value's index;
+// index 0, the zero value, is no reason.
+var evictReasonNames = [...]string{"", "ttl", "lru", "delete", "upstream_404", "upstream_gone", "admin", "relearned"}
+
+// evictReasons lists every valid EvictReason.
 var evictReasons = [...]EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstream404, EvictUpstreamGone, EvictAdmin, EvictRelearned}
 
-// index returns the reason's position in evictReasons, or -1.
-func (r EvictReason) index() int {
-	for i, x := range evictReasons {
-		if x == r {
-			return i
-		}
+// Valid reports whether r is one of the Evict constants.
+func (r EvictReason) Valid() bool { return r > 0 && int(r) < len(evictReasonNames) }
+
+// String returns the reason's metric label, e.g. "ttl", or
+// "EvictReason(<n>)" for an invalid value.
+func (r EvictReason) String() string {
+	if !r.Valid() {
+		return fmt.Sprintf("EvictReason(%d)", r)
 	}
-	return -1
+	return evictReasonNames[r]
 }
 
 // Era is the MCP protocol era of a request, as the proxy can tell it from
-// its headers. The values are the `era` label of the requests metric.
-type Era string
+// its headers: one of the Era constants. Its String is the `era` label of
+// the requests metric. The zero value and any value that is none of the
+// constants are invalid, and count no requests.
+type Era uint8
 
 // The eras of MCP traffic.
 const (
 	// EraLegacySession: a request carrying Mcp-Session-Id, which exists only
 	// in protocol versions 2025-03-26 to 2025-11-25.
-	EraLegacySession Era = "legacy_session"
+	EraLegacySession Era = iota + 1
 	// EraModern: a sessionless 2026-07-28 (or later) request, recognised by
 	// its Mcp-Method header or an MCP-Protocol-Version of 2026-07-28 or later
 	// (MCP 2026-07-28 transports, §Streamable HTTP headers).
-	EraModern Era = "modern_sessionless"
+	EraModern
 	// EraOther: any other request without a session: a legacy initialize,
 	// traffic of stateless servers, CORS preflights.
-	EraOther Era = "other_sessionless"
+	EraOther
 )
 
+// eraNames holds the label of each Era at its value's index; index 0, the
+// zero value, is no era.
+var eraNames = [...]string{"", "legacy_session", "modern_sessionless", "other_sessionless"}
+
+// eras lists every valid Era.
 var eras = [...]Era{EraLegacySession, EraModern, EraOther}
+
+// Valid reports whether e is one of the Era constants.
+func (e Era) Valid() bool { return e > 0 && int(e) < len(eraNames) }
+
+// String returns the era's metric label, e.g. "legacy_session", or
+// "Era(<n>)" for an invalid value.
+func (e Era) String() string {
+	if !e.Valid() {
+		return fmt.Sprintf("Era(%d)", e)
+	}
+	return eraNames[e]
+}
 
 // Upstream is the table's record of one upstream that owns sessions. It is
 // identified by its dial address (reverseproxy.Upstream.Dial), which stays the
@@ -133,8 +160,8 @@ type SessionInfo struct {
 // metrics collector and the admin API.
 type Stats struct {
 	learned, pinned, unknown, gone atomic.Uint64
-	eras                           [len(eras)]atomic.Uint64
-	evictions                      [len(evictReasons)]atomic.Uint64
+	eras                           [len(eraNames)]atomic.Uint64         // indexed by Era
+	evictions                      [len(evictReasonNames)]atomic.Uint64 // indexed by EvictReason
 }
 
 // Learned returns the number of sessions learned.
@@ -149,14 +176,12 @@ func (s *Stats) Unknown() uint64 { return s.unknown.Load() }
 // Gone returns the number of requests answered 404 because their session's upstream was gone.
 func (s *Stats) Gone() uint64 { return s.gone.Load() }
 
-// Requests returns the number of requests of era.
+// Requests returns the number of requests of era; 0 for an invalid era.
 func (s *Stats) Requests(era Era) uint64 {
-	for i, e := range eras {
-		if e == era {
-			return s.eras[i].Load()
-		}
+	if !era.Valid() {
+		return 0
 	}
-	return 0
+	return s.eras[era].Load()
 }
 
 // Table maps MCP session IDs to the upstream that created them. It is safe
@@ -291,8 +316,12 @@ func (t *Table) Learn(id, dial string) bool {
 	return true
 }
 
-// Evict removes session id for the given reason and reports whether the table held it.
+// Evict removes session id for the given reason and reports whether the
+// table held it. An invalid reason evicts nothing and returns false.
 func (t *Table) Evict(id string, reason EvictReason) bool {
+	if !reason.Valid() {
+		return false
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.reason = reason
@@ -300,11 +329,12 @@ func (t *Table) Evict(id string, reason EvictReason) bool {
 }
 
 // EvictUpstream removes every session of the upstream dialed at dial, for
-// reason, and returns how many it removed. It walks the whole table under
-// its lock: an operator's call, not a request path.
+// reason, and returns how many it removed (0 for an upstream the table does
+// not know, or an invalid reason). It walks the whole table under its lock:
+// an operator's call, not a request path.
 func (t *Table) EvictUpstream(dial string, reason EvictReason) int {
 	u := t.knownUpstream(dial)
-	if u == nil {
+	if u == nil || !reason.Valid() {
 		return 0
 	}
 	t.mu.Lock()
@@ -358,12 +388,13 @@ func (t *Table) Upstreams() []*Upstream {
 	return ups
 }
 
-// Evictions returns how many sessions left the table for reason since it was created.
+// Evictions returns how many sessions left the table for reason since it
+// was created; 0 for an invalid reason.
 func (t *Table) Evictions(reason EvictReason) uint64 {
-	if i := reason.index(); i >= 0 {
-		return t.Stats.evictions[i].Load()
+	if !reason.Valid() {
+		return 0
 	}
-	return 0
+	return t.Stats.evictions[reason].Load()
 }
 
 // upstream returns the record of dial, creating it on first use.
@@ -440,11 +471,11 @@ func (t *Table) SetLogger(l *zap.Logger) { t.logger.Store(l) }
 func (t *Table) onEvict(id string, e entry) {
 	if l := t.logger.Load(); l != nil {
 		if c := l.Check(zapcore.DebugLevel, "evicted"); c != nil {
-			c.Write(zap.String("reason", string(t.reason)), zap.String("session", fingerprint(id)), zap.String("upstream", e.up.dial))
+			c.Write(zap.Stringer("reason", t.reason), zap.String("session", fingerprint(id)), zap.String("upstream", e.up.dial))
 		}
 	}
 	e.up.live.Add(-1)
-	t.Stats.evictions[t.reason.index()].Add(1)
+	t.Stats.evictions[t.reason].Add(1) // valid: only the table's own code and Evict's checked reasons set it
 }
 
 // Sweep removes the sessions that have been idle longer than the TTL and
@@ -505,7 +536,7 @@ func (t *Table) StartJanitor(interval func(ttl time.Duration) time.Duration) {
 }
 
 // Destruct stops the janitor. The pool calls it when the last config using
-// the table is unloaded.
+// the table is unloaded. It never returns an error.
 func (t *Table) Destruct() error {
 	if t.stop != nil {
 		close(t.stop)

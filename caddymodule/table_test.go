@@ -576,13 +576,6 @@ func TestTableEvictionPaths(t *testing.T) {
 	}
 }
 
-func TestTableEvictionsUnknownReason(t *testing.T) {
-	tbl, _ := newTestTable(t, 2, time.Hour)
-	if got := tbl.Evictions("nonsense"); got != 0 {
-		t.Errorf("Evictions(nonsense) = %d, want 0", got)
-	}
-}
-
 // TestTableConcurrent hammers a small table from many goroutines; run it
 // with -race. At the end every upstream's live count must match the table.
 func TestTableConcurrent(t *testing.T) {
@@ -762,6 +755,34 @@ func TestTableUsedMoreOftenThanTTLNeverExpires(t *testing.T) {
 					t.Fatalf("idle for ttl + 1ns: Sweep() = %d, want 1", got)
 				}
 			})
+		}
+	}
+}
+
+// TestInvalidEvictReason: a reason that is none of the Evict constants (the
+// zero value, a conversion from a number) evicts and counts nothing, and
+// never indexes out of range.
+func TestInvalidEvictReason(t *testing.T) {
+	tbl, _ := newTestTable(t, 4, time.Hour)
+	tbl.Learn("s", "a:1")
+	for _, r := range []EvictReason{0, EvictReason(len(evictReasonNames)), 255} {
+		if tbl.Evict("s", r) || tbl.EvictUpstream("a:1", r) != 0 {
+			t.Errorf("%v evicted the session", r)
+		}
+		if r.Valid() || tbl.Evictions(r) != 0 {
+			t.Errorf("%v: Valid %v, Evictions %d; want false, 0", r, r.Valid(), tbl.Evictions(r))
+		}
+		if want := fmt.Sprintf("EvictReason(%d)", r); r.String() != want {
+			t.Errorf("String = %q, want %q", r.String(), want)
+		}
+	}
+	if up := tbl.Lookup("s"); up == nil || up.LiveSessions() != 1 {
+		t.Fatalf("the session was lost: %v", up)
+	}
+	wantEvictions(t, tbl, nil)
+	for i, r := range evictReasons {
+		if !r.Valid() || r.String() != evictReasonNames[i+1] {
+			t.Errorf("%d: Valid %v, String %q", r, r.Valid(), r.String())
 		}
 	}
 }
