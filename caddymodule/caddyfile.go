@@ -60,6 +60,9 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    unknown_session       reject|forward
 //	    localhost_protection  on|off
 //	}
+//
+// It returns a Caddyfile error, naming the line, for an unknown option, a
+// missing or extra argument, or a value that is not valid for its option.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
 	if d.NextArg() {
@@ -151,6 +154,10 @@ func parsePositiveInt(d *caddyfile.Dispenser, name, v string, dst *int) error {
 //	    table    <name>
 //	    fallback <policy> [<policy options...>]
 //	}
+//
+// It returns a Caddyfile error, naming the line, for an unknown option, a
+// repeated table or fallback, a missing policy name, or the fallback
+// policy's own error for its options.
 func (s *SessionSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name
 	if d.NextArg() {

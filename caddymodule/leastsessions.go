@@ -44,7 +44,8 @@ func (LeastSessionsSelection) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision fetches the session table from the mcp_sessions app.
+// Provision fetches the session table from the mcp_sessions app. It
+// returns the error of loading the app.
 func (s *LeastSessionsSelection) Provision(ctx caddy.Context) error {
 	if s.Table == "" {
 		s.Table = DefaultTableName
@@ -94,6 +95,9 @@ func (s *LeastSessionsSelection) Select(pool reverseproxy.UpstreamPool, _ *http.
 //	lb_policy least_sessions {
 //	    table <name>
 //	}
+//
+// It returns a Caddyfile error, naming the line, for an unknown option or a
+// missing, extra or repeated argument.
 func (s *LeastSessionsSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume policy name
 	if d.NextArg() {

@@ -59,7 +59,9 @@ func (SessionSelection) CaddyModule() caddy.ModuleInfo {
 }
 
 // Provision fetches the session table from the mcp_sessions app and loads
-// the fallback policy.
+// the fallback policy. It returns an error when the fallback policy cannot
+// be loaded (an unknown module, or its own provisioning error), or the
+// mcp_sessions app cannot be loaded.
 func (s *SessionSelection) Provision(ctx caddy.Context) error {
 	if s.Table == "" {
 		s.Table = DefaultTableName

@@ -31,7 +31,8 @@ type Config struct {
 }
 
 // Main runs a whoami server configured by args (without the program name)
-// until SIGINT or SIGTERM. Flags: -listen, -name, -json, -addr-file.
+// until SIGINT or SIGTERM. Flags: -listen, -name, -json, -addr-file. It
+// returns Run's errors.
 func Main(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -39,7 +40,8 @@ func Main(args []string) error {
 }
 
 // Run is Main with an explicit context and output: it serves until ctx is
-// done and prints the listening line to stdout.
+// done and prints the listening line to stdout. It returns ParseFlags's
+// error, the error of listening or of writing the address file, or Serve's.
 func Run(ctx context.Context, args []string, stdout io.Writer) error {
 	cfg, err := ParseFlags(args)
 	if err != nil {
@@ -60,7 +62,9 @@ func Run(ctx context.Context, args []string, stdout io.Writer) error {
 	return Serve(ctx, ln, cfg.Options)
 }
 
-// ParseFlags parses the whoami command line.
+// ParseFlags parses the whoami command line. It returns the flag
+// package's error for an unknown flag or a bad value, and an error listing
+// any arguments left after the flags.
 func ParseFlags(args []string) (Config, error) {
 	var cfg Config
 	fs := flag.NewFlagSet("whoami", flag.ContinueOnError)
@@ -79,7 +83,9 @@ func ParseFlags(args []string) (Config, error) {
 
 // Serve serves the whoami MCP server on ln until ctx is done, then shuts
 // down: open streams are cancelled and in-flight requests get up to
-// ShutdownTimeout to finish.
+// ShutdownTimeout to finish. It returns the server's error if it stops
+// serving before ctx is done, and otherwise the error of shutting down
+// (nil when every connection closed in time).
 func Serve(ctx context.Context, ln net.Listener, opts Options) error {
 	baseCtx, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
@@ -149,7 +155,9 @@ func shutdown(srv *http.Server) error {
 }
 
 // WriteFileAtomic writes data to path through a temporary file in the same
-// directory and a rename, so that a reader never sees a partial file.
+// directory and a rename, so that a reader never sees a partial file. It
+// returns the error of creating, writing, closing or renaming the file; the
+// temporary file is removed on failure.
 func WriteFileAtomic(path string, data []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
