@@ -76,7 +76,7 @@ func isConnectionError(err error) bool {
 type sessionPlan struct {
 	calls   int           // whoami calls
 	version string        // protocol version the client asks for; "" for its default
-	pause   time.Duration // after each call, a random pause up to this long; 0 for none
+	pause   time.Duration // after each call, a random pause of pause/4 to pause; 0 for none
 }
 
 // sessionReport is the outcome of one client session.
@@ -132,7 +132,7 @@ func (r *sessionReport) call(ctx context.Context, cs *mcp.ClientSession, plan se
 			r.misrouted++
 		}
 		if plan.pause > 0 {
-			time.Sleep(rand.N(plan.pause))
+			time.Sleep(plan.pause/4 + rand.N(plan.pause*3/4))
 		}
 	}
 	return nil
