@@ -121,11 +121,11 @@ var dashboardMutations = []struct{ name, old, new, want string }{
 func scrapeAfterScenario(t *testing.T) map[string]map[string]bool {
 	t.Helper()
 	bs := startBackends(t, 2, false)
-	p := startProxy(t, "mcp_proxy "+addrs(bs)+" {\n\t\ttable dashboard\n\t}")
-	if r := runSessions(t, p.url(), 4, 2); r.ok != 4 {
+	p := startProxy(t, "mcp_proxy "+upstreams(bs)+" {\n\t\ttable dashboard\n\t}")
+	if r := runSessions(t, p.url(), 4, sessionPlan{calls: 2}); r.ok != 4 {
 		t.Fatalf("scenario: %s", r)
 	}
-	drain := map[string]string{"table": "dashboard", "upstream": bs[0].addr}
+	drain := map[string]string{"table": "dashboard", "upstream": bs[0].Addr()}
 	if st := adminCall(t, http.MethodPost, "/mcp_sessions/drain", drain, nil); st != http.StatusOK {
 		t.Fatalf("drain: %d", st)
 	}

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // TestGet404KeepsSession: TypeScript SDK servers without a GET route (the
@@ -24,12 +26,12 @@ import (
 func TestGet404KeepsSession(t *testing.T) {
 	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod", "express")
 	ss := startTSServers(t, env, 2, "g", "--express")
-	p := startProxy(t, "mcp_proxy "+tsPeerAddrs(ss))
+	p := startProxy(t, "mcp_proxy "+upstreams(ss))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 
 	t.Run("HTTP requests", func(t *testing.T) {
-		direct := get404Exchanges(t, hc, ss[0].url())
+		direct := get404Exchanges(t, hc, ss[0].URL())
 		proxied := get404Exchanges(t, hc, p.url())
 		for i, g := range proxied {
 			w := direct[i]
@@ -51,10 +53,10 @@ func TestGet404KeepsSession(t *testing.T) {
 
 	t.Run("go-sdk clients", func(t *testing.T) {
 		const sessions, calls = 10, 5
-		direct := runSessions(t, ss[0].url(), sessions, calls)
-		proxied := runSessions(t, p.url(), sessions, calls)
+		direct := runSessions(t, ss[0].URL(), sessions, sessionPlan{calls: calls})
+		proxied := runSessions(t, p.url(), sessions, sessionPlan{calls: calls})
 		t.Logf("direct: %s; through mcp_proxy: %s", direct, proxied)
-		if direct.ok != sessions || proxied.ok != sessions || proxied.calls != sessions*calls {
+		if direct.ok != sessions || proxied.ok != sessions || proxied.onCreator != sessions*calls {
 			t.Fatalf("want %d/%d sessions and %d calls both ways; direct %s; through mcp_proxy %s",
 				sessions, sessions, sessions*calls, direct, proxied)
 		}
@@ -62,7 +64,7 @@ func TestGet404KeepsSession(t *testing.T) {
 
 	t.Run("TypeScript SDK clients", func(t *testing.T) {
 		const sessions, calls = 5, 5
-		direct := runTSClients(t, env, ss[0].url(), sessions, calls)
+		direct := runTSClients(t, env, ss[0].URL(), sessions, calls)
 		proxied := runTSClients(t, env, p.url(), sessions, calls)
 		t.Logf("direct: %+v; through mcp_proxy: %+v", direct, proxied)
 		for _, s := range []tsClientSummary{direct, proxied} {
@@ -74,26 +76,26 @@ func TestGet404KeepsSession(t *testing.T) {
 	})
 
 	t.Run("session really gone", func(t *testing.T) {
-		init := tsDo(t, hc, "initialize", http.MethodPost, p.url(), tsMCPHeaders("", tsOrigin), tsInitBody)
+		init := send(t, hc, http.MethodPost, p.url(), tsMCPHeaders("", tsOrigin), initBody).as("initialize")
 		session := init.header.Get("Mcp-Session-Id")
-		i := slices.IndexFunc(ss, func(s *tsPeer) bool { return s.name == init.header.Get("X-Custom") })
+		i := slices.IndexFunc(ss, func(s *testproc.Proc) bool { return s.Name() == init.header.Get("X-Custom") })
 		if init.status != http.StatusOK || session == "" || i < 0 {
 			t.Fatalf("initialize: %d %v %q", init.status, init.header, init.body)
 		}
 		owner, hdr := ss[i], tsMCPHeaders(session, tsOrigin)
 		// The server forgets the session: a DELETE sent to it directly.
-		if ex := tsDo(t, hc, "DELETE, direct", http.MethodDelete, owner.url(), hdr, ""); ex.status != http.StatusOK {
+		if ex := send(t, hc, http.MethodDelete, owner.URL(), hdr, "").as("DELETE, direct"); ex.status != http.StatusOK {
 			t.Fatalf("DELETE sent directly: %d %q", ex.status, ex.body)
 		}
-		if ex := tsDo(t, hc, "GET", http.MethodGet, p.url(), getHeaders(hdr), ""); ex.status != http.StatusNotFound || !strings.Contains(ex.body, "Cannot GET") {
+		if ex := send(t, hc, http.MethodGet, p.url(), getHeaders(hdr), "").as("GET"); ex.status != http.StatusNotFound || !strings.Contains(ex.body, "Cannot GET") {
 			t.Fatalf("GET: %d %q; want Express's 404", ex.status, ex.body)
 		}
-		post := tsDo(t, hc, "POST", http.MethodPost, p.url(), hdr, tsWhoamiCall)
-		if e, err := tsParseRPCError(post.body); post.status != http.StatusNotFound || err != nil || e.Error.Code != -32001 || post.header.Get("X-Custom") != owner.name {
-			t.Fatalf("POST of the forgotten session: %d %v %q; want %s's own 404", post.status, post.header, post.body, owner.name)
+		post := send(t, hc, http.MethodPost, p.url(), hdr, tsWhoamiCall).as("POST")
+		if e, err := parseRPCError(post.body); post.status != http.StatusNotFound || err != nil || e.Error.Code != -32001 || post.header.Get("X-Custom") != owner.Name() {
+			t.Fatalf("POST of the forgotten session: %d %v %q; want %s's own 404", post.status, post.header, post.body, owner.Name())
 		}
 		seen := tsStatsOf(t, owner).BySession[session]
-		tsRequireProxy404(t, tsDo(t, hc, "POST after the server's 404", http.MethodPost, p.url(), hdr, tsWhoamiCall))
+		checkProxy404(t, send(t, hc, http.MethodPost, p.url(), hdr, tsWhoamiCall).as("POST after the server's 404"))
 		if n := tsStatsOf(t, owner).BySession[session]; n != seen {
 			t.Fatalf("the ended session still reached its server (%d requests, was %d)", n, seen)
 		}
@@ -102,18 +104,18 @@ func TestGet404KeepsSession(t *testing.T) {
 
 // get404Exchanges makes, against url: initialize, the GET that opens the
 // standalone stream, and a whoami call, as an MCP client does.
-func get404Exchanges(t *testing.T, hc *http.Client, url string) []tsExchange {
+func get404Exchanges(t *testing.T, hc *http.Client, url string) []exchange {
 	t.Helper()
-	init := tsDo(t, hc, "initialize", http.MethodPost, url, tsMCPHeaders("", tsOrigin), tsInitBody)
+	init := send(t, hc, http.MethodPost, url, tsMCPHeaders("", tsOrigin), initBody).as("initialize")
 	session := init.header.Get("Mcp-Session-Id")
 	if init.status != http.StatusOK || session == "" {
 		t.Fatalf("initialize through %s: %d %q", url, init.status, init.body)
 	}
 	hdr := tsMCPHeaders(session, tsOrigin)
-	tsDo(t, hc, "notifications/initialized", http.MethodPost, url, hdr, tsInitializedMsg)
-	get := tsDo(t, hc, "GET", http.MethodGet, url, getHeaders(hdr), "")
-	call := tsDo(t, hc, "POST after the GET", http.MethodPost, url, hdr, tsWhoamiCall)
-	return []tsExchange{init, get, call}
+	send(t, hc, http.MethodPost, url, hdr, tsInitializedMsg).as("notifications/initialized")
+	get := send(t, hc, http.MethodGet, url, getHeaders(hdr), "").as("GET")
+	call := send(t, hc, http.MethodPost, url, hdr, tsWhoamiCall).as("POST after the GET")
+	return []exchange{init, get, call}
 }
 
 // getHeaders turns the headers of an MCP POST into those of the GET that
