@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"testing"
 	"time"
 
@@ -106,15 +107,15 @@ func setDraining(t testing.TB, table, upstream string, on bool) caddymodule.Upst
 	return st
 }
 
-// tableOf returns table's entry in GET /mcp_sessions/, or false.
-func tableOf(t testing.TB, table string) (caddymodule.TableStatus, bool) {
+// tableOf returns the admin API's view of the running config's table name,
+// failing the test when there is none.
+func tableOf(t testing.TB, name string) caddymodule.TableStatus {
 	t.Helper()
 	var list []caddymodule.TableStatus
 	adminOK(t, http.MethodGet, "/mcp_sessions/", nil, &list)
-	for _, ts := range list {
-		if ts.Table == table {
-			return ts, true
-		}
+	i := slices.IndexFunc(list, func(s caddymodule.TableStatus) bool { return s.Table == name })
+	if i < 0 {
+		t.Fatalf("the running config has no table %q: %+v", name, list)
 	}
-	return caddymodule.TableStatus{}, false
+	return list[i]
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,29 +11,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
-
-// tableStatus is the admin API's view of one table.
-type tableStatus struct {
-	Table       string           `json:"table"`
-	Sessions    int              `json:"sessions"`
-	MaxSessions int              `json:"max_sessions"`
-	SessionTTL  string           `json:"session_ttl"`
-	Upstreams   []upstreamStatus `json:"upstreams"`
-}
-
-// tableOf returns the admin API's view of the running config's table name.
-func tableOf(t testing.TB, name string) tableStatus {
-	t.Helper()
-	var list []tableStatus
-	if st := adminCall(t, http.MethodGet, "/mcp_sessions/", nil, &list); st != http.StatusOK {
-		t.Fatalf("GET /mcp_sessions/: %d", st)
-	}
-	i := slices.IndexFunc(list, func(s tableStatus) bool { return s.Table == name })
-	if i < 0 {
-		t.Fatalf("the running config has no table %q: %+v", name, list)
-	}
-	return list[i]
-}
 
 // withGlobal returns cfg, a Caddyfile whose first block is the global
 // options, with extra added to them.
@@ -82,7 +58,7 @@ func TestSessionsAppSettings(t *testing.T) {
 	defer hc.CloseIdleConnections()
 
 	// The global option sets the bounds of a table mcp_proxy names.
-	loadCaddyfile(t, withGlobal(site("mcp_proxy "+addrs(bs)+" {\n\t\ttable app\n\t}"),
+	loadCaddyfile(t, withGlobal(site("mcp_proxy "+upstreams(bs)+" {\n\t\ttable app\n\t}"),
 		"mcp_sessions app {\n\t\tmax_sessions 10\n\t\tsession_ttl 1h\n\t}"))
 	css := openSessions(ctx, t, url, hc, 6)
 	if st := tableOf(t, "app"); st.MaxSessions != 10 || st.SessionTTL != "1h0m0s" || st.Sessions != 6 {
@@ -95,7 +71,7 @@ func TestSessionsAppSettings(t *testing.T) {
 		table app
 		max_sessions 1
 	}
-	reverse_proxy ` + addrs(bs) + ` {
+	reverse_proxy ` + upstreams(bs) + ` {
 		lb_policy mcp_session {
 			table other
 		}
@@ -115,7 +91,7 @@ func TestSessionsAppSettings(t *testing.T) {
 
 	// A reload that lowers max_sessions applies at the reload: the least
 	// recently used sessions go before any request arrives.
-	reloadViaAdmin(t, site("mcp_proxy "+addrs(bs)+" {\n\t\ttable app\n\t\tmax_sessions 3\n\t}"))
+	reloadViaAdmin(t, site("mcp_proxy "+upstreams(bs)+" {\n\t\ttable app\n\t\tmax_sessions 3\n\t}"))
 	if st := tableOf(t, "app"); st.MaxSessions != 3 || st.Sessions != 3 || st.SessionTTL != "24h0m0s" {
 		t.Fatalf("after reloading with max_sessions 3: %+v, want 3 sessions of 3, the default ttl", st)
 	}
@@ -137,7 +113,7 @@ func TestSessionsAppSettings(t *testing.T) {
 	}
 
 	// Two places that set one option differently fail the load.
-	err = tryLoadCaddyfile(t, withGlobal(site("mcp_proxy "+addrs(bs)+" {\n\t\ttable app\n\t\tmax_sessions 5\n\t}"),
+	err = tryLoadCaddyfile(t, withGlobal(site("mcp_proxy "+upstreams(bs)+" {\n\t\ttable app\n\t\tmax_sessions 5\n\t}"),
 		"mcp_sessions app {\n\t\tmax_sessions 7\n\t}"))
 	if err == nil || !strings.Contains(err.Error(), "max_sessions 5 in an mcp_session handler, but 7 in the mcp_sessions app") {
 		t.Fatalf("conflicting max_sessions: err = %v", err)

@@ -161,9 +161,9 @@ func TestAdminAPI(t *testing.T) {
 	defer hc.CloseIdleConnections()
 	ids := []string{initialize(t, hc, p.url()), initialize(t, hc, p.url()), initialize(t, hc, p.url())}
 
-	table, found := tableOf(t, "admin")
-	if !found || table.Sessions != 3 || table.MaxSessions != 500 {
-		t.Fatalf("list: want table admin with 3 sessions of 500, got %+v (found %v)", table, found)
+	table := tableOf(t, "admin")
+	if table.Sessions != 3 || table.MaxSessions != 500 {
+		t.Fatalf("list: want table admin with 3 sessions of 500, got %+v", table)
 	}
 	perUpstream := map[string]int64{}
 	for _, u := range table.Upstreams {

@@ -1,10 +1,13 @@
 package tests
 
 import (
+	"bufio"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Raw HTTP requests, for what the go-sdk client does not show: exact
@@ -84,4 +87,29 @@ func newH2CClient() *http.Client {
 	p := new(http.Protocols)
 	p.SetUnencryptedHTTP2(true)
 	return &http.Client{Transport: &http.Transport{Protocols: p}}
+}
+
+// rawRequest sends a request written byte for byte over a new connection to
+// addr and returns the response with its body read.
+func rawRequest(t testing.TB, addr, method, raw string) (*http.Response, string) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
+	if _, err := io.WriteString(conn, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: method})
+	if err != nil {
+		t.Fatalf("%s: reading the response: %v", method, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s: reading the body: %v", method, err)
+	}
+	return resp, string(body)
 }

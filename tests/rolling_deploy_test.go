@@ -600,7 +600,7 @@ func TestDrainSurvivesReload(t *testing.T) {
 	}
 	// The new config is the one running. (Its handler applies its bounds to
 	// the table when it serves its first request, so check after some.)
-	if ts, _ := tableOf(t, table); ts.MaxSessions != 5000 {
+	if ts := tableOf(t, table); ts.MaxSessions != 5000 {
 		t.Fatalf("the reload did not apply max_sessions 5000 to table %s: %+v", table, ts)
 	}
 

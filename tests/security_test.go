@@ -1,12 +1,10 @@
 package tests
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -18,29 +16,6 @@ import (
 // Security and abuse: hop-by-hop tricks, DNS rebinding over every listener
 // type, short session TTLs.
 
-// rawHTTP1 sends req, written as is, on a new TCP connection to addr and
-// returns the response status line and body. It bypasses Go's client,
-// which might rewrite hop-by-hop fields.
-func rawHTTP1(t testing.TB, addr, req string) (status int, body string) {
-	t.Helper()
-	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(conn, req); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("reading the response: %v", err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 // TestConnectionCannotStripSession: a request that lists Mcp-Session-Id in
 // Connection would be pinned on the session, then forwarded without it
 // (a proxy strips the fields Connection names). The proxy answers 400
@@ -48,7 +23,7 @@ func rawHTTP1(t testing.TB, addr, req string) (status int, body string) {
 // keeps working. The control lists another field and is pinned as usual.
 func TestConnectionCannotStripSession(t *testing.T) {
 	bs := startBackends(t, 2, true)
-	p := startProxy(t, "mcp_proxy "+addrs(bs))
+	p := startProxy(t, "mcp_proxy "+upstreams(bs))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -70,14 +45,14 @@ func TestConnectionCannotStripSession(t *testing.T) {
 			p.addr, cs.ID(), connection, len(call), call)
 	}
 	for _, connection := range []string{"Mcp-Session-Id", "close, mcp-session-id", "keep-alive,MCP-SESSION-ID ", "Mcp-Session-Id, close"} {
-		status, body := rawHTTP1(t, p.addr, request(connection))
-		if status != http.StatusBadRequest || !strings.Contains(body, "Connection names Mcp-Session-Id") {
-			t.Errorf("Connection: %s: %d %q; want the proxy's 400", connection, status, body)
+		resp, body := rawRequest(t, p.addr, http.MethodPost, request(connection))
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "Connection names Mcp-Session-Id") {
+			t.Errorf("Connection: %s: %d %q; want the proxy's 400", connection, resp.StatusCode, body)
 		}
 	}
-	status, body := rawHTTP1(t, p.addr, request("close, X-Other"))
-	if status != http.StatusOK || !strings.Contains(body, owner.Server) {
-		t.Errorf("control, Connection: close, X-Other: %d %q; want 200 from %s", status, body, owner.Server)
+	resp, body := rawRequest(t, p.addr, http.MethodPost, request("close, X-Other"))
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, owner.Server) {
+		t.Errorf("control, Connection: close, X-Other: %d %q; want 200 from %s", resp.StatusCode, body, owner.Server)
 	}
 	if again, err := whoami(ctx, cs); err != nil || again.Server != owner.Server {
 		t.Fatalf("the session after the rejected requests: %+v, %v; want it alive on %s", again, err, owner.Server)
@@ -119,7 +94,7 @@ https://localhost:%d, https://evil.example:%d {
 // every protocol. The control, localhost_protection off, lets the foreign
 // Host through to the go-sdk server over HTTP/3, so the 403 is the check's.
 func TestDNSRebindingProtectionOverHTTP3(t *testing.T) {
-	b := startBackend(t, "s1", true)
+	b := startBackends(t, 1, true)[0]
 	port := mustFreePort()
 	tlsConf := &tls.Config{ServerName: "localhost", InsecureSkipVerify: true} //nolint:gosec // Caddy's internal CA, loopback test
 	h3 := &http.Client{Transport: &http3.Transport{TLSClientConfig: tlsConf.Clone()}, Timeout: 10 * time.Second}
@@ -132,10 +107,10 @@ func TestDNSRebindingProtectionOverHTTP3(t *testing.T) {
 	url := fmt.Sprintf("https://127.0.0.1:%d/mcp", port)
 	try := func(hc *http.Client, host string) exchange {
 		t.Helper()
-		return sendWithHost(t, hc, http.MethodPost, url, host, mcpPOSTHeaders(""), goSDKInitBody)
+		return sendWithHost(t, hc, http.MethodPost, url, host, mcpPOSTHeaders(""), initBody)
 	}
 
-	loadCaddyfile(t, tlsSiteConfig(t, port, "mcp_proxy "+b.addr))
+	loadCaddyfile(t, tlsSiteConfig(t, port, "mcp_proxy "+b.Addr()))
 	waitForHTTP3(t, h3, url)
 	for _, c := range clients {
 		for _, host := range []string{"evil.example", fmt.Sprintf("evil.example:%d", port)} {
@@ -150,7 +125,7 @@ func TestDNSRebindingProtectionOverHTTP3(t *testing.T) {
 		}
 	}
 
-	loadCaddyfile(t, tlsSiteConfig(t, port, "mcp_proxy "+b.addr+" {"+behindTunnel+"\n\t}"))
+	loadCaddyfile(t, tlsSiteConfig(t, port, "mcp_proxy "+b.Addr()+" {"+behindTunnel+"\n\t}"))
 	waitForHTTP3(t, h3, url)
 	if ex := try(h3, "evil.example"); ex.proto != "HTTP/3.0" || ex.status != http.StatusOK {
 		t.Fatalf("control, localhost_protection off over HTTP/3: %s %d %q; want the go-sdk server's 200", ex.proto, ex.status, ex.body)
@@ -193,7 +168,7 @@ func waitForHTTP3(t testing.TB, h3 *http.Client, url string) {
 // (the proxy's 404).
 func TestShortTTLSessionInUseNeverExpires(t *testing.T) {
 	bs := startBackends(t, 2, true)
-	p := startProxy(t, "mcp_proxy "+addrs(bs)+" {\n\t\tsession_ttl 1s\n\t}")
+	p := startProxy(t, "mcp_proxy "+upstreams(bs)+" {\n\t\tsession_ttl 1s\n\t}")
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 

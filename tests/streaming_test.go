@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -464,31 +463,6 @@ func TestLastEventIDReachesOwner(t *testing.T) {
 	if n := other.mcpRequests(); n != 0 {
 		t.Errorf("the other upstream got %d requests; want 0", n)
 	}
-}
-
-// rawRequest sends a request written byte for byte over a new connection to
-// addr and returns the response with its body read.
-func rawRequest(t testing.TB, addr, method, raw string) (*http.Response, string) {
-	t.Helper()
-	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
-	if _, err := io.WriteString(conn, raw); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: method})
-	if err != nil {
-		t.Fatalf("%s: reading the response: %v", method, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s: reading the body: %v", method, err)
-	}
-	return resp, string(body)
 }
 
 // TestEmptyResponsesPassThrough: a 202 with no body to a notification comes
