@@ -89,6 +89,9 @@ type SessionStatus struct {
 	IdleSeconds float64 `json:"idle_seconds"`
 	// OpenStreams is the number of GET streams of the session open through the proxy.
 	OpenStreams int `json:"open_streams"`
+	// PrincipalBound is true when the session is bound to a principal
+	// (`bind_principal`); only requests with the same principal may use it.
+	PrincipalBound bool `json:"principal_bound"`
 	// Evicted is true in the answer to an evict call that removed the session.
 	Evicted bool `json:"evicted,omitempty"`
 }
@@ -249,6 +252,7 @@ func sessionStatus(table, id string, evict bool) (SessionStatus, error) {
 	st := SessionStatus{
 		Table: t.name, Fingerprint: fingerprint(id), Upstream: info.Upstream,
 		AgeSeconds: info.Age.Seconds(), IdleSeconds: info.Idle.Seconds(), OpenStreams: info.OpenStreams,
+		PrincipalBound: info.Bound,
 	}
 	if evict {
 		st.Evicted = t.Evict(id, EvictAdmin)

@@ -57,13 +57,34 @@ type TableConfig struct {
 	// is open through the proxy does not expire while the stream is open.
 	// The minimum is `1s`. Default: `24h`.
 	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
+
+	// Binds each session to the principal of the request that opened it: a
+	// placeholder template, evaluated for the initialize request, whose
+	// value the table keeps as a keyed hash (HMAC-SHA256 under a random
+	// per-process key). A later request of the session whose template
+	// evaluates to another value gets the same 404 as an unknown session,
+	// never reaches the upstream, and neither ends nor refreshes the
+	// session (MCP 2025-11-25, Security Best Practices, "Session
+	// Hijacking": bind session state to the user). Placeholders without a
+	// value evaluate to empty; a session opened with an empty principal is
+	// unbound and any request may use it.
+	//
+	// Any placeholder works: `{http.auth.user.id}` (set by Caddy's
+	// authentication handlers), `{http.request.header.Authorization}` (a
+	// static API key; an OAuth client that refreshes its token mid-session
+	// would lose its session), `{http.request.tls.client.fingerprint}`, or
+	// `{http.request.cookie.NAME}`. `off` turns binding off. Default:
+	// `{http.auth.user.id}`, which binds sessions when Caddy authenticates
+	// the request (and survives token refresh), and leaves them unbound
+	// when it does not.
+	BindPrincipal string `json:"bind_principal,omitempty"`
 }
 
 // tableUse is one table of the config: its merged settings, where each
 // setting came from, and the table itself.
 type tableUse struct {
 	cfg     TableConfig
-	sources [2]string // where max_sessions and session_ttl were set
+	sources map[string]string // option -> where it was set
 	table   *Table
 }
 
@@ -150,24 +171,28 @@ func (c TableConfig) validate(name string) error {
 
 // merge adds the settings cfg, made in source, to u's.
 func (u *tableUse) merge(name string, cfg TableConfig, source string) error {
-	if err := mergeSetting(name, "max_sessions", &u.cfg.MaxSessions, cfg.MaxSessions, &u.sources[0], source, "%d"); err != nil {
-		return err
+	if u.sources == nil {
+		u.sources = map[string]string{}
 	}
-	return mergeSetting(name, "session_ttl", &u.cfg.SessionTTL, cfg.SessionTTL, &u.sources[1], source, "%s")
+	return errors.Join(
+		mergeSetting(name, "max_sessions", &u.cfg.MaxSessions, cfg.MaxSessions, u.sources, source, "%d"),
+		mergeSetting(name, "session_ttl", &u.cfg.SessionTTL, cfg.SessionTTL, u.sources, source, "%s"),
+		mergeSetting(name, "bind_principal", &u.cfg.BindPrincipal, cfg.BindPrincipal, u.sources, source, "%q"),
+	)
 }
 
 // mergeSetting sets *dst to v if v is set, unless *dst was set to another
-// value elsewhere (*dstSource).
-func mergeSetting[T comparable](table, option string, dst *T, v T, dstSource *string, source, format string) error {
+// value elsewhere (sources[option]).
+func mergeSetting[T comparable](table, option string, dst *T, v T, sources map[string]string, source, format string) error {
 	var zero T
 	if v == zero || *dst == v {
 		return nil
 	}
 	if *dst != zero {
 		return fmt.Errorf("session table %q: %s "+format+" in %s, but "+format+" in %s; "+
-			"give the table one setting, or use different table names", table, option, display(v), source, display(*dst), *dstSource)
+			"give the table one setting, or use different table names", table, option, display(v), source, display(*dst), sources[option])
 	}
-	*dst, *dstSource = v, source
+	*dst, sources[option] = v, source
 	return nil
 }
 
@@ -184,6 +209,13 @@ func (u *tableUse) maxSessions() int {
 		return DefaultMaxSessions
 	}
 	return u.cfg.MaxSessions
+}
+
+func (u *tableUse) bindPrincipal() string {
+	if u.cfg.BindPrincipal == "" {
+		return DefaultBindPrincipal
+	}
+	return u.cfg.BindPrincipal
 }
 
 func (u *tableUse) ttl() time.Duration {
@@ -204,6 +236,7 @@ func (a *App) Start() error {
 	defer a.mu.Unlock()
 	for _, u := range a.uses {
 		u.table.Configure(u.maxSessions(), u.ttl())
+		u.table.SetBindPrincipal(u.bindPrincipal())
 	}
 	return nil
 }

@@ -59,6 +59,7 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    max_session_id_length <bytes>
 //	    unknown_session       reject|forward
 //	    localhost_protection  on|off
+//	    bind_principal        <placeholder template>|off
 //	}
 //
 // It returns a Caddyfile error, naming the line, for an unknown option, a
@@ -106,6 +107,8 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 			h.SessionTTL = caddy.Duration(dur)
 			return nil
 		}
+	case "bind_principal":
+		set = func(v string) error { h.BindPrincipal = v; return nil }
 	case "localhost_protection":
 		set = func(v string) error {
 			if v != "on" && v != "off" {
@@ -235,6 +238,7 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    max_session_id_length <bytes>
 //	    unknown_session       reject|forward
 //	    localhost_protection  on|off
+//	    bind_principal        <placeholder template>|off
 //	    fallback              <policy> [<policy options...>]
 //
 //	    # any reverse_proxy subdirective except lb_policy
@@ -383,8 +387,9 @@ func newProxyHandler(policy *SessionSelection) *reverseproxy.Handler {
 // option of that name; the option may be given once per table. Syntax:
 //
 //	mcp_sessions [<table>] {
-//	    max_sessions <count>
-//	    session_ttl  <duration>
+//	    max_sessions   <count>
+//	    session_ttl    <duration>
+//	    bind_principal <placeholder template>|off
 //	}
 //
 // The table's name defaults to `default`.
@@ -423,7 +428,7 @@ func (a *App) unmarshalTable(d *caddyfile.Dispenser) error {
 	seen := map[string]bool{}
 	for d.NextBlock(0) {
 		switch d.Val() {
-		case "max_sessions", "session_ttl":
+		case "max_sessions", "session_ttl", "bind_principal":
 			if _, err := h.unmarshalOption(d, seen); err != nil {
 				return err
 			}
@@ -431,7 +436,7 @@ func (a *App) unmarshalTable(d *caddyfile.Dispenser) error {
 			return d.Errf("unrecognized %s option '%s'", AppName, d.Val())
 		}
 	}
-	cfg.MaxSessions, cfg.SessionTTL = h.MaxSessions, h.SessionTTL
+	cfg.MaxSessions, cfg.SessionTTL, cfg.BindPrincipal = h.MaxSessions, h.SessionTTL, h.BindPrincipal
 	return nil
 }
 

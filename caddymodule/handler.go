@@ -118,6 +118,16 @@ type Handler struct {
 	// on loopback. Default: false.
 	DisableLocalhostProtection bool `json:"disable_localhost_protection,omitempty"`
 
+	// Binds each session to the principal of the request that opened it,
+	// as the `mcp_sessions` app's `bind_principal` for this table (the same
+	// rules as `max_sessions`): a placeholder template such as
+	// `{http.auth.user.id}` or `{http.request.header.Authorization}`, or
+	// `off`. A request of a session bound to another principal gets the
+	// same 404 as an unknown session and never reaches the upstream.
+	// Default: `{http.auth.user.id}` (bound when Caddy authenticates the
+	// request, unbound otherwise).
+	BindPrincipal string `json:"bind_principal,omitempty"`
+
 	table          *Table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
 	logger         *zap.Logger
@@ -154,7 +164,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	t, err := app.Table(h.Table, TableConfig{MaxSessions: h.MaxSessions, SessionTTL: h.SessionTTL}, "an mcp_session handler")
+	t, err := app.Table(h.Table, TableConfig{MaxSessions: h.MaxSessions, SessionTTL: h.SessionTTL, BindPrincipal: h.BindPrincipal}, "an mcp_session handler")
 	if err != nil {
 		return err
 	}
@@ -201,7 +211,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if problem != "" {
 		return writeBadSession(w, problem)
 	}
-	up := h.table.Lookup(id)
+	up, mismatch := h.table.LookupAs(id, principalOf(r, h.table.BindPrincipal()))
+	if mismatch {
+		return h.serveMismatch(w, id)
+	}
 	if up == nil {
 		return h.serveUnknown(w, r, next, id)
 	}
@@ -215,6 +228,17 @@ func (h *Handler) serveUnknown(w http.ResponseWriter, r *http.Request, next cadd
 	if h.UnknownSession == UnknownSessionForward {
 		return next.ServeHTTP(w, r)
 	}
+	return writeSessionNotFound(w, "Session not found")
+}
+
+// serveMismatch answers a request whose session is bound to another
+// principal exactly as an unknown session is answered with `unknown_session
+// reject`, so that a client cannot tell the two apart. It is never
+// forwarded, even with `unknown_session forward`: the session's upstream
+// would serve it.
+func (h *Handler) serveMismatch(w http.ResponseWriter, id string) error {
+	h.table.Stats.mismatch.Add(1)
+	h.debug("principal_mismatch", id, "")
 	return writeSessionNotFound(w, "Session not found")
 }
 
@@ -273,7 +297,7 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 		}
 		return
 	}
-	if h.table.Learn(ids[0], sel.Dial) {
+	if h.table.LearnFrom(ids[0], sel.Dial, Origin{Principal: principalOf(r, h.table.BindPrincipal())}) {
 		h.debug("learned", ids[0], sel.Dial)
 	}
 }

@@ -23,6 +23,8 @@ var (
 		"Requests carrying a session the table does not hold (answered 404 unless unknown_session is forward).", []string{"table"}, nil)
 	descGone = prometheus.NewDesc("caddy_mcp_upstream_gone_total",
 		"Requests answered 404 because their session's upstream was removed, unhealthy or refused the connection.", []string{"table"}, nil)
+	descMismatch = prometheus.NewDesc("caddy_mcp_principal_mismatch_total",
+		"Requests answered 404 because their principal was not the one their session is bound to (bind_principal).", []string{"table"}, nil)
 	descEvicted = prometheus.NewDesc("caddy_mcp_sessions_evicted_total",
 		"Sessions removed from the table, by reason.", []string{"table", "reason"}, nil)
 	descRequests = prometheus.NewDesc("caddy_mcp_requests_total",
@@ -52,7 +54,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 
 // Describe sends the descriptors of all the plugin's metrics.
 func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descPinned, descUnknown, descGone, descEvicted, descRequests} {
+	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descPinned, descUnknown, descGone, descMismatch, descEvicted, descRequests} {
 		ch <- d
 	}
 }
@@ -86,6 +88,7 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 	counter(descPinned, s.Pinned(), t.name)
 	counter(descUnknown, s.Unknown(), t.name)
 	counter(descGone, s.Gone(), t.name)
+	counter(descMismatch, s.PrincipalMismatches(), t.name)
 	for _, r := range evictReasons {
 		counter(descEvicted, t.Evictions(r), t.name, r.String())
 	}

@@ -132,7 +132,7 @@ func (u *Upstream) LiveSessions() int64 { return u.live.Load() }
 // sessions but keeps serving its pinned ones.
 func (u *Upstream) Draining() bool { return u.draining.Load() }
 
-// entry is the table's value for one session. It is kept small (24 bytes):
+// entry is the table's value for one session. It is kept small (40 bytes):
 // it is stored inline in the LRU's list element, one per live session.
 type entry struct {
 	up *Upstream
@@ -142,6 +142,17 @@ type entry struct {
 	created uint32
 	// streams counts GET streams of the session open through the proxy.
 	streams int32
+	// principal is the keyed hash of the principal the session is bound
+	// to; zero when it is unbound.
+	principal principalSum
+}
+
+// Origin says who opened a session, as the handler evaluates its
+// placeholders for the request that opened it.
+type Origin struct {
+	// Principal is what the session is bound to: later requests must carry
+	// the same principal. Empty leaves the session unbound.
+	Principal string
 }
 
 // SessionInfo describes one session of a table.
@@ -154,14 +165,16 @@ type SessionInfo struct {
 	Idle time.Duration
 	// OpenStreams is the number of GET streams of the session open through the proxy.
 	OpenStreams int
+	// Bound reports whether the session is bound to a principal.
+	Bound bool
 }
 
 // Stats are a table's counters since it was created. They are read by the
 // metrics collector and the admin API.
 type Stats struct {
-	learned, pinned, unknown, gone atomic.Uint64
-	eras                           [len(eraNames)]atomic.Uint64         // indexed by Era
-	evictions                      [len(evictReasonNames)]atomic.Uint64 // indexed by EvictReason
+	learned, pinned, unknown, gone, mismatch atomic.Uint64
+	eras                                     [len(eraNames)]atomic.Uint64         // indexed by Era
+	evictions                                [len(evictReasonNames)]atomic.Uint64 // indexed by EvictReason
 }
 
 // Learned returns the number of sessions learned.
@@ -175,6 +188,10 @@ func (s *Stats) Unknown() uint64 { return s.unknown.Load() }
 
 // Gone returns the number of requests answered 404 because their session's upstream was gone.
 func (s *Stats) Gone() uint64 { return s.gone.Load() }
+
+// PrincipalMismatches returns the number of requests answered 404 because
+// their principal was not the one their session is bound to.
+func (s *Stats) PrincipalMismatches() uint64 { return s.mismatch.Load() }
 
 // Requests returns the number of requests of era; 0 for an invalid era.
 func (s *Stats) Requests(era Era) uint64 {
@@ -197,6 +214,8 @@ type Table struct {
 	// monotonic clock (time.Since), one clock read per call instead of two.
 	monotonic bool
 	ttl       atomic.Int64 // nanoseconds
+	keys      *principalKeys
+	bind      atomic.Pointer[string] // the bind_principal template
 
 	mu     sync.Mutex
 	lru    *simplelru.LRU[string, entry]
@@ -225,7 +244,7 @@ func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.T
 	if now == nil {
 		now = time.Now
 	}
-	t := &Table{name: name, now: now, epoch: now(), monotonic: monotonic, ups: make(map[string]*Upstream)}
+	t := &Table{name: name, now: now, epoch: now(), monotonic: monotonic, keys: newPrincipalKeys(), ups: make(map[string]*Upstream)}
 	l, err := simplelru.NewLRU(maxSessions, t.onEvict)
 	if err != nil {
 		return nil, fmt.Errorf("session table %q: max_sessions must be at least 1, got %d", name, maxSessions)
@@ -253,6 +272,20 @@ func (t *Table) Configure(maxSessions int, ttl time.Duration) {
 	}
 }
 
+// SetBindPrincipal sets the placeholder template that evaluates to a
+// request's principal ([TableConfig.BindPrincipal]); "off" turns binding
+// off, for the sessions bound before too.
+func (t *Table) SetBindPrincipal(template string) { t.bind.Store(&template) }
+
+// BindPrincipal returns the template set by [Table.SetBindPrincipal], or
+// [DefaultBindPrincipal].
+func (t *Table) BindPrincipal() string {
+	if p := t.bind.Load(); p != nil {
+		return *p
+	}
+	return DefaultBindPrincipal
+}
+
 // clock returns the current time in nanoseconds since the table's epoch.
 func (t *Table) clock() int64 {
 	if t.monotonic {
@@ -266,51 +299,72 @@ func (t *Table) expired(e entry, now int64) bool {
 	return e.streams == 0 && now-e.lastUsed > t.ttl.Load()
 }
 
-// Lookup returns the upstream that owns the session id, or nil if the table
-// does not hold it (never learned, expired, evicted). A hit counts as use: it
-// refreshes the idle TTL and the session's LRU position.
+// Lookup returns the upstream that owns the session id, for a request
+// without a principal: see [Table.LookupAs].
 func (t *Table) Lookup(id string) *Upstream {
+	up, _ := t.LookupAs(id, "")
+	return up
+}
+
+// LookupAs returns the upstream that owns the session id, or nil if the
+// table does not hold it (never learned, expired, evicted) or if principal
+// may not use it. A session bound to a principal may be used only by
+// requests carrying the same principal; an unbound one by any request.
+// mismatch reports a held session refused for its principal. A hit counts
+// as use: it refreshes the idle TTL and the session's LRU position; a
+// mismatch changes nothing.
+func (t *Table) LookupAs(id, principal string) (up *Upstream, mismatch bool) {
+	sum := t.keys.sum(principal) // outside the lock: it costs about a microsecond
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e, ok := t.lru.Get(id)
+	e, ok := t.lru.Peek(id)
 	if !ok {
-		return nil
+		return nil, false
 	}
 	if t.expired(e, now) {
 		t.reason = EvictTTL
 		t.lru.Remove(id)
-		return nil
+		return nil, false
+	}
+	if e.principal != (principalSum{}) && e.principal != sum && t.BindPrincipal() != BindPrincipalOff {
+		return nil, true
 	}
 	// Every use is recorded exactly, so a session used more often than
 	// its TTL never expires, however short the TTL.
 	e.lastUsed = now
 	t.lru.Add(id, e)
-	return e.up
+	return e.up, false
 }
 
-// Learn records that upstream dial owns session id, and reports whether the
-// table changed. Learning is for responses to requests without a session
-// (initialize): when such a response names a session the table already
-// holds for another upstream, the newer answer wins. A full table evicts its
-// least recently used session to make room.
-func (t *Table) Learn(id, dial string) bool {
+// Learn records that upstream dial owns session id, opened by a request
+// without a principal: see [Table.LearnFrom].
+func (t *Table) Learn(id, dial string) bool { return t.LearnFrom(id, dial, Origin{}) }
+
+// LearnFrom records that upstream dial owns session id, opened by origin,
+// and reports whether the table changed. Learning is for responses to
+// requests without a session (initialize): when such a response names a
+// session the table already holds for another upstream or principal, the
+// newer answer wins. A full table evicts its least recently used session
+// to make room.
+func (t *Table) LearnFrom(id, dial string, origin Origin) bool {
 	up := t.upstream(dial)
+	sum := t.keys.sum(origin.Principal)
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e, ok := t.lru.Peek(id); ok {
-		if e.up == up && !t.expired(e, now) {
+		if e.up == up && e.principal == sum && !t.expired(e, now) {
 			return false
 		}
 		t.reason = EvictTTL
-		if e.up != up {
+		if e.up != up || e.principal != sum {
 			t.reason = EvictRelearned
 		}
 		t.lru.Remove(id)
 	}
 	t.reason = EvictLRU
-	t.lru.Add(id, entry{up: up, lastUsed: now, created: uint32(now / int64(time.Second))})
+	t.lru.Add(id, entry{up: up, lastUsed: now, created: uint32(now / int64(time.Second)), principal: sum})
 	up.live.Add(1)
 	t.Stats.learned.Add(1)
 	return true
@@ -451,6 +505,7 @@ func (t *Table) Info(id string) (SessionInfo, bool) {
 		Age:         time.Duration(now/int64(time.Second)-int64(e.created)) * time.Second,
 		Idle:        time.Duration(now - e.lastUsed).Truncate(time.Second),
 		OpenStreams: int(e.streams),
+		Bound:       e.principal != principalSum{},
 	}, true
 }
 

@@ -1,0 +1,74 @@
+package caddymodule
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"hash"
+	"net/http"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// DefaultBindPrincipal is the principal a session is bound to unless
+// configured otherwise: the user ID that Caddy's authentication handler
+// (`basic_auth`, or any `http.authentication` provider) sets. It does not
+// change when a client refreshes its OAuth token, which changes the
+// `Authorization` header mid-session, and it is empty (the session is
+// unbound) when Caddy does not authenticate the request.
+const DefaultBindPrincipal = "{http.auth.user.id}"
+
+// BindPrincipalOff turns principal binding off.
+const BindPrincipalOff = "off"
+
+// principalSum is a keyed hash of a principal, as a session stores it: the
+// first 16 bytes of HMAC-SHA256 (RFC 2104) under the table's key. The zero
+// value means "no principal": the session is unbound.
+type principalSum [16]byte
+
+// principalKeys hashes principals under one key. The key is random, made
+// when the table is created: sums are only ever compared within the
+// process that made them, and cannot be computed by anyone without it.
+type principalKeys struct {
+	macs sync.Pool // of hash.Hash keyed with the table's key
+}
+
+// newPrincipalKeys returns a hasher with a fresh random 256-bit key.
+func newPrincipalKeys() *principalKeys {
+	key := make([]byte, sha256.Size)
+	_, _ = rand.Read(key) // never fails (crypto/rand, Go 1.24+)
+	return &principalKeys{macs: sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}
+}
+
+// sum returns the keyed hash of principal; the zero sum for "".
+func (k *principalKeys) sum(principal string) principalSum {
+	var s principalSum
+	if principal == "" {
+		return s
+	}
+	mac := k.macs.Get().(hash.Hash)
+	mac.Reset()
+	mac.Write([]byte(principal))
+	var full [sha256.Size]byte
+	copy(s[:], mac.Sum(full[:0]))
+	k.macs.Put(mac)
+	if s == (principalSum{}) {
+		s[0] = 1 // keep the zero sum for "unbound" (probability 2^-128)
+	}
+	return s
+}
+
+// principalOf evaluates the placeholder template bind for request r: the
+// principal a session it opens is bound to, or that must match the
+// session's. Placeholders that have no value become empty; "" means none.
+func principalOf(r *http.Request, bind string) string {
+	if bind == "" || bind == BindPrincipalOff {
+		return ""
+	}
+	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if !ok {
+		return ""
+	}
+	return repl.ReplaceAll(bind, "")
+}

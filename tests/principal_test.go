@@ -1,0 +1,216 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+)
+
+// Principal binding: a session belongs to the principal that opened it.
+
+// authTransport sends every request with Authorization set to its value,
+// which a client may change mid-session (a token refresh).
+type authTransport struct {
+	value atomic.Pointer[string]
+	next  http.RoundTripper
+}
+
+func (a *authTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", *a.value.Load())
+	return a.next.RoundTrip(r)
+}
+
+// clientAs returns an HTTP client whose requests carry Authorization: auth.
+func clientAs(auth string) (*http.Client, *authTransport) {
+	at := &authTransport{next: &http.Transport{}}
+	at.value.Store(&auth)
+	return &http.Client{Transport: at}, at
+}
+
+// hijack is what an attacker who knows a session ID, with other
+// credentials and fresh connections, gets through the proxy.
+type hijack struct {
+	call, get, del exchange
+}
+
+// tryHijack sends a tool call, a GET stream and a DELETE of session with
+// Authorization: auth (none when empty).
+func tryHijack(t *testing.T, url, session, auth string) hijack {
+	t.Helper()
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	hdr := func() map[string][]string {
+		h := mcpPOSTHeaders(session)
+		if auth != "" {
+			h["Authorization"] = []string{auth}
+		}
+		return h
+	}
+	var h hijack
+	h.call = send(t, hc, http.MethodPost, url, hdr(), `{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`)
+	get := hdr()
+	get["Accept"] = []string{"text/event-stream"}
+	delete(get, "Content-Type")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	for k, v := range get {
+		req.Header[k] = v
+	}
+	if resp, err := hc.Do(req); err == nil {
+		h.get = exchange{status: resp.StatusCode, header: resp.Header}
+		if resp.StatusCode != http.StatusOK {
+			b := make([]byte, 4096)
+			n, _ := resp.Body.Read(b)
+			h.get.body = string(b[:n])
+		}
+		resp.Body.Close()
+	}
+	h.del = send(t, hc, http.MethodDelete, url, hdr(), "")
+	return h
+}
+
+// mismatches returns the table's principal mismatch counter.
+func mismatches(t *testing.T, table string) float64 {
+	families, _ := scrape(t)
+	return metricValue(families, "caddy_mcp_principal_mismatch_total", map[string]string{"table": table})
+}
+
+// TestPrincipalBindingStopsHijack: with `bind_principal
+// {http.request.header.Authorization}`, a second client with another
+// bearer token (or none), fresh connections and a known session ID gets, for
+// a tool call, the GET stream and DELETE, exactly the proxy's answer to an
+// unknown session; nothing reaches the upstream (its tool call would be
+// answered, its DELETE would end the session), the owner's session keeps
+// working, and each refusal is counted. The control in the same run,
+// `bind_principal off`: the same attacker's tool call is answered by the
+// session's go-sdk server and its DELETE ends the owner's session.
+func TestPrincipalBindingStopsHijack(t *testing.T) {
+	bs := startBackends(t, 2, true)
+	site := func(table, bind string) string {
+		return fmt.Sprintf("mcp_proxy %s {\n\t\ttable %s\n\t\tbind_principal %s\n\t}", addrs(bs), table, bind)
+	}
+	p := startProxy(t, site("bound", "{http.request.header.Authorization}"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	alice, _ := clientAs("Bearer alice-token")
+	cs, err := connect(ctx, p.url(), alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	owner, err := whoami(ctx, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	unknown := tryHijack(t, p.url(), "UNKNOWNSESSION0000000000000", "Bearer mallory-token")
+	for _, auth := range []string{"Bearer mallory-token", ""} {
+		got := tryHijack(t, p.url(), cs.ID(), auth)
+		for _, c := range []struct {
+			what      string
+			got, want exchange
+		}{{"tool call", got.call, unknown.call}, {"GET stream", got.get, unknown.get}, {"DELETE", got.del, unknown.del}} {
+			if c.got.status != http.StatusNotFound || c.got.body != c.want.body || c.got.header.Get("Content-Type") != c.want.header.Get("Content-Type") {
+				t.Errorf("%s with Authorization %q: %d %q; want the unknown session's answer %d %q", c.what, auth, c.got.status, c.got.body, c.want.status, c.want.body)
+			}
+		}
+	}
+	if again, err := whoami(ctx, cs); err != nil || again != owner {
+		t.Fatalf("the owner after the hijack attempts: %+v, %v; want %+v", again, err, owner)
+	}
+	if n := mismatches(t, "bound"); n != 6 {
+		t.Errorf("caddy_mcp_principal_mismatch_total = %v, want 6", n)
+	}
+
+	// Control: without binding, the same attack works.
+	ctrl := startProxy(t, site("unbound", "off"))
+	ccs, err := connect(ctx, ctrl.url(), alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ccs.Close()
+	got := tryHijack(t, ctrl.url(), ccs.ID(), "Bearer mallory-token")
+	if got.call.status != http.StatusOK || !strings.Contains(got.call.body, ccs.ID()) {
+		t.Fatalf("control, bind_principal off: the attacker's tool call got %d %q; want the server's answer (the hijack)", got.call.status, got.call.body)
+	}
+	if _, err := whoami(ctx, ccs); err == nil {
+		t.Fatal("control, bind_principal off: the owner's session survived the attacker's DELETE")
+	}
+}
+
+// TestPrincipalBindingDefaultsToAuthenticatedUser: by default a session is
+// bound to `{http.auth.user.id}`. Behind Caddy's basic_auth, bob (valid
+// credentials of his own) cannot use alice's session; alice can. Without
+// Caddy authentication the principal is empty, sessions are unbound, and a
+// client whose bearer token changes mid-session (an OAuth refresh) keeps
+// its session; binding to the Authorization header instead breaks it,
+// which is why that binding is opt-in.
+func TestPrincipalBindingDefaultsToAuthenticatedUser(t *testing.T) {
+	bs := startBackends(t, 2, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	hash, err := bcrypt.GenerateFromPassword([]byte("secret"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, fmt.Sprintf("basic_auth {\n\t\talice %s\n\t\tbob %s\n\t}\n\tmcp_proxy %s {\n\t\ttable basic\n\t}", hash, hash, addrs(bs)))
+	basic := func(user string) string {
+		r, _ := http.NewRequest(http.MethodGet, "/", nil)
+		r.SetBasicAuth(user, "secret")
+		return r.Header.Get("Authorization")
+	}
+	alice, _ := clientAs(basic("alice"))
+	cs, err := connect(ctx, p.url(), alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	owner, err := whoami(ctx, cs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := tryHijack(t, p.url(), cs.ID(), basic("bob"))
+	if got.call.status != http.StatusNotFound || got.del.status != http.StatusNotFound || !strings.Contains(got.call.body, "Session not found") {
+		t.Errorf("bob with alice's session: tool call %d %q, DELETE %d; want the proxy's 404s", got.call.status, got.call.body, got.del.status)
+	}
+	if again, err := whoami(ctx, cs); err != nil || again != owner {
+		t.Fatalf("alice after bob's attempts: %+v, %v; want %+v", again, err, owner)
+	}
+	if n := mismatches(t, "basic"); n != 3 {
+		t.Errorf("caddy_mcp_principal_mismatch_total = %v, want 3", n)
+	}
+
+	for _, tc := range []struct {
+		bind  string
+		keeps bool
+	}{{"", true}, {"{http.request.header.Authorization}", false}} {
+		opt := ""
+		if tc.bind != "" {
+			opt = "\n\t\tbind_principal " + tc.bind
+		}
+		p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\ttable refresh%d%s\n\t}", addrs(bs), len(tc.bind), opt))
+		hc, at := clientAs("Bearer token-1")
+		cs, err := connect(ctx, p.url(), hc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := whoami(ctx, cs); err != nil {
+			t.Fatal(err)
+		}
+		refreshed := "Bearer token-2" // the client refreshed its token
+		at.value.Store(&refreshed)
+		_, err = whoami(ctx, cs)
+		if kept := err == nil; kept != tc.keeps {
+			t.Errorf("bind_principal %q: after a token refresh the session kept = %v (%v); want %v", tc.bind, kept, err, tc.keeps)
+		}
+		cs.Close()
+	}
+}
