@@ -48,6 +48,12 @@ func TestHandlerUnmarshalCaddyfile(t *testing.T) {
 			session_ttl 1d
 			unknown_session reject
 		}`, want: Handler{SessionTTL: caddy.Duration(24 * time.Hour), UnknownSession: UnknownSessionReject}},
+		{input: `mcp_session {
+			bind_principal {http.request.header.Authorization}
+		}`, want: Handler{BindPrincipal: "{http.request.header.Authorization}"}},
+		{input: `mcp_session {
+			bind_principal off
+		}`, want: Handler{BindPrincipal: BindPrincipalOff}},
 	} {
 		var h Handler
 		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {

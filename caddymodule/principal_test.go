@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -150,5 +151,22 @@ func TestServeHTTPPrincipalMismatch(t *testing.T) {
 				t.Errorf("alice after mallory's DELETE: next called %d times, %d; want her session pinned", calls, rec.Code)
 			}
 		})
+	}
+}
+
+// TestConflictingBindPrincipalInOneConfig: bind_principal is a table
+// setting; two handlers of one config that share a table must agree.
+func TestConflictingBindPrincipalInOneConfig(t *testing.T) {
+	ctx := newContext(t)
+	name := "bind-conflict/" + t.Name()
+	for _, h := range []*Handler{{Table: name, BindPrincipal: "{http.auth.user.id}"}, {Table: name}} {
+		if err := h.Provision(ctx); err != nil {
+			t.Fatalf("agreeing settings: %v", err)
+		}
+	}
+	b := &Handler{Table: name, BindPrincipal: "{http.request.header.Authorization}"}
+	err := b.Provision(ctx)
+	if err == nil || !strings.Contains(err.Error(), "bind_principal") || !strings.Contains(err.Error(), "Authorization") {
+		t.Fatalf("conflicting bind_principal in one config: err = %v, want one that names the option and the value", err)
 	}
 }
