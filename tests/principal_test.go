@@ -95,7 +95,7 @@ func mismatches(t *testing.T, table string) float64 {
 func TestPrincipalBindingStopsHijack(t *testing.T) {
 	bs := startBackends(t, 2, true)
 	site := func(table, bind string) string {
-		return fmt.Sprintf("mcp_proxy %s {\n\t\ttable %s\n\t\tbind_principal %s\n\t}", addrs(bs), table, bind)
+		return fmt.Sprintf("mcp_proxy %s {\n\t\ttable %s\n\t\tbind_principal %s\n\t}", upstreams(bs), table, bind)
 	}
 	p := startProxy(t, site("bound", "{http.request.header.Authorization}"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -161,7 +161,7 @@ func TestPrincipalBindingDefaultsToAuthenticatedUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := startProxy(t, fmt.Sprintf("basic_auth {\n\t\talice %s\n\t\tbob %s\n\t}\n\tmcp_proxy %s {\n\t\ttable basic\n\t}", hash, hash, addrs(bs)))
+	p := startProxy(t, fmt.Sprintf("basic_auth {\n\t\talice %s\n\t\tbob %s\n\t}\n\tmcp_proxy %s {\n\t\ttable basic\n\t}", hash, hash, upstreams(bs)))
 	basic := func(user string) string {
 		r, _ := http.NewRequest(http.MethodGet, "/", nil)
 		r.SetBasicAuth(user, "secret")
@@ -196,7 +196,7 @@ func TestPrincipalBindingDefaultsToAuthenticatedUser(t *testing.T) {
 		if tc.bind != "" {
 			opt = "\n\t\tbind_principal " + tc.bind
 		}
-		p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\ttable refresh%d%s\n\t}", addrs(bs), len(tc.bind), opt))
+		p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\ttable refresh%d%s\n\t}", upstreams(bs), len(tc.bind), opt))
 		hc, at := clientAs("Bearer token-1")
 		cs, err := connect(ctx, p.url(), hc)
 		if err != nil {
