@@ -33,6 +33,13 @@ const (
 	// proxyFailDuration is the passive health check window: an upstream that
 	// refused a connection gets no new sessions for this long.
 	proxyFailDuration = 10 * time.Second
+	// proxyIdleConnTimeout closes idle upstream connections before the
+	// common servers do (gunicorn 2 s; uvicorn, hypercorn and Node 5 s; Go
+	// never), so that the proxy never reuses a connection the upstream is
+	// closing. A request written onto such a connection fails with 502, and
+	// neither Go nor Caddy may retry it: the upstream may have read a POST.
+	// Caddy's own default is 2 minutes.
+	proxyIdleConnTimeout = time.Second
 	// proxyHostHeader makes the upstream see its own host:port as Host, which
 	// the DNS-rebinding protection of MCP SDK servers bound to loopback requires.
 	proxyHostHeader = "{http.reverse_proxy.upstream.hostport}"
@@ -245,7 +252,8 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	}
 //
 // Defaults that differ from reverse_proxy's, each overridable in the block:
-// `lb_retries 2`, `fail_duration 10s`, `header_up Host {upstream_hostport}`.
+// `lb_retries 2`, `fail_duration 10s`, `header_up Host {upstream_hostport}`,
+// and for the http transport `keepalive 1s`.
 func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 	if !h.Next() {
 		return nil, h.ArgErr()
@@ -270,6 +278,9 @@ func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) 
 		return nil, err
 	}
 	adjustHostForUnixSockets(rp)
+	if rp.TransportRaw, err = withIdleConnTimeout(rp.TransportRaw); err != nil {
+		return nil, h.Errf("transport: %v", err)
+	}
 
 	subroute := caddyhttp.Subroute{Routes: caddyhttp.RouteList{{
 		HandlersRaw: []json.RawMessage{
@@ -365,6 +376,41 @@ func adjustHostForUnixSockets(rp *reverseproxy.Handler) {
 		}
 	}
 	rp.Headers.Request.Set["Host"] = []string{proxyUnixHostHeader}
+}
+
+// withIdleConnTimeout gives the transport of an mcp_proxy the default idle
+// connection timeout, proxyIdleConnTimeout: the http transport when none
+// is configured, and a configured http transport that sets neither
+// `keepalive <duration>` nor `keepalive off`. Other transports are left as
+// they are.
+func withIdleConnTimeout(raw json.RawMessage) (json.RawMessage, error) {
+	idle := caddy.Duration(proxyIdleConnTimeout)
+	if raw == nil {
+		t := &reverseproxy.HTTPTransport{KeepAlive: &reverseproxy.KeepAlive{IdleConnTimeout: idle}}
+		return caddyconfig.JSONModuleObject(t, "protocol", "http", nil), nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, err
+	}
+	if string(fields["protocol"]) != `"http"` {
+		return raw, nil
+	}
+	var ka map[string]json.RawMessage
+	if fields["keep_alive"] != nil {
+		if err := json.Unmarshal(fields["keep_alive"], &ka); err != nil {
+			return nil, err
+		}
+	}
+	if ka["idle_timeout"] != nil || string(ka["enabled"]) == "false" {
+		return raw, nil
+	}
+	if ka == nil {
+		ka = map[string]json.RawMessage{}
+	}
+	ka["idle_timeout"] = caddyconfig.JSON(idle, nil)
+	fields["keep_alive"] = caddyconfig.JSON(ka, nil)
+	return json.Marshal(fields)
 }
 
 // newProxyHandler returns a reverse_proxy handler with mcp_proxy's defaults.

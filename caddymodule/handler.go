@@ -46,6 +46,9 @@ const (
 	varSelected = "mcp_session.selected"
 	// varGone is true when the pinned upstream was not in the pool or not healthy.
 	varGone = "mcp_session.upstream_gone"
+	// varLastResort is true once the policy has chosen an upstream that
+	// passive health checks keep out of service for the request.
+	varLastResort = "mcp_session.last_resort"
 )
 
 // Handler gives MCP Streamable HTTP sessions affinity to the upstream that

@@ -30,10 +30,17 @@ const DefaultFallbackPolicy = LeastSessionsPolicy
 // are balanced by the fallback policy.
 //
 // A pinned request is never sent to another upstream: when its upstream is
-// not in the pool or is unhealthy (active or passive health checks), the
-// policy selects nothing and the `mcp_session` handler answers 404. An
-// upstream at its `max_requests` selects nothing too (503, or a wait with
-// `lb_try_duration`), but keeps its sessions.
+// not in the pool or fails active health checks, the policy selects nothing
+// and the `mcp_session` handler answers 404. Passive health checks never
+// stop a pinned request: its upstream is the only one that knows the
+// session. An upstream at its `max_requests` selects nothing too (503, or a
+// wait with `lb_try_duration`), but keeps its sessions.
+//
+// Passive health checks never leave new sessions without an upstream: when
+// the fallback policy finds no upstream available and some are out of
+// service for failed requests alone, the one with the fewest failures gets
+// the request, once per request (a lone upstream is never taken out of
+// service by one failed request, as in nginx).
 type SessionSelection struct {
 	// The name of the session table, the same as the `mcp_session` handler's.
 	// The policy reads which upstreams are draining from it. Default: `default`.
@@ -48,6 +55,7 @@ type SessionSelection struct {
 	fallback reverseproxy.Selector
 	table    *Table
 	lastPool *atomic.Pointer[*reverseproxy.Upstream] // the first element of the last pool noted
+	proxy    *reverseproxy.Handler                   // the reverse_proxy the policy serves; nil outside one
 }
 
 // CaddyModule returns the Caddy module information.
@@ -87,6 +95,7 @@ func (s *SessionSelection) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.lastPool = new(atomic.Pointer[*reverseproxy.Upstream])
+	s.proxy = parentProxy(ctx)
 	return nil
 }
 
@@ -110,10 +119,10 @@ func (s *SessionSelection) Select(pool reverseproxy.UpstreamPool, r *http.Reques
 	ctx := r.Context()
 	var up *reverseproxy.Upstream
 	if pinned, _ := caddyhttp.GetVar(ctx, varPinned).(*Upstream); pinned != nil {
-		up = selectPinned(pool, r, pinned.dial)
+		up = s.selectPinned(pool, r, pinned.dial)
 	} else {
 		s.notePool(pool)
-		up = s.fallback.Select(s.withoutDraining(pool), r, w)
+		up = s.selectNew(s.withoutDraining(pool), r, w)
 	}
 	if up != nil {
 		caddyhttp.SetVar(ctx, varSelected, up)
@@ -148,21 +157,52 @@ func (s *SessionSelection) withoutDraining(pool reverseproxy.UpstreamPool) rever
 	return kept
 }
 
+// selectNew returns the fallback policy's choice for a request without a
+// known session or, when it finds no upstream available, the upstream out
+// of service by passive health checks alone with the fewest failures, once
+// per request (see lastResort).
+func (s *SessionSelection) selectNew(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+	if up := s.fallback.Select(pool, r, w); up != nil {
+		return up
+	}
+	return s.lastResort(pool, r)
+}
+
+// lastResort returns the upstream of pool that only passive health checks
+// keep out of service, with the fewest failures, or nil. It answers once
+// per request: a retry after its choice failed gets nil, so that a lone
+// upstream that is really down costs one attempt, not lb_retries of them.
+func (s *SessionSelection) lastResort(pool reverseproxy.UpstreamPool, r *http.Request) *reverseproxy.Upstream {
+	if tried, _ := caddyhttp.GetVar(r.Context(), varLastResort).(bool); tried {
+		return nil
+	}
+	var best *reverseproxy.Upstream
+	for _, u := range pool {
+		if !u.Full() && s.healthOf(u) == healthPassiveDown && (best == nil || u.Fails() < best.Fails()) {
+			best = u
+		}
+	}
+	if best != nil {
+		caddyhttp.SetVar(r.Context(), varLastResort, true)
+	}
+	return best
+}
+
 // selectPinned returns the upstream of the pool dialed at dial, unless it is
-// gone: missing from the pool, or unhealthy per active health checks (or
-// its circuit breaker). Then it marks the request's upstream as gone and
-// returns nil. A pinned session cannot go anywhere else, so passive health
-// failures do not end it: one client's failed request must not cost every
-// session of a live upstream. Its request goes to the upstream, and a
-// refused connection then ends the session. An upstream at its
-// max_requests returns nil without ending the session (503).
-func selectPinned(pool reverseproxy.UpstreamPool, r *http.Request, dial string) *reverseproxy.Upstream {
+// gone: missing from the pool, or failing active health checks (or its
+// circuit breaker). Then it marks the request's upstream as gone and
+// returns nil. Passive health failures do not stop a pinned request: its
+// upstream is the only one that knows the session, and one client's failed
+// request must not cost every session of a live upstream; a refused
+// connection then ends the session. An upstream at its max_requests
+// returns nil without ending the session (503).
+func (s *SessionSelection) selectPinned(pool reverseproxy.UpstreamPool, r *http.Request, dial string) *reverseproxy.Upstream {
 	for _, u := range pool {
 		if u.Dial != dial {
 			continue
 		}
-		if !u.Healthy() && u.Host.Fails() == 0 {
-			break // unhealthy, and not for passive failures
+		if s.healthOf(u) == healthActiveDown {
+			break
 		}
 		if u.Full() {
 			return nil

@@ -96,7 +96,12 @@ func globalOptions() string {
 // siteConfig returns a Caddyfile whose one site listens on 127.0.0.1:port
 // for any Host and holds body.
 func siteConfig(port int, body string) string {
-	return globalOptions() + fmt.Sprintf(`
+	return globalOptions() + siteBlock(port, body)
+}
+
+// siteBlock returns the Caddyfile site block of siteConfig.
+func siteBlock(port int, body string) string {
+	return fmt.Sprintf(`
 http://:%d {
 	bind 127.0.0.1
 	%s
@@ -107,9 +112,22 @@ http://:%d {
 // startProxy loads a Caddy config serving body on a new port and returns the site.
 func startProxy(t testing.TB, body string) proxy {
 	t.Helper()
-	port := mustFreePort()
-	loadCaddyfile(t, siteConfig(port, body))
-	return proxy{addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	return startProxies(t, body)[0]
+}
+
+// startProxies loads one Caddy config with a site per body, each on a new
+// port, and returns the sites in the order of bodies.
+func startProxies(t testing.TB, bodies ...string) []proxy {
+	t.Helper()
+	cfg := globalOptions()
+	ps := make([]proxy, len(bodies))
+	for i, body := range bodies {
+		port := mustFreePort()
+		cfg += siteBlock(port, body)
+		ps[i] = proxy{addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	}
+	loadCaddyfile(t, cfg)
+	return ps
 }
 
 // stockRoundRobin is stock Caddy in front of the same backends: the setup
