@@ -160,9 +160,10 @@ func waitForHTTP3(t testing.TB, h3 *http.Client, url string) {
 }
 
 // TestShortTTLSessionInUseNeverExpires: with session_ttl 1s, sessions on
-// go-sdk servers that call a tool every 600 ms stay pinned for 6 s (each
-// call is less than a TTL after the previous one), however the calls fall
-// against the idle clock's resolution. The sessions are opened with raw
+// go-sdk servers that call a tool 300 ms after each answer stay pinned for
+// 10 calls (each call is well under a TTL after the previous one, with room
+// for a slow, loaded machine), however the calls fall against the idle
+// clock's resolution. The sessions are opened with raw
 // requests and hold no GET stream, which would keep them alive by itself.
 // The control in the same run: a session left idle for 2 s is forgotten
 // (the proxy's 404).
@@ -180,7 +181,7 @@ func TestShortTTLSessionInUseNeverExpires(t *testing.T) {
 		ids[i] = goSDKSession(t, hc, p.url())
 		go func(id string) {
 			for n := range calls {
-				time.Sleep(600 * time.Millisecond)
+				time.Sleep(300 * time.Millisecond)
 				req, _ := http.NewRequest(http.MethodPost, p.url(), strings.NewReader(fmt.Sprintf(call, n+2)))
 				for k, v := range mcpPOSTHeaders(id) {
 					req.Header[k] = v
