@@ -28,15 +28,8 @@ func TestConnectionCannotStripSession(t *testing.T) {
 	defer hc.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cs, err := connect(ctx, p.url(), hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cs.Close()
-	owner, err := whoami(ctx, cs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openLiveSession(ctx, t, p.url(), hc)
+	cs, owner := s.cs, s.server
 	call := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`
 	request := func(connection string) string {
 		return fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+
@@ -51,11 +44,11 @@ func TestConnectionCannotStripSession(t *testing.T) {
 		}
 	}
 	resp, body := rawRequest(t, p.addr, http.MethodPost, request("close, X-Other"))
-	if resp.StatusCode != http.StatusOK || !strings.Contains(body, owner.Server) {
-		t.Errorf("control, Connection: close, X-Other: %d %q; want 200 from %s", resp.StatusCode, body, owner.Server)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, owner) {
+		t.Errorf("control, Connection: close, X-Other: %d %q; want 200 from %s", resp.StatusCode, body, owner)
 	}
-	if again, err := whoami(ctx, cs); err != nil || again.Server != owner.Server {
-		t.Fatalf("the session after the rejected requests: %+v, %v; want it alive on %s", again, err, owner.Server)
+	if again, err := whoami(ctx, cs); err != nil || again.Server != owner {
+		t.Fatalf("the session after the rejected requests: %+v, %v; want it alive on %s", again, err, owner)
 	}
 }
 
