@@ -98,6 +98,9 @@ func (App) CaddyModule() caddy.ModuleInfo {
 
 // Provision checks the configured tables and registers the plugin's metrics
 // in the config's registry. Tables are acquired when a module asks for one.
+// It returns an error naming the table and setting when a configured table
+// is invalid, and the registry's error when the metrics cannot be
+// registered.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.ctx, a.mu, a.uses = ctx, new(sync.Mutex), map[string]*tableUse{}
 	for _, name := range a.configuredNames() {
@@ -227,7 +230,9 @@ func (u *tableUse) ttl() time.Duration {
 
 // Start applies every table's settings, now that the whole config has
 // loaded, after checking that each `reverse_proxy` with the `mcp_session`
-// policy reads the table its `mcp_session` handler writes.
+// policy reads the table its `mcp_session` handler writes. Its error names
+// both tables of a route where they differ; the config then fails to load
+// and the running one is kept.
 func (a *App) Start() error {
 	if err := a.checkPairs(); err != nil {
 		return err
@@ -241,10 +246,11 @@ func (a *App) Start() error {
 	return nil
 }
 
-// Stop does nothing: the tables outlive the config; Cleanup releases them.
+// Stop does nothing and never returns an error: the tables outlive the
+// config; Cleanup releases them.
 func (a *App) Stop() error { return nil }
 
-// Cleanup releases the tables the app acquired.
+// Cleanup releases the tables the app acquired. It never returns an error.
 func (a *App) Cleanup() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
