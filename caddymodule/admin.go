@@ -245,6 +245,7 @@ func sessionStatus(table, id string, evict bool) (SessionStatus, error) {
 	if id == "" {
 		return SessionStatus{}, apiError(http.StatusBadRequest, "missing session_id")
 	}
+	id = adminKey(t, id)
 	info, ok := t.Info(id)
 	if !ok {
 		return SessionStatus{}, apiError(http.StatusNotFound, "table %q holds no session with fingerprint %s", t.name, fingerprint(id))

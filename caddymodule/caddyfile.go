@@ -67,6 +67,7 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    unknown_session       reject|forward
 //	    localhost_protection  on|off
 //	    bind_principal        <placeholder template>|off
+//	    seal_session_ids      <key> [<older keys>...]
 //	}
 //
 // It returns a Caddyfile error, naming the line, for an unknown option, a
@@ -78,22 +79,25 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	seen := map[string]bool{}
 	for d.NextBlock(0) {
-		ok, err := h.unmarshalOption(d, seen)
+		n, err := h.unmarshalOption(d, seen)
 		if err != nil {
 			return err
 		}
-		if !ok {
+		if n == 0 {
 			return d.Errf("unrecognized mcp_session option '%s'", d.Val())
 		}
 	}
 	return nil
 }
 
-// unmarshalOption parses the handler option at the dispenser's cursor, which
-// takes exactly one argument, and reports whether it was one of the
-// handler's options. It rejects an option given twice.
-func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) (bool, error) {
+// unmarshalOption parses the handler option at the dispenser's cursor and
+// returns how many tokens it took, its name included, or 0 if it is not
+// one of the handler's options. It rejects an option given twice.
+func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) (int, error) {
 	name := d.Val()
+	if name == "seal_session_ids" {
+		return h.unmarshalSealKeys(d, seen)
+	}
 	var set func(string) error
 	switch name {
 	case "table":
@@ -133,20 +137,35 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 			return nil
 		}
 	default:
-		return false, nil
+		return 0, nil
 	}
 	if seen[name] {
-		return true, d.Errf("duplicate option '%s'", name)
+		return 0, d.Errf("duplicate option '%s'", name)
 	}
 	seen[name] = true
 	if !d.NextArg() {
-		return true, d.ArgErr()
+		return 0, d.ArgErr()
 	}
 	v := d.Val()
 	if d.NextArg() {
-		return true, d.ArgErr()
+		return 0, d.ArgErr()
 	}
-	return true, set(v)
+	return 2, set(v)
+}
+
+// unmarshalSealKeys parses `seal_session_ids <key> [<key>...]` at the
+// cursor and returns how many tokens it took.
+func (h *Handler) unmarshalSealKeys(d *caddyfile.Dispenser, seen map[string]bool) (int, error) {
+	if seen["seal_session_ids"] {
+		return 0, d.Err("duplicate option 'seal_session_ids'; list every key on one line, the sealing key first")
+	}
+	seen["seal_session_ids"] = true
+	keys := d.RemainingArgs()
+	if len(keys) == 0 {
+		return 0, d.Err("seal_session_ids needs at least one key, such as 'seal_session_ids {env.MCP_SESSION_KEY}'")
+	}
+	h.SealSessionIDs = &SealedSessionIDs{Keys: keys}
+	return 1 + len(keys), nil
 }
 
 func parsePositiveInt(d *caddyfile.Dispenser, name, v string, dst *int) error {
@@ -246,6 +265,7 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    unknown_session       reject|forward
 //	    localhost_protection  on|off
 //	    bind_principal        <placeholder template>|off
+//	    seal_session_ids      <key> [<older keys>...]
 //	    fallback              <policy> [<policy options...>]
 //
 //	    # any reverse_proxy subdirective except lb_policy
@@ -319,12 +339,12 @@ func extractAffinityOptions(d *caddyfile.Dispenser) (*Handler, *SessionSelection
 				}
 				continue
 			}
-			ok, err := handler.unmarshalOption(d, seen)
+			n, err := handler.unmarshalOption(d, seen)
 			if err != nil {
 				return nil, nil, err
 			}
-			if ok {
-				d.DeleteN(2)
+			if n > 0 {
+				d.DeleteN(n)
 				continue
 			}
 			for d.NextArg() { // a reverse_proxy subdirective: skip its arguments

@@ -131,9 +131,18 @@ type Handler struct {
 	// request, unbound otherwise).
 	BindPrincipal string `json:"bind_principal,omitempty"`
 
+	// Seals session IDs: the client gets a value carrying the upstream and
+	// its session ID, encrypted and authenticated under a key the Caddy
+	// replicas share, so that any replica routes the session and a restart
+	// loses none. See [SealedSessionIDs]. Default: off, the client gets the
+	// upstream's own session ID.
+	SealSessionIDs *SealedSessionIDs `json:"seal_session_ids,omitempty"`
+
 	table          *Table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
 	logger         *zap.Logger
+
+	sealer *SessionSealer // nil unless SealSessionIDs is set
 }
 
 // CaddyModule returns the Caddy module information.
@@ -161,6 +170,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.UnknownSession = UnknownSessionReject
 	}
 	if err := h.Validate(); err != nil {
+		return err
+	}
+	if err := h.provisionSealer(); err != nil {
 		return err
 	}
 	app, err := sessionsApp(ctx)
@@ -213,6 +225,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	id, problem := sessionOf(r.Header, h.MaxSessionIDLength)
 	if problem != "" {
 		return writeBadSession(w, problem)
+	}
+	if h.sealer != nil {
+		if key, ss, ok := h.sealer.open(id); ok {
+			return h.serveSealed(w, r, next, key, ss)
+		}
 	}
 	up, mismatch := h.table.LookupAs(id, principalOf(r, h.table.BindPrincipal()))
 	if mismatch {
@@ -290,18 +307,19 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 	}
 	if len(ids) > 1 || checkSessionID(ids[0], h.MaxSessionIDLength) != "" {
 		h.logger.Warn("upstream sent an unusable Mcp-Session-Id; session not pinned",
-			zap.Int("fields", len(ids)), zap.Int("max_session_id_length", h.MaxSessionIDLength))
+			zap.Int("fields", len(ids)), zap.Int("length", len(ids[0])), zap.Bool("sealed", h.sealer != nil),
+			zap.Int("max_session_id_length", h.MaxSessionIDLength))
 		return
 	}
-	sel, _ := caddyhttp.GetVar(r.Context(), varSelected).(*reverseproxy.Upstream)
+	sel := selectedUpstream(r)
 	if sel == nil {
 		if h.warnedNoPolicy.CompareAndSwap(false, true) { // once per handler: it is a config mistake
 			h.logger.Warn("cannot learn sessions: the reverse_proxy after mcp_session must use lb_policy mcp_session")
 		}
 		return
 	}
-	if h.table.LearnFrom(ids[0], sel.Dial, Origin{Principal: principalOf(r, h.table.BindPrincipal())}) {
-		h.debug("learned", ids[0], sel.Dial)
+	if key := h.tableKey(ids[0]); h.table.LearnFrom(key, sel.Dial, Origin{Principal: principalOf(r, h.table.BindPrincipal())}) {
+		h.debug("learned", key, sel.Dial)
 	}
 }
 

@@ -17,6 +17,8 @@ var (
 		"The table's max_sessions.", []string{"table"}, nil)
 	descLearned = prometheus.NewDesc("caddy_mcp_sessions_learned_total",
 		"Sessions learned from upstream responses.", []string{"table"}, nil)
+	descAdopted = prometheus.NewDesc("caddy_mcp_sessions_adopted_total",
+		"Sessions recorded from sealed session IDs the table had not learned: learned by another replica, before a restart, or forgotten since.", []string{"table"}, nil)
 	descPinned = prometheus.NewDesc("caddy_mcp_requests_pinned_total",
 		"Requests sent to the upstream that owns their session.", []string{"table"}, nil)
 	descUnknown = prometheus.NewDesc("caddy_mcp_unknown_session_total",
@@ -54,7 +56,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 
 // Describe sends the descriptors of all the plugin's metrics.
 func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descPinned, descUnknown, descGone, descMismatch, descEvicted, descRequests} {
+	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descEvicted, descRequests} {
 		ch <- d
 	}
 }
@@ -85,6 +87,7 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 	gauge(descMax, float64(t.MaxSessions()), t.name)
 	s := &t.Stats
 	counter(descLearned, s.Learned(), t.name)
+	counter(descAdopted, s.Adopted(), t.name)
 	counter(descPinned, s.Pinned(), t.name)
 	counter(descUnknown, s.Unknown(), t.name)
 	counter(descGone, s.Gone(), t.name)

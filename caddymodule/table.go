@@ -175,10 +175,16 @@ type Stats struct {
 	learned, pinned, unknown, gone, mismatch atomic.Uint64
 	eras                                     [len(eraNames)]atomic.Uint64         // indexed by Era
 	evictions                                [len(evictReasonNames)]atomic.Uint64 // indexed by EvictReason
+
+	adopted atomic.Uint64 // sessions recorded from sealed session IDs
 }
 
 // Learned returns the number of sessions learned.
 func (s *Stats) Learned() uint64 { return s.learned.Load() }
+
+// Adopted returns the number of sessions recorded from sealed session IDs
+// the table had not learned (see [Table.Adopt]).
+func (s *Stats) Adopted() uint64 { return s.adopted.Load() }
 
 // Pinned returns the number of requests sent to their session's upstream.
 func (s *Stats) Pinned() uint64 { return s.pinned.Load() }
@@ -368,6 +374,32 @@ func (t *Table) LearnFrom(id, dial string, origin Origin) bool {
 	up.live.Add(1)
 	t.Stats.learned.Add(1)
 	return true
+}
+
+// Adopt records that upstream dial owns session id, opened by origin,
+// unless the table holds the session already, and returns the owner's
+// record. It is for sessions whose request names their upstream itself
+// (sealed session IDs) and that this table has not learned: learned on
+// another replica, before a restart, or forgotten since. A full table
+// evicts its least recently used session to make room.
+func (t *Table) Adopt(id, dial string, origin Origin) *Upstream {
+	up := t.upstream(dial)
+	sum := t.keys.sum(origin.Principal)
+	now := t.clock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e, ok := t.lru.Peek(id); ok {
+		if !t.expired(e, now) {
+			return e.up
+		}
+		t.reason = EvictTTL
+		t.lru.Remove(id)
+	}
+	t.reason = EvictLRU
+	t.lru.Add(id, entry{up: up, lastUsed: now, created: uint32(now / int64(time.Second)), principal: sum})
+	up.live.Add(1)
+	t.Stats.adopted.Add(1)
+	return up
 }
 
 // Evict removes session id for the given reason and reports whether the

@@ -10,7 +10,8 @@ import (
 // sessionWriter sees the upstream's response headers as reverse_proxy writes
 // them to the client, before any body: there it learns the session a
 // response creates, or applies the answer to a pinned request to the table.
-// It changes nothing in the response. The wrapper is embedded by value, so
+// It changes nothing in the response, except that with sealed session IDs
+// the response's Mcp-Session-Id becomes the client's value. The wrapper is embedded by value, so
 // that wrapping costs one allocation per request, not two.
 type sessionWriter struct {
 	caddyhttp.ResponseWriterWrapper
@@ -38,6 +39,9 @@ func (sw *sessionWriter) WriteHeader(status int) {
 }
 
 func (sw *sessionWriter) observe(status int) {
+	if sw.h.sealer != nil {
+		sw.h.sealResponse(sw.r, sw.Header(), sw.id, sw.up)
+	}
 	switch {
 	case sw.up != nil:
 		sw.h.evictAfter(sw.r, sw.id, status)

@@ -1,0 +1,422 @@
+package caddymodule
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+)
+
+// SealedSessionIDs turns on sealed session IDs: the client receives, in
+// place of the upstream's `Mcp-Session-Id`, a value that carries the
+// upstream's dial address and its own session ID, encrypted and
+// authenticated with AES-256-GCM under a key the Caddy replicas share. Any
+// replica with the key opens the value and routes the request to its
+// upstream without a shared store, and a restarted Caddy loses no session.
+// The upstream always sees its own session ID: the proxy restores it on
+// every request. A value that does not open (forged, truncated, edited,
+// sealed under another key or format version) gets the same 404 as an
+// unknown session, without any upstream being contacted; a value naming an
+// upstream that is no longer configured gets the upstream-gone 404. The
+// table still records the sessions this replica has seen, for
+// `least_sessions`, draining, the admin API and metrics.
+type SealedSessionIDs struct {
+	// The keys, each 32 random bytes encoded in base64 (standard or URL
+	// alphabet, padding optional), such as the output of
+	// `openssl rand -base64 32`. The first key seals new session IDs; every
+	// key opens them, which lets a new key be rolled through the replicas
+	// with no session lost (README, "Sealed session IDs"). Give keys as
+	// placeholders, such as `{env.MCP_SESSION_KEY}` or
+	// `{file./run/secrets/mcp_session_key}`, so that they stay out of the
+	// config. Required: at least one key.
+	Keys []string `json:"keys,omitempty"`
+}
+
+// sealVersion is the first byte of every sealed session ID, and the
+// associated data its AEAD authenticates: a sealed ID of another version
+// never opens. A new format takes a new version.
+const sealVersion byte = 1
+
+// sealKeySize is the size of a sealing key in bytes (AES-256).
+const sealKeySize = 32
+
+// sealEncoding encodes sealed session IDs: base64url without padding (RFC
+// 4648 §5), whose characters are all visible ASCII, as `Mcp-Session-Id`
+// requires. Strict decoding rejects non-zero padding bits, so every sealed
+// ID has exactly one spelling.
+var sealEncoding = base64.RawURLEncoding.Strict()
+
+// SessionSealer seals and opens session IDs.
+//
+// A sealed session ID (format version 1) is
+//
+//	base64url-nopad( 0x01 || nonce (12 bytes) || ciphertext || tag (16 bytes) )
+//
+// where nonce, ciphertext and tag are AES-256-GCM's (NIST SP 800-38D), as
+// produced by [cipher.NewGCMWithRandomNonce]: a random 96-bit nonce per
+// seal, and the version byte 0x01 as additional authenticated data. The
+// plaintext is
+//
+//	uvarint(len(dial)) || dial || uvarint(len(bound)) || bound || upstream session ID
+//
+// with the uvarint of [binary.AppendUvarint]. bound is empty for a session
+// not bound to a principal, and otherwise the first 16 bytes of the
+// SHA-256 of the principal of the request that opened the session (see the
+// handler's bind_principal): the sealed ID then carries its binding to any
+// replica. A sealed ID is therefore 31 bytes (47 when bound) plus the dial
+// address and the upstream's ID before encoding, and 4/3 of that after: 95
+// characters for a 26-byte go-sdk ID on `127.0.0.1:9001`, 108 for a 36-byte
+// UUID (116 and 130 when bound). Random nonces keep one key safe for 2^32
+// seals (NIST SP 800-38D §8.3); rotate keys well before that many sessions.
+//
+// A SessionSealer is safe for concurrent use.
+type SessionSealer struct {
+	aeads []cipher.AEAD // aeads[0] seals; all open
+}
+
+// NewSessionSealer returns a sealer whose first key seals and whose every
+// key opens. Each key must be 32 bytes; it errors on a key of another
+// length or on no keys.
+func NewSessionSealer(keys ...[]byte) (*SessionSealer, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("no sealing key")
+	}
+	s := &SessionSealer{}
+	for i, k := range keys {
+		if len(k) != sealKeySize {
+			return nil, fmt.Errorf("key %d is %d bytes; it must be %d", i+1, len(k), sealKeySize)
+		}
+		block, err := aes.NewCipher(k)
+		if err != nil {
+			return nil, err
+		}
+		aead, err := cipher.NewGCMWithRandomNonce(block)
+		if err != nil {
+			return nil, err
+		}
+		s.aeads = append(s.aeads, aead)
+	}
+	return s, nil
+}
+
+// Seal returns the sealed session ID, not bound to a principal, that
+// carries the upstream's dial address and its session ID, under the first
+// key. Each call draws a fresh nonce, so sealing the same pair twice gives
+// two different values.
+func (s *SessionSealer) Seal(dial, id string) string {
+	return s.seal(sealedSession{dial: dial, id: id})
+}
+
+// sealedSession is what a sealed session ID carries.
+type sealedSession struct {
+	dial  string // the upstream's dial address
+	bound string // principalDigest of the session's principal; "" if unbound
+	id    string // the upstream's own session ID
+}
+
+// seal returns the sealed session ID of ss under the first key.
+func (s *SessionSealer) seal(ss sealedSession) string {
+	plainLen := uvarintLen(len(ss.dial)) + len(ss.dial) + uvarintLen(len(ss.bound)) + len(ss.bound) + len(ss.id)
+	sealedLen := 1 + s.aeads[0].Overhead() + plainLen
+	// One buffer: the plaintext, the sealed value, its encoding.
+	buf := make([]byte, plainLen+sealedLen+sealEncoding.EncodedLen(sealedLen))
+	plain := binary.AppendUvarint(buf[:0], uint64(len(ss.dial)))
+	plain = binary.AppendUvarint(append(plain, ss.dial...), uint64(len(ss.bound)))
+	plain = append(append(plain, ss.bound...), ss.id...)
+	sealed := append(buf[plainLen:plainLen], sealVersion)
+	sealed = s.aeads[0].Seal(sealed, nil, plain, sealAD)
+	enc := buf[plainLen+sealedLen:]
+	sealEncoding.Encode(enc, sealed)
+	return string(enc)
+}
+
+// principalDigest returns what a sealed ID carries of a principal: the
+// first 16 bytes of its SHA-256, or "" for no principal. The sealed ID is
+// encrypted, so the digest is seen only by the replicas.
+func principalDigest(principal string) string {
+	if principal == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(principal))
+	return string(sum[:16])
+}
+
+// sealAD is the additional data sealed IDs of this version authenticate.
+var sealAD = []byte{sealVersion}
+
+// uvarintLen returns the length of n as a uvarint, in bytes.
+func uvarintLen(n int) int {
+	return len(binary.AppendUvarint(make([]byte, 0, binary.MaxVarintLen64), uint64(n)))
+}
+
+// Open returns the dial address and upstream session ID sealed in v, and
+// whether v opened: it is a sealed ID of this format version, under one of
+// the keys, unmodified, with a non-empty dial address and session ID.
+func (s *SessionSealer) Open(v string) (dial, id string, ok bool) {
+	_, ss, ok := s.open(v)
+	return ss.dial, ss.id, ok
+}
+
+// open is Open that returns everything v carries, and v's table key: its
+// decoded bytes (see [Handler.tableKey]). The strings share one allocation.
+func (s *SessionSealer) open(v string) (key string, ss sealedSession, ok bool) {
+	n := sealEncoding.DecodedLen(len(v))
+	overhead := 1 + s.aeads[0].Overhead()
+	if n < overhead+4 { // version, nonce, tag; two 1-byte lengths, dial and ID
+		return "", ss, false
+	}
+	// One allocation: the encoded value, the decoded value, the plaintext.
+	buf := make([]byte, len(v)+n+n-overhead)
+	enc, raw := buf[:len(v)], buf[len(v):len(v)+n]
+	copy(enc, v)
+	if m, err := sealEncoding.Decode(raw, enc); err != nil || m != n || raw[0] != sealVersion {
+		return "", ss, false
+	}
+	for _, aead := range s.aeads {
+		if plain, err := aead.Open(buf[len(v)+n:len(v)+n], nil, raw[1:], raw[:1]); err == nil {
+			all := string(buf[len(v) : len(v)+n+len(plain)])
+			ss, ok = splitSealed(all[n:])
+			return all[:n], ss, ok
+		}
+	}
+	return "", ss, false
+}
+
+// sealedLength returns the length of a sealed session ID, in bytes, for a
+// dial address and an upstream session ID of the given lengths; bound adds
+// a principal's digest.
+func sealedLength(dialLen, idLen int, bound bool) int {
+	plain := uvarintLen(dialLen) + dialLen + 1 + idLen
+	if bound {
+		plain += 16
+	}
+	return sealEncoding.EncodedLen(1 + gcmNonceSize + plain + gcmTagSize)
+}
+
+// AES-GCM's standard nonce and tag sizes (NIST SP 800-38D), in bytes.
+const gcmNonceSize, gcmTagSize = 12, 16
+
+// splitSealed splits a plaintext into what it carries.
+func splitSealed(plain string) (ss sealedSession, ok bool) {
+	dial, rest, ok := cutField(plain)
+	if !ok || dial == "" {
+		return ss, false
+	}
+	bound, id, ok := cutField(rest)
+	if !ok || id == "" || bound != "" && len(bound) != 16 {
+		return ss, false
+	}
+	return sealedSession{dial: dial, bound: bound, id: id}, true
+}
+
+// cutField splits a uvarint-length-prefixed field off the front of s.
+func cutField(s string) (field, rest string, ok bool) {
+	l, k := binary.Uvarint([]byte(s[:min(len(s), binary.MaxVarintLen64)]))
+	if k <= 0 || l > uint64(len(s)-k) {
+		return "", "", false
+	}
+	return s[k : k+int(l)], s[k+int(l):], true
+}
+
+// provisionSealer builds the handler's sealer, if sealed session IDs are on.
+func (h *Handler) provisionSealer() error {
+	if h.SealSessionIDs == nil {
+		return nil
+	}
+	s, err := h.SealSessionIDs.provision()
+	h.sealer = s
+	return err
+}
+
+// provision builds the sealer from the configured keys, resolving
+// placeholders such as {env.MCP_SESSION_KEY}.
+func (c *SealedSessionIDs) provision() (*SessionSealer, error) {
+	if len(c.Keys) == 0 {
+		return nil, errors.New("seal_session_ids: no key; give at least one key, such as {env.MCP_SESSION_KEY} " +
+			"holding the output of `openssl rand -base64 32`")
+	}
+	repl := caddy.NewReplacer()
+	keys := make([][]byte, len(c.Keys))
+	for i, k := range c.Keys {
+		key, err := decodeSealKey(repl, k)
+		if err != nil {
+			return nil, fmt.Errorf("seal_session_ids: key %d (%s): %v", i+1, redactKey(k), err)
+		}
+		for j := range i {
+			if string(keys[j]) == string(key) {
+				return nil, fmt.Errorf("seal_session_ids: key %d is the same as key %d; list each key once", i+1, j+1)
+			}
+		}
+		keys[i] = key
+	}
+	return NewSessionSealer(keys...)
+}
+
+// decodeSealKey resolves placeholders in k and decodes it from base64.
+func decodeSealKey(repl *caddy.Replacer, k string) ([]byte, error) {
+	v, err := repl.ReplaceOrErr(k, true, true)
+	if err != nil {
+		return nil, fmt.Errorf("%v; is the environment variable or file set?", err)
+	}
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return nil, errors.New("is empty; is the environment variable or file set?")
+	}
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if key, err := enc.DecodeString(v); err == nil {
+			if len(key) != sealKeySize {
+				return nil, fmt.Errorf("decodes to %d bytes; a key is %d random bytes, base64-encoded: `openssl rand -base64 32`", len(key), sealKeySize)
+			}
+			return key, nil
+		}
+	}
+	return nil, errors.New("is not base64; a key is 32 random bytes, base64-encoded: `openssl rand -base64 32`")
+}
+
+// redactKey returns k for an error message if it is a placeholder, and a
+// mark that hides it otherwise: a key written into the config must not be
+// echoed into logs.
+func redactKey(k string) string {
+	if strings.HasPrefix(k, "{") && strings.HasSuffix(k, "}") && !strings.Contains(k[1:], "{") {
+		return k
+	}
+	return "given inline, not shown"
+}
+
+// serveSealed proxies a request whose Mcp-Session-Id opened to ss; key is
+// its table key. A session bound to another principal than the request's
+// gets the unknown session's 404, as in the table. A replica that has not
+// seen the session yet records it in its table. The upstream receives its
+// own session ID.
+func (h *Handler) serveSealed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string, ss sealedSession) error {
+	bind := h.table.BindPrincipal()
+	principal := principalOf(r, bind)
+	if ss.bound != "" && bind != BindPrincipalOff && ss.bound != principalDigest(principal) {
+		return h.serveMismatch(w, key)
+	}
+	up, mismatch := h.table.LookupAs(key, principal)
+	if mismatch {
+		return h.serveMismatch(w, key)
+	}
+	if up == nil {
+		origin := Origin{}
+		if ss.bound != "" {
+			origin.Principal = principal
+		}
+		key = strings.Clone(key) // not the buffer that holds the plaintext too
+		up = h.table.Adopt(key, ss.dial, origin)
+		h.debug("adopted", key, ss.dial)
+	}
+	r.Header[HeaderSessionID] = []string{ss.id}
+	return h.servePinned(w, r, next, key, up)
+}
+
+// tableKey returns the key under which the table holds the session id:
+// for a sealed ID, its decoded bytes, and otherwise id itself. Decoded
+// sealed IDs begin with the version byte, which no plain session ID can
+// (they are visible ASCII), so a handler without sealing never finds a
+// sealed session in a shared table, nor one with sealing a session under
+// the upstream's own ID.
+func (h *Handler) tableKey(id string) string {
+	if h.sealer == nil {
+		return id
+	}
+	if key, ok := decodeSealed(id); ok {
+		return key
+	}
+	return id
+}
+
+// decodeSealed returns the decoded bytes of id if it has the encoding and
+// version of a sealed ID, without opening it.
+func decodeSealed(id string) (string, bool) {
+	raw, err := sealEncoding.DecodeString(id)
+	if err != nil || len(raw) == 0 || raw[0] != sealVersion {
+		return "", false
+	}
+	return string(raw), true
+}
+
+// clientID returns the Mcp-Session-Id the client holds for a table key.
+func clientID(key string) string {
+	if len(key) > 0 && key[0] == sealVersion {
+		return sealEncoding.EncodeToString([]byte(key))
+	}
+	return key
+}
+
+// sealResponse replaces every Mcp-Session-Id of a response with a value
+// for the client, so that no upstream session ID reaches the client in
+// the clear. On a pinned request (up set) whose table key is key, the
+// session ID the upstream received becomes the client's own value again
+// (not a fresh seal, so clients that compare IDs see no change); any other
+// ID is sealed with the pinned upstream. Without a session, IDs are sealed
+// with the upstream the policy selected; with none selected, they are
+// removed.
+func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, up *Upstream) {
+	vals := header[HeaderSessionID]
+	if len(vals) == 0 {
+		return
+	}
+	dial, sent := h.sealDial(r, up)
+	out := make([]string, 0, len(vals))
+	for _, v := range vals {
+		switch {
+		case up != nil && v == sent:
+			out = append(out, clientID(key))
+		case dial == "" || checkSessionID(v, math.MaxInt) != "":
+			h.logger.Warn("removed an Mcp-Session-Id the proxy cannot seal from the response",
+				zap.Bool("upstream_known", dial != ""), zap.Int("length", len(v)))
+		default:
+			bound := principalDigest(principalOf(r, h.table.BindPrincipal()))
+			out = append(out, h.sealer.seal(sealedSession{dial: dial, bound: bound, id: v}))
+		}
+	}
+	if len(out) == 0 {
+		header.Del(HeaderSessionID)
+		return
+	}
+	header[HeaderSessionID] = out
+}
+
+// sealDial returns the dial address to seal a response's session IDs with,
+// and the session ID the request carried to the upstream, if pinned.
+func (h *Handler) sealDial(r *http.Request, up *Upstream) (dial, sent string) {
+	if up != nil {
+		return up.dial, r.Header.Get(HeaderSessionID)
+	}
+	if sel := selectedUpstream(r); sel != nil {
+		return sel.Dial, ""
+	}
+	return "", ""
+}
+
+// selectedUpstream returns the upstream the selection policy picked last
+// for r, or nil.
+func selectedUpstream(r *http.Request) *reverseproxy.Upstream {
+	sel, _ := caddyhttp.GetVar(r.Context(), varSelected).(*reverseproxy.Upstream)
+	return sel
+}
+
+// adminKey returns the table key of a session ID given to the admin API:
+// the ID itself if the table holds it, else a sealed ID's decoded bytes.
+func adminKey(t *Table, id string) string {
+	if _, ok := t.Info(id); ok {
+		return id
+	}
+	if key, ok := decodeSealed(id); ok {
+		return key
+	}
+	return id
+}
