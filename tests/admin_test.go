@@ -27,6 +27,11 @@ var adminClient = &http.Client{Timeout: 5 * time.Second}
 // when the request or the decoding failed. It does not fail the test, so a
 // goroutine may call it.
 func adminDo(method, path string, body, out any) (int, error) {
+	return adminDoAt(adminAddr, method, path, body, out)
+}
+
+// adminDoAt is adminDo to the Caddy whose admin endpoint is admin.
+func adminDoAt(admin, method, path string, body, out any) (int, error) {
 	var rd io.Reader
 	if body != nil {
 		data, err := json.Marshal(body)
@@ -35,7 +40,7 @@ func adminDo(method, path string, body, out any) (int, error) {
 		}
 		rd = bytes.NewReader(data)
 	}
-	req, err := http.NewRequest(method, "http://"+adminAddr+path, rd)
+	req, err := http.NewRequest(method, "http://"+admin+path, rd)
 	if err != nil {
 		return 0, err
 	}

@@ -29,6 +29,8 @@ var (
 	whoamiBin string
 	// adminAddr is the Caddy admin endpoint of this test process.
 	adminAddr string
+	// binDir holds binaries built for this run; it is removed when the run ends.
+	binDir string
 )
 
 // TestMain builds the whoami server, runs the tests with the in-process
@@ -45,6 +47,7 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	binDir = dir
 	whoamiBin = filepath.Join(dir, "whoami-server")
 	build := exec.Command("go", "build", "-o", whoamiBin, "../examples/whoami-server")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr

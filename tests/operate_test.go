@@ -24,7 +24,13 @@ import (
 // scrape fetches Caddy's metrics from the admin endpoint.
 func scrape(t testing.TB) (map[string]*dto.MetricFamily, string) {
 	t.Helper()
-	resp, err := http.Get("http://" + adminAddr + "/metrics")
+	return scrapeAt(t, adminAddr)
+}
+
+// scrapeAt fetches the metrics of the Caddy whose admin endpoint is admin.
+func scrapeAt(t testing.TB, admin string) (map[string]*dto.MetricFamily, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

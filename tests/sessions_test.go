@@ -77,6 +77,10 @@ type sessionPlan struct {
 	calls   int           // whoami calls
 	version string        // protocol version the client asks for; "" for its default
 	pause   time.Duration // after each call, a random pause of pause/4 to pause; 0 for none
+	// sealed: the proxy seals session IDs (seal_session_ids), so the
+	// creator sees a session ID of its own, the same on every call, which
+	// the client's ID does not show.
+	sealed bool
 }
 
 // sessionReport is the outcome of one client session.
@@ -84,6 +88,7 @@ type sessionReport struct {
 	began     time.Time // before connecting
 	creator   string    // serverInfo.name of the initialize response: the server that created the session
 	sessionID string    // the client's session ID; "" when sessionless
+	seen      string    // the session ID the creator saw on the first call
 	calls     int       // calls answered
 	onCreator int       // calls answered by the creator, seeing the client's session ID
 	misrouted int       // calls answered by another server or for another session, without error
@@ -126,7 +131,7 @@ func (r *sessionReport) call(ctx context.Context, cs *mcp.ClientSession, plan se
 		}
 		r.calls++
 		r.answered = append(r.answered, id.Server)
-		if id.Server == r.creator && id.Session == r.sessionID {
+		if id.Server == r.creator && r.sameSession(id.Session, plan.sealed) {
 			r.onCreator++
 		} else {
 			r.misrouted++
@@ -136,6 +141,19 @@ func (r *sessionReport) call(ctx context.Context, cs *mcp.ClientSession, plan se
 		}
 	}
 	return nil
+}
+
+// sameSession reports whether a call's server saw the session's ID: the
+// client's own, or with sealed IDs the one it saw first, which the client's
+// ID does not show.
+func (r *sessionReport) sameSession(seen string, sealed bool) bool {
+	if !sealed {
+		return seen == r.sessionID
+	}
+	if r.seen == "" {
+		r.seen = seen
+	}
+	return seen == r.seen && seen != "" && !strings.Contains(r.sessionID, seen)
 }
 
 // loadResult sums up a run of concurrent sessions.
