@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"strings"
 )
@@ -38,6 +40,22 @@ func mcpProxyRoute(upstreams []string, maxSessions int, extra string) string {
 	}
 	b.WriteString("\t}")
 	return b.String()
+}
+
+// sealKeyEnv is the environment variable every benchmark Caddy gets the
+// sealing key of the sealed rows in.
+const sealKeyEnv = "MCP_SESSION_KEY"
+
+// sealKey is the sealed rows' key: 32 random bytes, base64, new each run.
+var sealKey = func() string {
+	k := make([]byte, 32)
+	_, _ = rand.Read(k)
+	return base64.StdEncoding.EncodeToString(k)
+}()
+
+// sealedRoute is mcpProxyRoute with sealed session IDs.
+func sealedRoute(upstreams []string) string {
+	return mcpProxyRoute(upstreams, 0, "\t\tseal_session_ids {env."+sealKeyEnv+"}\n")
 }
 
 // stockRoute is stock `reverse_proxy` with the one setting mcp_proxy adds

@@ -142,7 +142,7 @@ func (e *env) startCaddy(name, route string) (*proxyProc, error) {
 		return nil, err
 	}
 	xdg := filepath.Join(e.dir, "xdg")
-	p, err := e.start(name, fmt.Sprintf("127.0.0.1:%d", port), 30*time.Second, []string{"XDG_CONFIG_HOME=" + xdg, "XDG_DATA_HOME=" + xdg},
+	p, err := e.start(name, fmt.Sprintf("127.0.0.1:%d", port), 30*time.Second, []string{"XDG_CONFIG_HOME=" + xdg, "XDG_DATA_HOME=" + xdg, sealKeyEnv + "=" + sealKey},
 		e.caddy, "run", "--config", cfgPath, "--adapter", "caddyfile")
 	if err != nil {
 		return nil, err

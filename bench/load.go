@@ -42,6 +42,8 @@ type loadConfig struct {
 	duration time.Duration
 	// onWindow, if set, is called when the measured window opens and closes.
 	onWindow func(open bool)
+	// sealed: the proxy seals session IDs, so servers see IDs of their own.
+	sealed bool
 }
 
 // loadResult is what a load run measured inside its window.
@@ -74,6 +76,8 @@ type session struct {
 	br     *bufio.Reader
 	id     string // Mcp-Session-Id
 	server string // the server that answered initialize
+	seen   string // the session ID that server reported on the first call
+	sealed bool   // seen must differ from id (sealed session IDs), else equal it
 	req    []byte // reused request buffer
 	body   []byte // reused response body buffer
 	nextID int64
@@ -250,10 +254,15 @@ func (s *session) call(buf []byte) (ok, misroute bool, why string) {
 	if !bytes.Contains(msg, want) {
 		return false, false, fmt.Sprintf("answer without id %d: %.200s", s.nextID, msg)
 	}
+	if s.seen == "" {
+		if s.seen = sessionSeen(msg); s.seen == "" || s.sealed == (s.seen == s.id) {
+			return false, false, fmt.Sprintf("server saw session %q for client session %q (sealed IDs: %v)", s.seen, s.id, s.sealed)
+		}
+	}
 	want = append(want[:0], `"structuredContent":{"server":"`...)
 	want = append(want, s.server...)
 	want = append(want, `","session":"`...)
-	want = append(want, s.id...)
+	want = append(want, s.seen...)
 	want = append(want, `"}`...)
 	if !bytes.Contains(msg, want) {
 		if bytes.Contains(msg, []byte(`"structuredContent"`)) {
@@ -262,6 +271,21 @@ func (s *session) call(buf []byte) (ok, misroute bool, why string) {
 		return false, false, fmt.Sprintf("unexpected answer: %.200s", msg)
 	}
 	return true, false, ""
+}
+
+// sessionSeen returns the session ID a whoami answer reports, or "".
+func sessionSeen(msg []byte) string {
+	const key = `"session":"`
+	i := bytes.Index(msg, []byte(key))
+	if i < 0 {
+		return ""
+	}
+	rest := msg[i+len(key):]
+	j := bytes.IndexByte(rest, '"')
+	if j < 0 {
+		return ""
+	}
+	return string(rest[:j])
 }
 
 // close ends the session with DELETE and closes its connection.
@@ -282,7 +306,7 @@ func runLoad(cfg loadConfig) loadResult {
 	var setupErr atomic.Value
 	var wg sync.WaitGroup
 	for i := range sessions {
-		s := &session{addr: cfg.addrs[i%len(cfg.addrs)], req: make([]byte, 0, 512), body: make([]byte, 0, 4096)}
+		s := &session{addr: cfg.addrs[i%len(cfg.addrs)], sealed: cfg.sealed, req: make([]byte, 0, 512), body: make([]byte, 0, 4096)}
 		sessions[i] = s
 		wg.Go(func() {
 			if err := s.setup(); err != nil {

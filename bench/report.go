@@ -242,6 +242,12 @@ func (r *report) writeTargets(w io.Writer) {
 			x := m.load.callsPerSec() / d.load.callsPerSec()
 			add("%s, 3 servers: mcp_proxy calls/s ≥ 0.95× direct: %.3f× — %s", mode, x, mark(x >= 0.95))
 		}
+		if sl := r.find(mode, "mcp_proxy3_sealed"); m != nil && sl != nil {
+			x := sl.load.callsPerSec() / m.load.callsPerSec()
+			sc, mc := perCall(sl.proxyCPU, sl.load.calls), perCall(m.proxyCPU, m.load.calls)
+			add("%s, 3 servers: mcp_proxy with sealed session IDs calls/s ≥ 0.98× plain IDs: %.3f× — %s (proxy CPU per call: %.1f vs %.1f µs, %s×)",
+				mode, x, mark(x >= 0.98), sc, mc, ratio(sc, mc))
+		}
 	}
 	if fe := r.firstEvent; fe != nil {
 		m, h := findFE(fe, "mcp_proxy"), findFE(fe, "haproxy")

@@ -16,6 +16,7 @@ type scenario struct {
 	kind    string // direct, caddy or haproxy
 	route   func(upstreams []string) string
 	group   string // rows compared with each other: "3" or "1" servers
+	sealed  bool   // the proxy seals session IDs: servers see IDs of their own
 }
 
 // scenarios are the rows, in the order they run and print.
@@ -23,6 +24,8 @@ var scenarios = []scenario{
 	{key: "direct3", label: "direct (3 servers)", servers: 3, kind: "direct", group: "3"},
 	{key: "mcp_proxy3", label: "Caddy mcp_proxy (3)", servers: 3, kind: "caddy", group: "3",
 		route: func(u []string) string { return mcpProxyRoute(u, 0, "") }},
+	{key: "mcp_proxy3_sealed", label: "Caddy mcp_proxy, sealed IDs (3)", servers: 3, kind: "caddy", group: "3", sealed: true,
+		route: sealedRoute},
 	{key: "haproxy3", label: "HAProxy stick table (3)", servers: 3, kind: "haproxy", group: "3"},
 	{key: "rr3", label: "stock reverse_proxy round_robin (3)", servers: 3, kind: "caddy", group: "3",
 		route: func(u []string) string { return stockRoute(u, "round_robin") }},
@@ -36,7 +39,7 @@ var scenarios = []scenario{
 
 // defaultScenarios runs every row but rr3, which only shows the failure the
 // plugin fixes (almost every call misrouted).
-const defaultScenarios = "direct3,mcp_proxy3,haproxy3,direct1,stock1,mcp_proxy1,haproxy1"
+const defaultScenarios = "direct3,mcp_proxy3,mcp_proxy3_sealed,haproxy3,direct1,stock1,mcp_proxy1,haproxy1"
 
 // tpResult is one measured row.
 type tpResult struct {
@@ -81,7 +84,7 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 	var busy0 time.Duration
 	var gen0 time.Duration
 	var profWG sync.WaitGroup
-	cfg := loadConfig{addrs: targets, sessions: o.sessions, warmup: o.warmup, duration: o.duration}
+	cfg := loadConfig{addrs: targets, sessions: o.sessions, warmup: o.warmup, duration: o.duration, sealed: sc.sealed}
 	cfg.onWindow = func(open bool) {
 		srv := time.Duration(0)
 		for _, s := range servers {
