@@ -11,8 +11,9 @@ import (
 // them to the client, before any body: there it learns the session a
 // response creates, or applies the answer to a pinned request to the table.
 // It changes nothing in the response, except that with sealed session IDs
-// the response's Mcp-Session-Id becomes the client's value. The wrapper is embedded by value, so
-// that wrapping costs one allocation per request, not two.
+// the response's Mcp-Session-Id becomes the client's value. The wrapper is
+// embedded by value, so that wrapping costs one allocation per request,
+// not two.
 type sessionWriter struct {
 	caddyhttp.ResponseWriterWrapper
 	h *Handler
