@@ -73,6 +73,23 @@ const (
 // It drops a session when the upstream answers its POST or DELETE with 404,
 // or its DELETE with 2xx; the upstream's response passes unchanged. A 404
 // to a GET keeps the session (see evictAfter).
+//
+// It sets these placeholders for every request it serves, for access logs
+// (`log_append`), `header_up`, `respond`, and the matchers of later routes.
+// Each value is computed when it is used:
+//
+// Placeholder | Description
+// ------------|-------------
+// `{mcp.method}` | The JSON-RPC method: the `Mcp-Method` header of a request of protocol 2026-07-28 or later, else the body's if an `mcp` matcher with `body` read it, else empty
+// `{mcp.name}` | The tool or prompt name, or resource URI, of `tools/call`, `prompts/get` and `resources/read`, from the same source; empty otherwise
+// `{mcp.era}` | `legacy_session`, `modern_sessionless` or `other_sessionless`, as the `era` label of the requests metric
+// `{mcp.protocol_version}` | The `MCP-Protocol-Version` header, if sent once
+// `{mcp.session_fingerprint}` | The first 12 hex digits of the SHA-256 of `Mcp-Session-Id`, never the ID itself; empty without a session
+// `{mcp.pinned_upstream}` | The dial address of the upstream the session is pinned to: for `pinned` and `gone` the session's, for `learned` the one that created it; empty otherwise
+// `{mcp.decision}` | `balanced` (no session), `learned`, `pinned`, `unknown` (session not in the table), `gone` (its upstream is gone), `rejected` (answered 4xx by the proxy)
+//
+// An `mcp` matcher that ran before the handler sets the same placeholders;
+// `decision` and `pinned_upstream` are then empty until the handler runs.
 type Handler struct {
 	// The name of the session table, held by the `mcp_sessions` app.
 	// Handlers and selection policies with the same table name share
@@ -211,8 +228,16 @@ func (h *Handler) Validate() error {
 // answers (403, 400, 404 with a JSON-RPC error, see README "What happens
 // when") are written, not returned; it returns the error of the next
 // handler (reverse_proxy), or of writing the proxy's own answer.
+// It sets the {mcp.*} placeholders and counts the request by method
+// (placeholders.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	return h.observe(w, r, next)
+}
+
+// serve is ServeHTTP's work.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !h.DisableLocalhostProtection && rebinding(r) {
+		decide(r, decisionRejected, "")
 		return writeRPCError(w, http.StatusForbidden, CodeInvalidRequest, fmt.Sprintf("Forbidden: invalid Host header %q: "+
 			"this proxy listens on loopback and serves only localhost names (DNS rebinding protection); "+
 			"behind a trusted proxy on this machine, set localhost_protection off", r.Host))
@@ -224,6 +249,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	id, problem := sessionOf(r.Header, h.MaxSessionIDLength)
 	if problem != "" {
+		decide(r, decisionRejected, "")
 		return writeBadSession(w, problem)
 	}
 	if h.sealer != nil {
@@ -244,6 +270,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // serveUnknown answers a request whose session the table does not hold.
 func (h *Handler) serveUnknown(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
 	h.table.Stats.unknown.Add(1)
+	decide(r, decisionUnknown, "")
 	h.debug("unknown", id, "")
 	if h.UnknownSession == UnknownSessionForward {
 		return next.ServeHTTP(w, r)
@@ -266,6 +293,7 @@ func (h *Handler) serveMismatch(w http.ResponseWriter, id string) error {
 // applies the upstream's answer to the table.
 func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, up *Upstream) error {
 	caddyhttp.SetVar(r.Context(), varPinned, up)
+	decide(r, decisionPinned, up.Dial())
 	h.table.Stats.pinned.Add(1)
 	h.debug("pinned", id, up.Dial())
 	if r.Method == http.MethodGet {
@@ -282,6 +310,7 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 		return err
 	}
 	h.table.Stats.gone.Add(1)
+	decide(r, decisionGone, "")
 	h.table.Evict(id, EvictUpstreamGone)
 	h.debug("upstream_gone", id, up.Dial())
 	return writeSessionNotFound(w, "Session not found: its upstream is gone")
@@ -319,6 +348,7 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 		return
 	}
 	if key := h.tableKey(ids[0]); h.table.LearnFrom(key, sel.Dial, Origin{Principal: principalOf(r, h.table.BindPrincipal())}) {
+		decide(r, decisionLearned, sel.Dial)
 		h.debug("learned", key, sel.Dial)
 	}
 }

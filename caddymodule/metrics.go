@@ -56,7 +56,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 
 // Describe sends the descriptors of all the plugin's metrics.
 func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descEvicted, descRequests} {
+	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descEvicted, descRequests, descByMethod, descStreams} {
 		ch <- d
 	}
 }
@@ -98,6 +98,7 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 	for _, e := range eras {
 		counter(descRequests, s.Requests(e), t.name, e.String())
 	}
+	collectMethods(ch, t)
 }
 
 // Interface guards

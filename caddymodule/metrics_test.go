@@ -31,6 +31,9 @@ var metricNames = map[string]dto.MetricType{
 	"caddy_mcp_principal_mismatch_total": dto.MetricType_COUNTER,
 	"caddy_mcp_sessions_evicted_total":   dto.MetricType_COUNTER,
 	"caddy_mcp_requests_total":           dto.MetricType_COUNTER,
+	// methods.go
+	"caddy_mcp_requests_by_method_total": dto.MetricType_COUNTER,
+	"caddy_mcp_streams_open":             dto.MetricType_GAUGE,
 }
 
 // gathered is one scrape: every series of the plugin's families, keyed
@@ -118,6 +121,9 @@ func tableSeries(name string, maxSessions int) gathered {
 	}
 	for _, e := range eras {
 		g[fmt.Sprintf("caddy_mcp_requests_total{era=%q,%s}", e, l)] = 0
+	}
+	for _, k := range []string{"get", "listen"} {
+		g[fmt.Sprintf("caddy_mcp_streams_open{kind=%q,%s}", k, l)] = 0
 	}
 	return g
 }
@@ -235,6 +241,7 @@ func TestMetricsScripted(t *testing.T) {
 	serve(newRequest(http.MethodPost, "UNKNOWNSESSIONID7Q2XW4C3B5"), nil) // unknown: 404
 	modern := newRequest(http.MethodPost)
 	modern.Header.Set("Mcp-Method", "tools/list")
+	modern.Header.Set("Mcp-Protocol-Version", "2026-07-28")
 	serve(modern, answer(200))                      // modern era, no session
 	serve(newRequest(http.MethodPost), answer(202)) // other era
 	proxy.pool = pool[:1]                           // b leaves the pool
@@ -254,6 +261,10 @@ func TestMetricsScripted(t *testing.T) {
 	want[`caddy_mcp_requests_total{era="legacy_session",`+l+"}"] = 5
 	want[`caddy_mcp_requests_total{era="modern_sessionless",`+l+"}"] = 1
 	want[`caddy_mcp_requests_total{era="other_sessionless",`+l+"}"] = 1
+	want[`caddy_mcp_requests_by_method_total{code="200",method="unknown",`+l+"}"] = 3 // legacy: the body was not read
+	want[`caddy_mcp_requests_by_method_total{code="404",method="unknown",`+l+"}"] = 2
+	want[`caddy_mcp_requests_by_method_total{code="202",method="unknown",`+l+"}"] = 1
+	want[`caddy_mcp_requests_by_method_total{code="200",method="tools/list",`+l+"}"] = 1
 
 	reg := prometheus.NewPedanticRegistry()
 	if err := registerMetrics(reg); err != nil {

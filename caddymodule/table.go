@@ -175,6 +175,7 @@ type Stats struct {
 	learned, pinned, unknown, gone, mismatch atomic.Uint64
 	eras                                     [len(eraNames)]atomic.Uint64         // indexed by Era
 	evictions                                [len(evictReasonNames)]atomic.Uint64 // indexed by EvictReason
+	methods                                  methodStats                          // by method and status; methods.go
 
 	adopted atomic.Uint64 // sessions recorded from sealed session IDs
 }

@@ -1,0 +1,329 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// DefaultMaxBodySize is the default bound, in bytes, of the request body
+// an `mcp` matcher reads: 4 MiB, the MCP Go SDK server's default
+// (StreamableHTTPOptions.MaxRequestBodyBytes), so a body it would accept
+// can always be checked.
+const DefaultMaxBodySize = 4 << 20
+
+// rpcHead is what the plugin reads from a JSON-RPC message: its id, method,
+// and the params it checks headers against.
+type rpcHead struct {
+	ID      json.RawMessage // nil for a notification
+	Method  string          // "" for a response
+	Name    string          // params.name
+	URI     string          // params.uri
+	Version string          // params._meta["io.modelcontextprotocol/protocolVersion"]
+}
+
+// name returns the value Mcp-Name mirrors: params.uri for resources/read,
+// params.name otherwise (MCP 2026-07-28 transports, §Standard Request Headers).
+func (h *rpcHead) name() string {
+	if h.Method == "resources/read" {
+		return h.URI
+	}
+	return h.Name
+}
+
+// readBody reads the request body, at most limit bytes, once per request,
+// and parses it; a later call returns the first one's outcome. It puts the
+// body back so that the upstream receives it unchanged, even when it was
+// too large to read whole. Errors are faults: a body over the limit (413),
+// one that could not be read, is not a single JSON object, or names a field
+// the plugin reads twice or in another letter case (400).
+func (ex *exchange) readBody(r *http.Request, limit int64) (*rpcHead, *fault) {
+	if !ex.bodyRead {
+		ex.bodyRead = true
+		ex.body, ex.bodyFault = readRPC(r, limit)
+	}
+	return ex.body, ex.bodyFault
+}
+
+// readRPC reads and parses r's body; see readBody.
+func readRPC(r *http.Request, limit int64) (*rpcHead, *fault) {
+	if r.ContentLength > limit {
+		return nil, tooLarge(r.ContentLength, limit)
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		return parseRPC(nil)
+	}
+	buf, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	r.Body = &replayBody{buf: buf, rest: r.Body}
+	switch {
+	case err != nil:
+		return nil, &fault{status: http.StatusBadRequest, code: CodeInvalidRequest, message: "Bad Request: reading the request body: " + err.Error()}
+	case int64(len(buf)) > limit:
+		return nil, tooLarge(-1, limit)
+	}
+	return parseRPC(buf)
+}
+
+// tooLarge is the fault of a body over the matcher's bound; size is -1 when unknown.
+func tooLarge(size, limit int64) *fault {
+	msg := fmt.Sprintf("Request body is larger than %d bytes, the most an mcp matcher of this proxy reads (max_body_size)", limit)
+	if size >= 0 {
+		msg = fmt.Sprintf("Request body of %d bytes is larger than %d bytes, the most an mcp matcher of this proxy reads (max_body_size)", size, limit)
+	}
+	return &fault{status: http.StatusRequestEntityTooLarge, code: CodeInvalidRequest, message: msg}
+}
+
+// replayBody is a request body that was partly or fully read: it returns
+// the bytes read first, then the rest of the original body.
+type replayBody struct {
+	buf  []byte
+	rest io.ReadCloser
+}
+
+// Read reads the bytes read before, then the rest of the original body.
+func (b *replayBody) Read(p []byte) (int, error) {
+	if len(b.buf) > 0 {
+		n := copy(p, b.buf)
+		b.buf = b.buf[n:]
+		return n, nil
+	}
+	return b.rest.Read(p)
+}
+
+// Close closes the original body.
+func (b *replayBody) Close() error { return b.rest.Close() }
+
+// parseRPC reads a JSON-RPC message. Fields are matched by their exact
+// name, as the MCP SDKs decode them; a field the plugin reads that appears
+// twice, or also in another letter case (which Go's encoding/json would
+// match), is refused: a server could read another value than the proxy.
+// The body is validated by encoding/json, then scanned in place: the scan
+// allocates only the strings it returns.
+func parseRPC(body []byte) (*rpcHead, *fault) {
+	if !json.Valid(body) {
+		return nil, &fault{status: http.StatusBadRequest, code: CodeParseError, message: "Parse error: the request body is not one JSON object"}
+	}
+	sc := scanner{b: body}
+	head := new(rpcHead)
+	var err error
+	switch c := sc.peek(); c {
+	case '{':
+		err = sc.object("the message", []string{"id", "method", "params"}, head.readTop)
+	case '[':
+		err = fmt.Errorf("a JSON-RPC batch cannot be matched by method; send one message per request (protocol 2025-06-18 removed batches)")
+	default:
+		err = fmt.Errorf("the message is a JSON %s, not an object", kindOf(c))
+	}
+	if err != nil {
+		return nil, &fault{status: http.StatusBadRequest, code: CodeInvalidRequest, message: "Invalid Request: " + err.Error(), id: head.ID}
+	}
+	return head, nil
+}
+
+// readTop reads the value of one top-level field the plugin reads.
+func (h *rpcHead) readTop(sc *scanner, key string) (err error) {
+	switch key {
+	case "id":
+		h.ID = sc.skip()
+	case "method":
+		h.Method, err = sc.string(key)
+	case "params":
+		err = sc.object("params", []string{"name", "uri", "_meta"}, h.readParams)
+	}
+	return err
+}
+
+// readParams reads the value of one field of params the plugin reads.
+func (h *rpcHead) readParams(sc *scanner, key string) (err error) {
+	switch key {
+	case "name":
+		h.Name, err = sc.string("params.name")
+	case "uri":
+		h.URI, err = sc.string("params.uri")
+	case "_meta":
+		err = sc.object("params._meta", []string{metaProtocolVersion}, h.readMeta)
+	}
+	return err
+}
+
+// metaProtocolVersion is the _meta key mirrored by MCP-Protocol-Version
+// (MCP 2026-07-28 schema, RequestMetaObject).
+const metaProtocolVersion = "io.modelcontextprotocol/protocolVersion"
+
+// readMeta reads params._meta's protocol version.
+func (h *rpcHead) readMeta(sc *scanner, _ string) (err error) {
+	h.Version, err = sc.string("params._meta." + metaProtocolVersion)
+	return err
+}
+
+// scanner walks JSON text that json.Valid accepted.
+type scanner struct {
+	b []byte
+	i int
+}
+
+// peek skips white space and returns the next byte.
+func (sc *scanner) peek() byte {
+	for sc.i < len(sc.b) && strings.IndexByte(" \t\r\n", sc.b[sc.i]) >= 0 {
+		sc.i++
+	}
+	if sc.i == len(sc.b) {
+		return 0
+	}
+	return sc.b[sc.i]
+}
+
+// object reads an object, calling read for each member whose key is one of
+// keys, with the scanner at its value; it skips the others. A null is an
+// empty object. A key of keys given twice, or one differing from a key of
+// keys in letter case only, is an error.
+func (sc *scanner) object(what string, keys []string, read func(*scanner, string) error) error {
+	switch sc.peek() {
+	case 'n':
+		sc.skip()
+		return nil
+	case '{':
+	default:
+		return fmt.Errorf("%s is a JSON %s, not an object", what, kindOf(sc.peek()))
+	}
+	sc.i++
+	var seen uint64
+	for sc.peek() != '}' {
+		key, err := sc.key(keys, &seen)
+		if err != nil {
+			return err
+		}
+		sc.peek()
+		sc.i++ // ':'
+		if key == "" {
+			sc.skip()
+		} else if err := read(sc, key); err != nil {
+			return err
+		}
+		if sc.peek() == ',' {
+			sc.i++
+		}
+	}
+	sc.i++
+	return nil
+}
+
+// key reads a member's key and returns it if it is one of keys, else "".
+func (sc *scanner) key(keys []string, seen *uint64) (string, error) {
+	sc.peek()
+	raw := sc.skip()
+	kb := raw[1 : len(raw)-1]
+	if bytes.IndexByte(raw, '\\') >= 0 {
+		var key string
+		_ = json.Unmarshal(raw, &key)
+		kb = []byte(key)
+	}
+	for i, k := range keys {
+		switch {
+		case string(kb) == k && *seen&(1<<i) != 0:
+			return "", fmt.Errorf("field %q appears twice", k)
+		case string(kb) == k:
+			*seen |= 1 << i
+			return k, nil
+		case equalFold(kb, k):
+			return "", fmt.Errorf("field %q would be read as %q by some servers; spell it %q", kb, k, k)
+		}
+	}
+	return "", nil
+}
+
+// equalFold reports whether b and s are equal under ASCII case folding.
+func equalFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range len(b) {
+		if b[i]|0x20 != s[i]|0x20 {
+			return false
+		}
+	}
+	return true
+}
+
+// string reads a string value; null is "".
+func (sc *scanner) string(what string) (string, error) {
+	switch c := sc.peek(); c {
+	case 'n':
+		sc.skip()
+		return "", nil
+	case '"':
+	default:
+		return "", fmt.Errorf("%s is a JSON %s, not a string", what, kindOf(c))
+	}
+	raw := sc.skip()
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw[1 : len(raw)-1]), nil
+	}
+	var s string
+	err := json.Unmarshal(raw, &s)
+	return s, err
+}
+
+// skip skips one value and returns its text.
+func (sc *scanner) skip() []byte {
+	c := sc.peek()
+	start := sc.i
+	switch c {
+	case '"':
+		sc.i++
+		for sc.b[sc.i] != '"' {
+			if sc.b[sc.i] == '\\' {
+				sc.i++
+			}
+			sc.i++
+		}
+		sc.i++
+	case '{', '[':
+		sc.skipNested()
+	default:
+		for sc.i < len(sc.b) && strings.IndexByte(",}] \t\r\n", sc.b[sc.i]) < 0 {
+			sc.i++
+		}
+	}
+	return sc.b[start:sc.i]
+}
+
+// skipNested skips an object or array.
+func (sc *scanner) skipNested() {
+	depth := 0
+	for {
+		switch sc.b[sc.i] {
+		case '"':
+			sc.skip()
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+		}
+		sc.i++
+		if depth == 0 {
+			return
+		}
+	}
+}
+
+// kindOf names the JSON type of a value starting with c.
+func kindOf(c byte) string {
+	switch c {
+	case '"':
+		return "string"
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	}
+	return "number"
+}

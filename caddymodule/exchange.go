@@ -1,0 +1,261 @@
+package caddymodule
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// MCP request headers of protocol 2026-07-28, in Go's canonical spelling
+// (MCP 2026-07-28 transports, §Request Metadata; SEP-2243).
+const (
+	// HeaderProtocolVersion carries the request's protocol version (MCP-Protocol-Version).
+	HeaderProtocolVersion = "Mcp-Protocol-Version"
+	// HeaderMethod mirrors the JSON-RPC method of the body.
+	HeaderMethod = "Mcp-Method"
+	// HeaderName mirrors params.name (tools/call, prompts/get) or params.uri
+	// (resources/read), possibly Base64-encoded as `=?base64?...?=`.
+	HeaderName = "Mcp-Name"
+)
+
+// varExchange is the request variable holding the request's *exchange.
+const varExchange = "mcp_session.exchange"
+
+// exchange is what the plugin knows about one request: what its headers
+// (and, once an `mcp` matcher read it, its body) say it is, what the
+// `mcp_session` handler decided, and the status of the answer. The first of
+// them to look at the request creates it; a request variable shares it, so
+// that the headers are parsed and the body is read once per request however
+// many matchers run. While a handler serves the request, the exchange is
+// also the ResponseWriter that records the status.
+type exchange struct {
+	caddyhttp.ResponseWriterWrapper // set while a handler serves the request
+
+	era         Era
+	sessionID   string // the single Mcp-Session-Id, "" if none or several
+	version     string // the single MCP-Protocol-Version, "" if none or several
+	hdrMethod   string // the single Mcp-Method
+	hdrName     string // the single Mcp-Name, Base64 sentinel decoded
+	nameSent    bool   // Mcp-Name was sent once
+	trusted     bool   // version ≥ 2026-07-28: servers validate the mirrored headers
+	headerFault *fault // an MCP header sent twice or malformed, if any
+	fault       *fault // the fault a matcher found: the request must be rejected
+
+	bodyRead  bool     // a matcher read the body
+	body      *rpcHead // what the body says, nil if it was unreadable
+	bodyFault *fault   // why the body was unreadable
+
+	providing bool // the placeholders are registered with the replacer
+	serving   bool // an mcp_session handler is serving the request
+	status    int  // the final status written through the handler, 0 before
+	decision  decision
+	pinned    string // dial address of the session's upstream
+}
+
+// exchangeOf returns the request's exchange, creating it on first use.
+func exchangeOf(r *http.Request) *exchange {
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if ex, ok := vars[varExchange].(*exchange); ok {
+		return ex
+	}
+	ex := newExchange(r)
+	if vars != nil {
+		vars[varExchange] = ex
+	}
+	ex.provide(r)
+	return ex
+}
+
+// newExchange reads what the request's headers say about it.
+func newExchange(r *http.Request) *exchange {
+	h := r.Header
+	ids := h[HeaderSessionID]
+	ex := &exchange{era: eraOf(r, len(ids))}
+	if len(ids) == 1 {
+		ex.sessionID = ids[0]
+	}
+	ex.version = ex.single(h, HeaderProtocolVersion)
+	ex.hdrMethod = ex.single(h, HeaderMethod)
+	name := ex.single(h, HeaderName)
+	ex.nameSent = len(h[HeaderName]) == 1
+	ex.trusted = isDate(ex.version) && ex.version >= ModernProtocolVersion
+	var ok bool
+	if ex.hdrName, ok = decodeSentinel(name); !ok && ex.headerFault == nil {
+		ex.headerFault = mismatch("Mcp-Name %q is not valid Base64 inside =?base64?...?=", name)
+	}
+	return ex
+}
+
+// single returns the value of header field k if it was sent once, and ""
+// otherwise; sending it more than once is a fault: a proxy and a server
+// reading different copies would disagree about the request.
+func (ex *exchange) single(h http.Header, k string) string {
+	switch v := h[k]; len(v) {
+	case 0:
+		return ""
+	case 1:
+		return v[0]
+	default:
+		if ex.headerFault == nil {
+			ex.headerFault = mismatch("%s was sent %d times; send it once", k, len(v))
+		}
+		return ""
+	}
+}
+
+// decodeSentinel decodes a header value in the Base64 sentinel form
+// `=?base64?<value>?=` (MCP 2026-07-28 transports, §Value Encoding); any
+// other value is returned as it is. It reports false for a sentinel whose
+// content is not Base64.
+func decodeSentinel(v string) (string, bool) {
+	inner, ok := strings.CutPrefix(v, "=?base64?")
+	if !ok {
+		return v, true
+	}
+	if inner, ok = strings.CutSuffix(inner, "?="); !ok {
+		return v, true
+	}
+	b, err := base64.StdEncoding.DecodeString(inner)
+	return string(b), err == nil
+}
+
+// fromHeaders reports whether the request's method and name come from its
+// Mcp-Method and Mcp-Name headers: only for 2026-07-28 requests, whose
+// servers must validate them against the body (MCP 2026-07-28 transports,
+// §Server Validation). Older servers never look at them, so trusting them
+// would let a client route one call as another.
+func (ex *exchange) fromHeaders() bool { return ex.trusted && ex.hdrMethod != "" }
+
+// method returns the request's JSON-RPC method as the plugin knows it: the
+// Mcp-Method header of a 2026-07-28 request, otherwise the body's once a
+// matcher read it, otherwise "".
+func (ex *exchange) method() string {
+	switch {
+	case ex.fromHeaders():
+		return ex.hdrMethod
+	case ex.body != nil:
+		return ex.body.Method
+	}
+	return ""
+}
+
+// name returns the tool or prompt name, or the resource URI, of a
+// tools/call, prompts/get or resources/read request, from the same source
+// as method; "" for other requests.
+func (ex *exchange) name() string {
+	switch {
+	case !namedMethod(ex.method()):
+		return ""
+	case ex.fromHeaders():
+		return ex.hdrName
+	case ex.body != nil:
+		return ex.body.name()
+	}
+	return ""
+}
+
+// namedMethod reports whether requests of method carry Mcp-Name.
+func namedMethod(method string) bool {
+	return method == "tools/call" || method == "prompts/get" || method == "resources/read"
+}
+
+// provide registers the exchange's placeholders with the request's
+// replacer, once. The replacer calls back only when a placeholder is used.
+func (ex *exchange) provide(r *http.Request) {
+	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if !ok || ex.providing {
+		return
+	}
+	ex.providing = true
+	repl.Map(ex.placeholder)
+}
+
+// WriteHeader records the final status, then writes it. Informational
+// (1xx) responses pass unrecorded; reverse_proxy may send them from
+// another goroutine.
+func (ex *exchange) WriteHeader(status int) {
+	if ex.status == 0 && status >= 200 {
+		ex.status = status
+	}
+	ex.ResponseWriter.WriteHeader(status)
+}
+
+// Write writes the header first if needed, so that its 200 is recorded.
+func (ex *exchange) Write(b []byte) (int, error) {
+	if ex.status == 0 {
+		ex.WriteHeader(http.StatusOK)
+	}
+	return ex.ResponseWriter.Write(b)
+}
+
+// FlushError flushes the response; a flush before any header writes a 200.
+func (ex *exchange) FlushError() error {
+	if ex.status == 0 {
+		ex.WriteHeader(http.StatusOK)
+	}
+	return http.NewResponseController(ex.ResponseWriter).Flush()
+}
+
+// Flush implements http.Flusher on top of FlushError.
+func (ex *exchange) Flush() { _ = ex.FlushError() }
+
+// CodeHeaderMismatch is MCP's HeaderMismatch error: a request's MCP headers
+// are missing, malformed or disagree with its body (MCP 2026-07-28
+// transports, §Server Validation).
+const CodeHeaderMismatch = -32020
+
+// CodeParseError is JSON-RPC 2.0's "Parse error": the body is not JSON (JSON-RPC 2.0 §5.1).
+const CodeParseError = -32700
+
+// fault is a request the proxy refuses after looking at its MCP headers or
+// body: it answers status with a JSON-RPC error of code.
+type fault struct {
+	status  int
+	code    int
+	message string
+	id      json.RawMessage // the JSON-RPC id of the request, nil if unknown
+}
+
+// Error returns the fault's message.
+func (f *fault) Error() string { return f.message }
+
+// mismatch returns a HeaderMismatch fault: 400 with JSON-RPC error -32020.
+func mismatch(format string, args ...any) *fault {
+	return &fault{status: http.StatusBadRequest, code: CodeHeaderMismatch, message: "Header mismatch: " + fmt.Sprintf(format, args...)}
+}
+
+// faultBody is the JSON-RPC error response a fault is answered with (JSON-RPC 2.0 §5).
+type faultBody struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Error   rpcCause        `json:"error"`
+}
+
+// write answers the fault on w.
+func (f *fault) write(w http.ResponseWriter) error {
+	id := f.id
+	if id == nil {
+		id = json.RawMessage("null")
+	}
+	body, err := json.Marshal(faultBody{JSONRPC: "2.0", ID: id, Error: rpcCause{Code: f.code, Message: f.message}})
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(f.status)
+	_, err = w.Write(body)
+	return err
+}
+
+// Interface guards
+var (
+	_ http.ResponseWriter = (*exchange)(nil)
+	_ http.Flusher        = (*exchange)(nil)
+	_ error               = (*fault)(nil)
+)
