@@ -31,8 +31,8 @@ type Config struct {
 }
 
 // Main runs a whoami server configured by args (without the program name)
-// until SIGINT or SIGTERM. Flags: -listen, -name, -json, -addr-file. It
-// returns Run's errors.
+// until SIGINT or SIGTERM. Flags: -listen, -name, -json, -era, -addr-file.
+// It returns Run's errors.
 func Main(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -71,12 +71,18 @@ func ParseFlags(args []string) (Config, error) {
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:0", "TCP `address` to listen on (port 0 picks a free port)")
 	fs.StringVar(&cfg.Options.Name, "name", "whoami", "server `name` reported by the whoami tool")
 	fs.BoolVar(&cfg.Options.JSONResponse, "json", false, "answer with application/json instead of text/event-stream")
+	fs.StringVar(&cfg.Options.Era, "era", EraLegacy, "protocol eras served: legacy (sessions), modern (2026-07-28, no sessions) or dual")
 	fs.StringVar(&cfg.AddrFile, "addr-file", "", "write the actual listen address to this `file` once listening")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	switch cfg.Options.Era {
+	case EraLegacy, EraModern, EraDual:
+	default:
+		return Config{}, fmt.Errorf("-era %q: use legacy, modern or dual", cfg.Options.Era)
 	}
 	return cfg, nil
 }

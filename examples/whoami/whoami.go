@@ -3,12 +3,17 @@
 // (the go-sdk default), so a request that reaches a different process than
 // the one that created its session fails with 404 "session not found".
 //
-// The server offers three tools:
+// The server offers four tools:
 //
 //   - whoami: reports the server's name and the session ID it sees;
 //   - echo: returns its message argument;
 //   - slow: sends progress notifications over a period of time, then
-//     returns "done", to exercise streaming through a proxy.
+//     returns "done", to exercise streaming through a proxy;
+//   - add_tool: adds a tool, so that the server notifies clients listening
+//     for tool list changes (notifications/tools/list_changed).
+//
+// By default it speaks the session-based protocol (up to 2025-11-25); see
+// [Options.Era] for MCP 2026-07-28's sessionless protocol.
 package whoami
 
 import (
@@ -41,7 +46,23 @@ type Options struct {
 	// instead of text/event-stream (go-sdk StreamableHTTPOptions.JSONResponse).
 	// Notifications such as progress then travel on the standalone GET stream.
 	JSONResponse bool
+	// Era selects the protocol eras served: EraLegacy (the default)
+	// keeps sessions in memory and answers 2026-07-28 requests with 400
+	// -32022, as go-sdk's stateful servers do; EraModern serves every
+	// request statelessly, 2026-07-28 included (go-sdk's Stateless); EraDual
+	// serves 2026-07-28 requests statelessly and older ones with sessions.
+	Era string
 }
+
+// Values of Options.Era.
+const (
+	// EraLegacy serves sessions (protocol 2025-03-26 to 2025-11-25).
+	EraLegacy = "legacy"
+	// EraModern serves every request without sessions (MCP 2026-07-28 and stateless older requests).
+	EraModern = "modern"
+	// EraDual serves 2026-07-28 requests without sessions and older ones with sessions.
+	EraDual = "dual"
+)
 
 // Identity is the structured output of the whoami tool.
 type Identity struct {
@@ -73,8 +94,34 @@ type SlowInput struct {
 func NewHandler(opts Options) http.Handler {
 	server := NewServer(opts.Name)
 	getServer := func(*http.Request) *mcp.Server { return server }
-	return mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
-		JSONResponse: opts.JSONResponse,
+	handler := func(stateless bool) http.Handler {
+		return mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
+			JSONResponse: opts.JSONResponse,
+			Stateless:    stateless,
+		})
+	}
+	switch opts.Era {
+	case EraModern:
+		return handler(true)
+	case EraDual:
+		return byEra(handler(true), handler(false))
+	}
+	return handler(false)
+}
+
+// ModernProtocolVersion is the first MCP protocol version without sessions.
+const ModernProtocolVersion = "2026-07-28"
+
+// byEra sends requests of protocol 2026-07-28 or later (by their
+// MCP-Protocol-Version header, which that protocol requires on every
+// request) to modern, and the others to legacy.
+func byEra(modern, legacy http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Mcp-Protocol-Version") >= ModernProtocolVersion {
+			modern.ServeHTTP(w, r)
+			return
+		}
+		legacy.ServeHTTP(w, r)
 	})
 }
 
@@ -97,7 +144,28 @@ func NewServer(name string) *mcp.Server {
 		Name:        "slow",
 		Description: "Send progress notifications spread over the given duration, then return \"done\".",
 	}, slowTool)
+	mcp.AddTool(server, &mcp.Tool{
+		Name:        "add_tool",
+		Description: "Add a tool that echoes, named as given; clients listening for tool list changes are notified.",
+	}, addTool(server))
 	return server
+}
+
+// AddToolInput is the input of the add_tool tool.
+type AddToolInput struct {
+	// Name is the new tool's name.
+	Name string `json:"name" jsonschema:"name of the tool to add"`
+}
+
+// addTool returns the add_tool handler of server.
+func addTool(server *mcp.Server) mcp.ToolHandlerFor[AddToolInput, any] {
+	return func(_ context.Context, _ *mcp.CallToolRequest, in AddToolInput) (*mcp.CallToolResult, any, error) {
+		if in.Name == "" {
+			return nil, nil, fmt.Errorf("name is required")
+		}
+		mcp.AddTool(server, &mcp.Tool{Name: in.Name, Description: "Return the message unchanged."}, echoTool)
+		return textResult("added " + in.Name), nil, nil
+	}
 }
 
 // whoamiTool returns the whoami tool handler for a server called name.

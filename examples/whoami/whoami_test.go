@@ -236,3 +236,64 @@ func TestServeStopsPromptly(t *testing.T) {
 		t.Errorf("shutdown took %v", d)
 	}
 }
+
+// connectAt opens a client session to url at protocol version (the client's
+// default, 2026-07-28, when empty); tool list changes are sent to changed.
+func connectAt(t *testing.T, url, version string, changed chan<- string) *mcp.ClientSession {
+	t.Helper()
+	opts := &mcp.ClientOptions{}
+	if changed != nil {
+		opts.ToolListChangedHandler = func(context.Context, *mcp.ToolListChangedRequest) { changed <- "tools" }
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "v0"}, opts)
+	cs, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: url}, &mcp.ClientSessionOptions{ProtocolVersion: version})
+	if err != nil {
+		t.Fatalf("connect at %q: %v", version, err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// TestEras checks which clients get sessions from each era of server.
+func TestEras(t *testing.T) {
+	for _, tc := range []struct {
+		era           string
+		legacySession bool // a 2025-11-25 client gets a session
+		modernSession bool // a default (2026-07-28) client gets a session
+	}{
+		{era: EraLegacy, legacySession: true, modernSession: true}, // the default client falls back to initialize
+		{era: EraModern},
+		{era: EraDual, legacySession: true},
+	} {
+		url := startServer(t, Options{Name: "s", Era: tc.era})
+		for _, c := range []struct {
+			version string
+			want    bool
+		}{{"2025-11-25", tc.legacySession}, {"", tc.modernSession}} {
+			cs := connectAt(t, url, c.version, nil)
+			if got := cs.ID() != ""; got != c.want {
+				t.Errorf("era %s, client at %q: session %v, want %v", tc.era, c.version, got, c.want)
+			}
+			if text, _ := callText(t, cs, &mcp.CallToolParams{Name: "whoami"}); text != "s" {
+				t.Errorf("era %s, client at %q: whoami = %q", tc.era, c.version, text)
+			}
+		}
+	}
+}
+
+// TestAddToolNotifiesListeners checks that add_tool reaches a 2026-07-28
+// client's subscriptions/listen stream.
+func TestAddToolNotifiesListeners(t *testing.T) {
+	url := startServer(t, Options{Era: EraModern})
+	changed := make(chan string, 4)
+	connectAt(t, url, "", changed)
+	caller := connectAt(t, url, "", nil)
+	if text, _ := callText(t, caller, &mcp.CallToolParams{Name: "add_tool", Arguments: map[string]any{"name": "extra"}}); text != "added extra" {
+		t.Fatalf("add_tool = %q", text)
+	}
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notifications/tools/list_changed on the listening client")
+	}
+}
