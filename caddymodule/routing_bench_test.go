@@ -89,7 +89,7 @@ func BenchmarkHandlerServeHTTP(b *testing.B) {
 
 // BenchmarkMatchMCP measures an `mcp` matcher on a fresh request: on the
 // headers of a 2026-07-28 tools/call, and reading and checking its body
-// (311 bytes, the shape the MCP Go SDK client sends). Creating the request
+// (312 bytes, the shape the MCP Go SDK client sends). Creating the request
 // is not timed.
 func BenchmarkMatchMCP(b *testing.B) {
 	body := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"render_chart","arguments":{"title":"Q3","series":[1,2,3,5,8,13]},` +
