@@ -10,7 +10,11 @@
 // Modules:
 //   - mcp_sessions ([App]): the session tables, by name, and their settings;
 //   - http.handlers.mcp_session ([Handler]): learns sessions from responses,
-//     rejects malformed and unknown session IDs, evicts ended sessions;
+//     rejects malformed and unknown session IDs, evicts ended sessions, sets
+//     the {mcp.*} placeholders;
+//   - http.matchers.mcp ([MatchMCP]): matches requests by JSON-RPC method,
+//     tool/prompt/resource name, protocol era and version (MCP 2026-07-28
+//     request headers, optionally checked against the body);
 //   - http.reverse_proxy.selection_policies.mcp_session ([SessionSelection]):
 //     pins requests of known sessions, balances the rest with a fallback policy;
 //   - http.reverse_proxy.selection_policies.least_sessions

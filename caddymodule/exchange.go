@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 
@@ -193,6 +194,15 @@ func (ex *exchange) Write(b []byte) (int, error) {
 	return ex.ResponseWriter.Write(b)
 }
 
+// ReadFrom writes the header first if needed, so that its 200 is
+// recorded, then copies from r as the wrapped writer does.
+func (ex *exchange) ReadFrom(r io.Reader) (int64, error) {
+	if ex.status == 0 {
+		ex.WriteHeader(http.StatusOK)
+	}
+	return ex.ResponseWriterWrapper.ReadFrom(r)
+}
+
 // FlushError flushes the response; a flush before any header writes a 200.
 func (ex *exchange) FlushError() error {
 	if ex.status == 0 {
@@ -257,5 +267,6 @@ func (f *fault) write(w http.ResponseWriter) error {
 var (
 	_ http.ResponseWriter = (*exchange)(nil)
 	_ http.Flusher        = (*exchange)(nil)
+	_ io.ReaderFrom       = (*exchange)(nil)
 	_ error               = (*fault)(nil)
 )

@@ -433,6 +433,23 @@ func TestMatchMCPUnmarshalCaddyfile(t *testing.T) {
 	}
 }
 
+// TestMatchMCPJSON loads the matcher from JSON config, as Caddy does.
+func TestMatchMCPJSON(t *testing.T) {
+	var m MatchMCP
+	raw := `{"method":["tools/call"],"name":["render_*"],"era":["modern_sessionless"],"protocol_version":[">= 2026-07-28"],"body":true,"max_body_size":1024}`
+	if err := json.Unmarshal([]byte(raw), &m); err != nil {
+		t.Fatal(err)
+	}
+	provisionMatcher(t, &m)
+	if !m.Match(matchRequest(modernHeaders("tools/call", "render_chart"), toolCall("render_chart"))) {
+		t.Errorf("%s does not match a 2026-07-28 call of render_chart", raw)
+	}
+	r := matchRequest(modernHeaders("tools/call", "render_chart"), toolCall("render_"+strings.Repeat("x", 1024)))
+	if m.Match(r) || exchangeOf(r).fault == nil || exchangeOf(r).fault.status != http.StatusRequestEntityTooLarge {
+		t.Errorf("%s: a body over max_body_size is not a 413 fault", raw)
+	}
+}
+
 // TestMatchMCPCEL uses the matcher in a CEL expression.
 func TestMatchMCPCEL(t *testing.T) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})

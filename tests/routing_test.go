@@ -76,9 +76,9 @@ func accessLog(file string) string {
 }
 
 // routingSite is the README's routing-by-tool config: 2026-07-28 calls of
-// the whoami tool go to pool2, everything else to pool1. matcherEras, if
-// not empty, is an era line for the matcher.
-func routingSite(logFile, matcherEras string, pool1, pool2 []*testproc.Proc) string {
+// the whoami tool go to pool2, everything else to pool1, both with session
+// table table. matcherEras, if not empty, is an era line for the matcher.
+func routingSite(logFile, table, matcherEras string, pool1, pool2 []*testproc.Proc) string {
 	return accessLog(logFile) + fmt.Sprintf(`
 	@whoami mcp {
 		%s
@@ -86,12 +86,12 @@ func routingSite(logFile, matcherEras string, pool1, pool2 []*testproc.Proc) str
 		name whoami
 		body
 	}
-	mcp_proxy @whoami %s {
-		table routing
+	mcp_proxy @whoami %[2]s {
+		table %[4]s
 	}
-	mcp_proxy %s {
-		table routing
-	}`, matcherEras, upstreams(pool2), upstreams(pool1))
+	mcp_proxy %[3]s {
+		table %[4]s
+	}`, matcherEras, upstreams(pool2), upstreams(pool1), table)
 }
 
 // eraReport is what one client saw in the routing test.
@@ -155,7 +155,7 @@ func TestRoutesOneToolToItsOwnPool(t *testing.T) {
 	pool1 := startEraBackends(t, "p1-", "dual", 2)
 	pool2 := startEraBackends(t, "p2-", "modern", 2)
 	logFile := filepath.Join(t.TempDir(), "access.log")
-	p := startProxy(t, routingSite(logFile, "", pool1, pool2))
+	p := startProxy(t, routingSite(logFile, "routing-pools", "", pool1, pool2))
 
 	const clients, calls = 6, 4
 	modern := runEraClients(t, p.url(), "", clients, calls)
@@ -179,6 +179,27 @@ func TestRoutesOneToolToItsOwnPool(t *testing.T) {
 		}
 	}
 	checkRoutingLog(t, logFile, pool1, pool2, modern, legacy, calls)
+
+	// Per-method metrics: the modern calls by method; the legacy initialize
+	// too, whose body the matcher read; the legacy sessions' requests as
+	// unknown, since the matcher leaves them alone.
+	families, _ := scrape(t)
+	for _, w := range []struct {
+		method, code string
+		n            float64
+	}{
+		{"tools/call", "200", clients * calls * 2},
+		{"server/discover", "200", clients},
+		{"initialize", "200", clients},
+	} {
+		got := metricValue(families, "caddy_mcp_requests_by_method_total", map[string]string{"table": "routing-pools", "method": w.method, "code": w.code})
+		if got != w.n {
+			t.Errorf("caddy_mcp_requests_by_method_total{method=%q,code=%q} = %v, want %v", w.method, w.code, got, w.n)
+		}
+	}
+	if got := metricValue(families, "caddy_mcp_requests_by_method_total", map[string]string{"table": "routing-pools", "method": "unknown", "code": "200"}); got < clients*calls*2 {
+		t.Errorf("legacy sessions' requests counted as method unknown: %v, want at least %d", got, clients*calls*2)
+	}
 }
 
 // checkRoutingLog checks the access log of TestRoutesOneToolToItsOwnPool.
@@ -246,7 +267,7 @@ func TestRoutingThatSplitsSessions(t *testing.T) {
 		{eras: "", split: false},
 		{eras: "era legacy_session modern_sessionless other_sessionless", split: true},
 	} {
-		loadCaddyfile(t, siteConfig(port, routingSite(logFile, tc.eras, pool1, pool2)))
+		loadCaddyfile(t, siteConfig(port, routingSite(logFile, "routing-split", tc.eras, pool1, pool2)))
 		rep := runEraClients(t, url, "2025-11-25", 1, 2)[0]
 		if !tc.split {
 			if rep.err != nil {
@@ -277,7 +298,7 @@ func TestMismatchAnsweredByProxy(t *testing.T) {
 	pool1 := startEraBackends(t, "p1-", "dual", 1)
 	pool2 := startEraBackends(t, "p2-", "modern", 1)
 	logFile := filepath.Join(t.TempDir(), "access.log")
-	p := startProxy(t, routingSite(logFile, "", pool1, pool2))
+	p := startProxy(t, routingSite(logFile, "routing-mismatch", "", pool1, pool2))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	hdr := map[string][]string{
