@@ -180,7 +180,7 @@ func (ex *exchange) provide(r *http.Request) {
 // (1xx) responses pass unrecorded; reverse_proxy may send them from
 // another goroutine.
 func (ex *exchange) WriteHeader(status int) {
-	if ex.status == 0 && status >= 200 {
+	if status >= 200 && ex.status == 0 {
 		ex.status = status
 	}
 	ex.ResponseWriter.WriteHeader(status)
