@@ -149,14 +149,14 @@ func sweepKeepAlive(url string, gaps []time.Duration) sweepResult {
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	res := sweepResult{callStatus: map[int]int{}, initSta: map[int]int{}, failedGaps: map[string]int{}}
-	status, session := mcpPost(hc, url, "", gunicornInitBody)
+	status, session := keepAlivePost(hc, url, "", gunicornInitBody)
 	if status != http.StatusOK || session == "" {
 		res.err = fmt.Sprintf("first initialize: %d", status)
 		return res
 	}
 	for _, gap := range gaps {
 		time.Sleep(gap)
-		status, _ := mcpPost(hc, url, session, gunicornCallBody)
+		status, _ := keepAlivePost(hc, url, session, gunicornCallBody)
 		res.calls++
 		res.callStatus[status]++
 		failed := status != http.StatusOK
@@ -164,7 +164,7 @@ func sweepKeepAlive(url string, gaps []time.Duration) sweepResult {
 			res.callFailed++
 			res.failedGaps[gap.String()]++
 		}
-		status, _ = mcpPost(hc, url, "", gunicornInitBody)
+		status, _ = keepAlivePost(hc, url, "", gunicornInitBody)
 		res.inits++
 		res.initSta[status]++
 		if status != http.StatusOK {
@@ -182,9 +182,9 @@ const (
 	gunicornCallBody = `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`
 )
 
-// mcpPost sends one MCP POST, with session if not empty, and returns the
+// keepAlivePost sends one MCP POST, with session if not empty, and returns the
 // status (0 on a transport error) and the response's Mcp-Session-Id.
-func mcpPost(hc *http.Client, url, session, body string) (int, string) {
+func keepAlivePost(hc *http.Client, url, session, body string) (int, string) {
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		return 0, ""
