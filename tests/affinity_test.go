@@ -127,8 +127,10 @@ func TestKillOneServerMidRun(t *testing.T) {
 	if len(lost) == 0 {
 		t.Errorf("no session of the killed server %s failed; did it own any?", victim.Name())
 	}
-	if slowFail > time.Second {
-		t.Errorf("a session of the killed server took %v to fail; want under 1s", slowFail)
+	// The 404 comes at once (milliseconds); the bound only tells it from a
+	// hang or a client timeout, with room for a loaded 2-core machine.
+	if slowFail > 10*time.Second {
+		t.Errorf("a session of the killed server took %v to fail; want its 404 at once, not a hang", slowFail)
 	}
 	if survivors[bs[0].Name()] == 0 || survivors[bs[2].Name()] == 0 {
 		t.Errorf("sessions of live servers did not survive: %v", survivors)
