@@ -1,8 +1,11 @@
 package caddymodule
 
 import (
+	"cmp"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
 )
 
 func init() {
@@ -180,8 +184,9 @@ func parsePositiveInt(d *caddyfile.Dispenser, name, v string, dst *int) error {
 // UnmarshalCaddyfile sets up the selection policy from Caddyfile tokens. Syntax:
 //
 //	lb_policy mcp_session {
-//	    table    <name>
-//	    fallback <policy> [<policy options...>]
+//	    table           <name>
+//	    fallback        <policy> [<policy options...>]
+//	    unhealthy_grace <duration>
 //	}
 //
 // It returns a Caddyfile error, naming the line, for an unknown option, a
@@ -210,6 +215,10 @@ func (s *SessionSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			s.FallbackRaw = raw
+		case "unhealthy_grace":
+			if err := unmarshalGrace(d, &s.UnhealthyGrace); err != nil {
+				return err
+			}
 		default:
 			return d.Errf("unrecognized mcp_session policy option '%s'", d.Val())
 		}
@@ -227,6 +236,26 @@ func unmarshalTable(d *caddyfile.Dispenser, dst *string) error {
 		return d.ArgErr()
 	}
 	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+// unmarshalGrace parses the argument of `unhealthy_grace` at the cursor
+// into dst, which must not be set yet.
+func unmarshalGrace(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	if *dst != 0 {
+		return d.Err("duplicate option 'unhealthy_grace'")
+	}
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	dur, err := caddy.ParseDuration(d.Val())
+	if err != nil || dur <= 0 {
+		return d.Errf("unhealthy_grace: '%s' is not a positive duration such as 30s or 5m", d.Val())
+	}
+	*dst = caddy.Duration(dur)
 	if d.NextArg() {
 		return d.ArgErr()
 	}
@@ -267,6 +296,7 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    bind_principal        <placeholder template>|off
 //	    seal_session_ids      <key> [<older keys>...]
 //	    fallback              <policy> [<policy options...>]
+//	    unhealthy_grace       <duration>
 //
 //	    # any reverse_proxy subdirective except lb_policy
 //	}
@@ -300,6 +330,9 @@ func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) 
 	adjustHostForUnixSockets(rp)
 	if rp.TransportRaw, err = withIdleConnTimeout(rp.TransportRaw); err != nil {
 		return nil, h.Errf("transport: %v", err)
+	}
+	if msg := healthURIWarning(rp, userMatcherSet); msg != "" {
+		caddy.Log().Warn(msg, zap.String("adapter", "caddyfile"), zap.String("file", h.File()), zap.Int("line", h.Line()))
 	}
 
 	subroute := caddyhttp.Subroute{Routes: caddyhttp.RouteList{{
@@ -337,6 +370,12 @@ func extractAffinityOptions(d *caddyfile.Dispenser) (*Handler, *SessionSelection
 				if err := extractFallback(d, policy); err != nil {
 					return nil, nil, err
 				}
+				continue
+			case "unhealthy_grace":
+				if err := unmarshalGrace(d, &policy.UnhealthyGrace); err != nil {
+					return nil, nil, err
+				}
+				d.DeleteN(2)
 				continue
 			}
 			n, err := handler.unmarshalOption(d, seen)
@@ -431,6 +470,33 @@ func withIdleConnTimeout(raw json.RawMessage) (json.RawMessage, error) {
 	ka["idle_timeout"] = caddyconfig.JSON(idle, nil)
 	fields["keep_alive"] = caddyconfig.JSON(ka, nil)
 	return json.Marshal(fields)
+}
+
+// healthURIWarning returns a warning when the active health checks of rp
+// probe the MCP endpoint: `/mcp`, or the path of the directive's path
+// matcher (its pattern without a trailing `*`). An MCP server answers a
+// GET without a session there with 400 or 405, so every upstream would be
+// unhealthy and every new session would get 503.
+func healthURIWarning(rp *reverseproxy.Handler, matcher caddy.ModuleMap) string {
+	if rp.HealthChecks == nil || rp.HealthChecks.Active == nil {
+		return ""
+	}
+	a := rp.HealthChecks.Active
+	uri := cmp.Or(a.URI, a.Path)
+	u, err := url.Parse(uri)
+	if uri == "" || err != nil {
+		return ""
+	}
+	var paths []string
+	_ = json.Unmarshal(matcher["path"], &paths)
+	for _, p := range append(paths, "/mcp") {
+		if p = strings.TrimSuffix(strings.TrimSuffix(p, "*"), "/"); p != "" && p == strings.TrimSuffix(u.Path, "/") {
+			return fmt.Sprintf("mcp_proxy: health_uri %s is the MCP endpoint, which MCP servers answer with 400 or 405 "+
+				"without a session: every upstream would fail active health checks and every new session get 503; "+
+				"probe a health endpoint instead, such as /healthz", uri)
+		}
+	}
+	return ""
 }
 
 // newProxyHandler returns a reverse_proxy handler with mcp_proxy's defaults.

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 )
 
@@ -78,6 +79,7 @@ func TestMCPProxyAdapts(t *testing.T) {
 		{name: "fallback with options", block: "fallback random_choose 3", want: []string{`"fallback":{"choose":3,"policy":"random_choose"}`}},
 		{name: "fallback with an empty block", block: "fallback random {\n\t\t}", want: []string{`"fallback":{"policy":"random"}`}},
 		{name: "options only", block: "table t\n\t\tmax_sessions 10", want: []string{`{"handler":"mcp_session","max_sessions":10,"table":"t"}`, `"retries":2`}},
+		{name: "unhealthy_grace", block: "unhealthy_grace 5m\n\t\ttable t", want: []string{`"policy":"mcp_session","table":"t","unhealthy_grace":300000000000`, `{"handler":"mcp_session","table":"t"}`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := ":8080 {\n\tmcp_proxy a {\n\t\t" + tc.block + "\n\t}\n}\n"
@@ -89,6 +91,41 @@ func TestMCPProxyAdapts(t *testing.T) {
 				if !strings.Contains(string(out), w) {
 					t.Errorf("adapted JSON %s does not contain %s", out, w)
 				}
+			}
+		})
+	}
+}
+
+// TestHealthURIWarning: active health checks that probe the MCP endpoint
+// (`/mcp`, or the path of the directive's path matcher) get a warning, since
+// MCP servers answer them with 400 or 405; a health endpoint does not.
+func TestHealthURIWarning(t *testing.T) {
+	for _, tc := range []struct {
+		name, matcher, uri string
+		warn               bool
+	}{
+		{name: "/mcp", uri: "/mcp", warn: true},
+		{name: "/mcp/", uri: "/mcp/", warn: true},
+		{name: "/mcp with a query", uri: "/mcp?probe=1", warn: true},
+		{name: "matcher's path", matcher: `["/api/mcp*"]`, uri: "/api/mcp", warn: true},
+		{name: "exact matcher path", matcher: `["/rpc"]`, uri: "/rpc", warn: true},
+		{name: "/healthz", uri: "/healthz"},
+		{name: "/healthz under the matcher", matcher: `["/mcp*"]`, uri: "/mcp-health"},
+		{name: "under a wildcard matcher", matcher: `["/api/*"]`, uri: "/api/healthz"},
+		{name: "no active checks"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rp := &reverseproxy.Handler{}
+			if tc.uri != "" {
+				rp.HealthChecks = &reverseproxy.HealthChecks{Active: &reverseproxy.ActiveHealthChecks{URI: tc.uri}}
+			}
+			var m caddy.ModuleMap
+			if tc.matcher != "" {
+				m = caddy.ModuleMap{"path": json.RawMessage(tc.matcher)}
+			}
+			got := healthURIWarning(rp, m)
+			if (got != "") != tc.warn || tc.warn && !strings.Contains(got, "health_uri "+tc.uri+" is the MCP endpoint") {
+				t.Errorf("healthURIWarning(%s, matcher %s) = %q, want a warning: %v", tc.uri, tc.matcher, got, tc.warn)
 			}
 		})
 	}

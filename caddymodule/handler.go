@@ -6,8 +6,10 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -44,8 +46,12 @@ const (
 	varPinned = "mcp_session.pinned"
 	// varSelected holds the *reverseproxy.Upstream the policy picked last.
 	varSelected = "mcp_session.selected"
-	// varGone is true when the pinned upstream was not in the pool or not healthy.
+	// varGone is true when the pinned upstream was not in the pool, or
+	// failed active health checks for longer than the grace.
 	varGone = "mcp_session.upstream_gone"
+	// varUnavailable holds the Retry-After seconds (int) of a request whose
+	// pinned upstream fails active health checks, within the grace.
+	varUnavailable = "mcp_session.upstream_unavailable"
 	// varLastResort is true once the policy has chosen an upstream that
 	// passive health checks keep out of service for the request.
 	varLastResort = "mcp_session.last_resort"
@@ -68,7 +74,8 @@ const (
 // |---|---|
 // | `Mcp-Session-Id` sent more than once, empty, longer than `max_session_id_length`, or with bytes outside 0x21-0x7E | 400 |
 // | a session the table does not hold (unless `unknown_session` is `forward`) | 404 |
-// | a session whose upstream was removed, is unhealthy, or refused the connection | 404, and the session is dropped |
+// | a session whose upstream fails active health checks, within the policy's `unhealthy_grace` | 503 with Retry-After; the session is kept |
+// | a session whose upstream was removed, refused the connection, or failed active health checks for `unhealthy_grace` | 404, and the session is dropped |
 //
 // It drops a session when the upstream answers its POST or DELETE with 404,
 // or its DELETE with 2xx; the upstream's response passes unchanged. A 404
@@ -306,7 +313,21 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	pw := newSessionWriter(w, h, r, id, up)
 	err := next.ServeHTTP(pw, r)
-	if err == nil || pw.wroteHeader || !upstreamGone(r, err) {
+	if err == nil || pw.wroteHeader {
+		return err
+	}
+	return h.serveFailed(w, r, err, id, up)
+}
+
+// serveFailed answers a pinned request that reverse_proxy returned err for
+// before any response: 503 while its upstream is unavailable (failing
+// active health checks within the grace, but not refusing connections),
+// 404 once it is gone, which ends the session; any other error as it is.
+func (h *Handler) serveFailed(w http.ResponseWriter, r *http.Request, err error, id string, up *Upstream) error {
+	if retryAfter, ok := caddyhttp.GetVar(r.Context(), varUnavailable).(int); ok && !refused(r, up.Dial()) {
+		return h.writeUnavailable(w, id, up, retryAfter)
+	}
+	if !upstreamGone(r, err) {
 		return err
 	}
 	h.table.Stats.gone.Add(1)
@@ -316,16 +337,56 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 	return writeSessionNotFound(w, "Session not found: its upstream is gone")
 }
 
+// writeUnavailable answers a request whose session's upstream fails active
+// health checks, within the grace: 503 with Retry-After, the session kept.
+func (h *Handler) writeUnavailable(w http.ResponseWriter, id string, up *Upstream, retryAfter int) error {
+	h.table.Stats.unavailable.Add(1)
+	h.debug("upstream_unavailable", id, up.Dial())
+	w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	return writeRPCError(w, http.StatusServiceUnavailable, CodeUpstreamUnavailable,
+		"Service Unavailable: the session's upstream is failing health checks; retry later")
+}
+
 // upstreamGone reports whether err, returned by reverse_proxy for a pinned
-// request, means the session's upstream is gone: the policy found it removed
-// or unhealthy, or dialing it failed.
+// request, means the session's upstream is gone: the policy found it removed,
+// or unhealthy for longer than the grace, or unhealthy and refusing
+// connections; or dialing it failed.
 func upstreamGone(r *http.Request, err error) bool {
 	if gone, _ := caddyhttp.GetVar(r.Context(), varGone).(bool); gone {
 		return true
 	}
+	if _, unavailable := caddyhttp.GetVar(r.Context(), varUnavailable).(int); unavailable {
+		return true // and refusing connections, or serveFailed would have answered 503
+	}
 	var dialErr reverseproxy.DialError
 	return errors.As(err, &dialErr)
 }
+
+// refused reports whether nothing listens at the upstream dialed at dial: a
+// connection to it is refused, or its unix socket does not exist. It is
+// asked only of an upstream that fails active health checks, where it
+// tells a process that is gone from one that is only unhealthy.
+func refused(r *http.Request, dial string) bool {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl != nil {
+		dial = repl.ReplaceAll(dial, "")
+	}
+	addr, err := caddy.ParseNetworkAddress(dial)
+	if err != nil {
+		return false
+	}
+	conn, err := net.DialTimeout(addr.Network, addr.JoinHostPort(0), refusedProbeTimeout)
+	if err == nil {
+		conn.Close()
+		return false
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
+}
+
+// refusedProbeTimeout bounds the connection attempt of [refused]. A refusal
+// is immediate; a host that does not answer within it counts as unhealthy,
+// not gone.
+const refusedProbeTimeout = time.Second
 
 // learn records the session a response created, if it carries exactly one
 // valid Mcp-Session-Id and the policy recorded which upstream served it.

@@ -15,6 +15,10 @@ const (
 	// CodeSessionNotFound is the code the MCP TypeScript SDK answers an unknown
 	// session with, in the implementation-defined server error range (JSON-RPC 2.0 §5.1).
 	CodeSessionNotFound = -32001
+	// CodeUpstreamUnavailable answers a request whose session's upstream is
+	// failing health checks (HTTP 503), in the implementation-defined server
+	// error range (JSON-RPC 2.0 §5.1).
+	CodeUpstreamUnavailable = -32002
 )
 
 // rpcError is a JSON-RPC 2.0 error response with a null id (JSON-RPC 2.0 §5).

@@ -24,9 +24,11 @@ var (
 	descUnknown = prometheus.NewDesc("caddy_mcp_unknown_session_total",
 		"Requests carrying a session the table does not hold (answered 404 unless unknown_session is forward).", []string{"table"}, nil)
 	descGone = prometheus.NewDesc("caddy_mcp_upstream_gone_total",
-		"Requests answered 404 because their session's upstream was removed, unhealthy or refused the connection.", []string{"table"}, nil)
+		"Requests answered 404 because their session's upstream was removed, unhealthy for longer than unhealthy_grace, or refused the connection.", []string{"table"}, nil)
 	descMismatch = prometheus.NewDesc("caddy_mcp_principal_mismatch_total",
 		"Requests answered 404 because their principal was not the one their session is bound to (bind_principal).", []string{"table"}, nil)
+	descUnavailable = prometheus.NewDesc("caddy_mcp_upstream_unavailable_total",
+		"Requests answered 503 because their session's upstream was failing active health checks, within unhealthy_grace.", []string{"table"}, nil)
 	descEvicted = prometheus.NewDesc("caddy_mcp_sessions_evicted_total",
 		"Sessions removed from the table, by reason.", []string{"table", "reason"}, nil)
 	descRequests = prometheus.NewDesc("caddy_mcp_requests_total",
@@ -56,7 +58,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 
 // Describe sends the descriptors of all the plugin's metrics.
 func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descEvicted, descRequests, descByMethod, descStreams} {
+	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descUnavailable, descEvicted, descRequests, descByMethod, descStreams} {
 		ch <- d
 	}
 }
@@ -92,6 +94,7 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 	counter(descUnknown, s.Unknown(), t.name)
 	counter(descGone, s.Gone(), t.name)
 	counter(descMismatch, s.PrincipalMismatches(), t.name)
+	counter(descUnavailable, s.Unavailable(), t.name)
 	for _, r := range evictReasons {
 		counter(descEvicted, t.Evictions(r), t.name, r.String())
 	}

@@ -20,17 +20,18 @@ import (
 
 // metricNames are the families the collector exports, with their types.
 var metricNames = map[string]dto.MetricType{
-	"caddy_mcp_sessions_live":            dto.MetricType_GAUGE,
-	"caddy_mcp_upstream_draining":        dto.MetricType_GAUGE,
-	"caddy_mcp_sessions_max":             dto.MetricType_GAUGE,
-	"caddy_mcp_sessions_learned_total":   dto.MetricType_COUNTER,
-	"caddy_mcp_sessions_adopted_total":   dto.MetricType_COUNTER,
-	"caddy_mcp_requests_pinned_total":    dto.MetricType_COUNTER,
-	"caddy_mcp_unknown_session_total":    dto.MetricType_COUNTER,
-	"caddy_mcp_upstream_gone_total":      dto.MetricType_COUNTER,
-	"caddy_mcp_principal_mismatch_total": dto.MetricType_COUNTER,
-	"caddy_mcp_sessions_evicted_total":   dto.MetricType_COUNTER,
-	"caddy_mcp_requests_total":           dto.MetricType_COUNTER,
+	"caddy_mcp_sessions_live":              dto.MetricType_GAUGE,
+	"caddy_mcp_upstream_draining":          dto.MetricType_GAUGE,
+	"caddy_mcp_sessions_max":               dto.MetricType_GAUGE,
+	"caddy_mcp_sessions_learned_total":     dto.MetricType_COUNTER,
+	"caddy_mcp_sessions_adopted_total":     dto.MetricType_COUNTER,
+	"caddy_mcp_requests_pinned_total":      dto.MetricType_COUNTER,
+	"caddy_mcp_unknown_session_total":      dto.MetricType_COUNTER,
+	"caddy_mcp_upstream_gone_total":        dto.MetricType_COUNTER,
+	"caddy_mcp_principal_mismatch_total":   dto.MetricType_COUNTER,
+	"caddy_mcp_upstream_unavailable_total": dto.MetricType_COUNTER,
+	"caddy_mcp_sessions_evicted_total":     dto.MetricType_COUNTER,
+	"caddy_mcp_requests_total":             dto.MetricType_COUNTER,
 	// methods.go
 	"caddy_mcp_requests_by_method_total": dto.MetricType_COUNTER,
 	"caddy_mcp_streams_open":             dto.MetricType_GAUGE,
@@ -113,7 +114,7 @@ func tableSeries(name string, maxSessions int) gathered {
 	g := gathered{}
 	l := fmt.Sprintf("table=%q", name)
 	g["caddy_mcp_sessions_max{"+l+"}"] = float64(maxSessions)
-	for _, n := range []string{"caddy_mcp_sessions_learned_total", "caddy_mcp_sessions_adopted_total", "caddy_mcp_requests_pinned_total", "caddy_mcp_unknown_session_total", "caddy_mcp_upstream_gone_total", "caddy_mcp_principal_mismatch_total"} {
+	for _, n := range []string{"caddy_mcp_sessions_learned_total", "caddy_mcp_sessions_adopted_total", "caddy_mcp_requests_pinned_total", "caddy_mcp_unknown_session_total", "caddy_mcp_upstream_gone_total", "caddy_mcp_principal_mismatch_total", "caddy_mcp_upstream_unavailable_total"} {
 		g[n+"{"+l+"}"] = 0
 	}
 	for _, r := range evictReasons {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -29,12 +30,16 @@ const DefaultFallbackPolicy = LeastSessionsPolicy
 // a session (`initialize`, 2026-07-28 sessionless traffic, CORS preflights)
 // are balanced by the fallback policy.
 //
-// A pinned request is never sent to another upstream: when its upstream is
-// not in the pool or fails active health checks, the policy selects nothing
-// and the `mcp_session` handler answers 404. Passive health checks never
-// stop a pinned request: its upstream is the only one that knows the
-// session. An upstream at its `max_requests` selects nothing too (503, or a
-// wait with `lb_try_duration`), but keeps its sessions.
+// A pinned request is never sent to another upstream. When its upstream is
+// not in the pool, the policy selects nothing and the `mcp_session` handler
+// answers 404: the session is gone. When its upstream fails active health
+// checks, the upstream is unavailable, not gone: the policy selects nothing,
+// the handler answers 503 with Retry-After and keeps the session, until the
+// upstream has been unhealthy for `unhealthy_grace`; then the session is
+// gone. Passive health checks never stop a pinned request: its upstream is
+// the only one that knows the session. An upstream at its `max_requests`
+// selects nothing too (503, or a wait with `lb_try_duration`), but keeps
+// its sessions.
 //
 // Passive health checks never leave new sessions without an upstream: when
 // the fallback policy finds no upstream available and some are out of
@@ -52,10 +57,21 @@ type SessionSelection struct {
 	// fewest live sessions.
 	FallbackRaw json.RawMessage `json:"fallback,omitempty" caddy:"namespace=http.reverse_proxy.selection_policies inline_key=policy"`
 
-	fallback reverseproxy.Selector
-	table    *Table
-	lastPool *atomic.Pointer[*reverseproxy.Upstream] // the first element of the last pool noted
-	proxy    *reverseproxy.Handler                   // the reverse_proxy the policy serves; nil outside one
+	// How long the upstream of a session may fail active health checks
+	// before the session ends. Until then the upstream is unavailable, not
+	// gone: requests of its sessions get 503 with a JSON-RPC error and
+	// Retry-After, their sessions are kept, and they work again when it
+	// recovers. A session ends at once when its upstream is removed from
+	// the config, refuses the connection, or answers its POST or DELETE with
+	// 404. Default: `1m`, two of Caddy's default `health_interval`, so that
+	// one failed check never ends a session.
+	UnhealthyGrace caddy.Duration `json:"unhealthy_grace,omitempty"`
+
+	fallback  reverseproxy.Selector
+	table     *Table
+	lastPool  *atomic.Pointer[*reverseproxy.Upstream] // the first element of the last pool noted
+	proxy     *reverseproxy.Handler                   // the reverse_proxy the policy serves; nil outside one
+	unhealthy *unhealthyClock
 }
 
 // CaddyModule returns the Caddy module information.
@@ -95,7 +111,18 @@ func (s *SessionSelection) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.lastPool = new(atomic.Pointer[*reverseproxy.Upstream])
-	s.proxy = parentProxy(ctx)
+	s.proxy, s.unhealthy = parentProxy(ctx), new(unhealthyClock)
+	if s.UnhealthyGrace == 0 {
+		s.UnhealthyGrace = caddy.Duration(DefaultUnhealthyGrace)
+	}
+	return s.subscribeHealthEvents(ctx)
+}
+
+// Validate checks the policy's settings.
+func (s *SessionSelection) Validate() error {
+	if s.UnhealthyGrace < 0 {
+		return fmt.Errorf("unhealthy_grace must be positive, got %s", time.Duration(s.UnhealthyGrace))
+	}
 	return nil
 }
 
@@ -188,20 +215,26 @@ func (s *SessionSelection) lastResort(pool reverseproxy.UpstreamPool, r *http.Re
 	return best
 }
 
-// selectPinned returns the upstream of the pool dialed at dial, unless it is
-// gone: missing from the pool, or failing active health checks (or its
-// circuit breaker). Then it marks the request's upstream as gone and
-// returns nil. Passive health failures do not stop a pinned request: its
-// upstream is the only one that knows the session, and one client's failed
-// request must not cost every session of a live upstream; a refused
-// connection then ends the session. An upstream at its max_requests
-// returns nil without ending the session (503).
+// selectPinned returns the upstream of the pool dialed at dial. It returns
+// nil, and marks the request's upstream gone, when the upstream is missing
+// from the pool or has failed active health checks (or its circuit
+// breaker) for longer than the grace; within the grace it returns nil and
+// marks the upstream unavailable. Passive health failures do not stop a
+// pinned request: its upstream is the only one that knows the session, and
+// one client's failed request must not cost every session of a live
+// upstream; a refused connection then ends the session. An upstream at its
+// max_requests returns nil without ending the session (503).
 func (s *SessionSelection) selectPinned(pool reverseproxy.UpstreamPool, r *http.Request, dial string) *reverseproxy.Upstream {
 	for _, u := range pool {
 		if u.Dial != dial {
 			continue
 		}
-		if s.healthOf(u) == healthActiveDown {
+		h, since := s.noteHealth(u)
+		if h == healthActiveDown {
+			if time.Since(since) < time.Duration(s.UnhealthyGrace) {
+				s.unavailable(r, since)
+				return nil
+			}
 			break
 		}
 		if u.Full() {
@@ -216,5 +249,6 @@ func (s *SessionSelection) selectPinned(pool reverseproxy.UpstreamPool, r *http.
 // Interface guards
 var (
 	_ caddy.Provisioner     = (*SessionSelection)(nil)
+	_ caddy.Validator       = (*SessionSelection)(nil)
 	_ reverseproxy.Selector = (*SessionSelection)(nil)
 )

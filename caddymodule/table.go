@@ -46,7 +46,8 @@ const (
 	EvictDelete
 	// EvictUpstream404: the upstream answered a POST or DELETE of the session with 404.
 	EvictUpstream404
-	// EvictUpstreamGone: the pinned upstream was removed, unhealthy or refused connections.
+	// EvictUpstreamGone: the pinned upstream was removed, refused connections,
+	// or failed active health checks for longer than the policy's grace.
 	EvictUpstreamGone
 	// EvictAdmin: an operator evicted the session through the admin API.
 	EvictAdmin
@@ -172,10 +173,10 @@ type SessionInfo struct {
 // Stats are a table's counters since it was created. They are read by the
 // metrics collector and the admin API.
 type Stats struct {
-	learned, pinned, unknown, gone, mismatch atomic.Uint64
-	eras                                     [len(eraNames)]atomic.Uint64         // indexed by Era
-	evictions                                [len(evictReasonNames)]atomic.Uint64 // indexed by EvictReason
-	methods                                  methodStats                          // by method and status; methods.go
+	learned, pinned, unknown, gone, mismatch, unavailable atomic.Uint64
+	eras                                                  [len(eraNames)]atomic.Uint64         // indexed by Era
+	evictions                                             [len(evictReasonNames)]atomic.Uint64 // indexed by EvictReason
+	methods                                               methodStats                          // by method and status; methods.go
 
 	adopted atomic.Uint64 // sessions recorded from sealed session IDs
 }
@@ -199,6 +200,10 @@ func (s *Stats) Gone() uint64 { return s.gone.Load() }
 // PrincipalMismatches returns the number of requests answered 404 because
 // their principal was not the one their session is bound to.
 func (s *Stats) PrincipalMismatches() uint64 { return s.mismatch.Load() }
+
+// Unavailable returns the number of requests answered 503 because their
+// session's upstream was failing active health checks, within the grace.
+func (s *Stats) Unavailable() uint64 { return s.unavailable.Load() }
 
 // Requests returns the number of requests of era; 0 for an invalid era.
 func (s *Stats) Requests(era Era) uint64 {

@@ -111,10 +111,20 @@ const whoamiTimeout = 10 * time.Second
 // named s1..sn, answering POSTs with JSON (jsonMode) or SSE.
 func startBackends(t testing.TB, n int, jsonMode bool) []*testproc.Proc {
 	t.Helper()
+	return startBackendsWith(t, n, jsonMode, nil)
+}
+
+// startBackendsWith is startBackends with flags(name), if not nil, added to
+// the command line of the server called name.
+func startBackendsWith(t testing.TB, n int, jsonMode bool, flags func(name string) []string) []*testproc.Proc {
+	t.Helper()
 	return launchFleet(t, n, "s", whoamiTimeout, func(name, addrFile string) *exec.Cmd {
 		args := []string{"-name", name, "-listen", "127.0.0.1:0", "-addr-file", addrFile}
 		if jsonMode {
 			args = append(args, "-json")
+		}
+		if flags != nil {
+			args = append(args, flags(name)...)
 		}
 		return exec.Command(whoamiBin, args...)
 	})

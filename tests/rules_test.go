@@ -390,10 +390,11 @@ func TestTableBounds(t *testing.T) {
 }
 
 // TestUpstreamGone (README, "What happens when": session's upstream removed,
-// unhealthy or refusing connections): when the pinned upstream
-// is removed from the config, marked unhealthy, or refuses connections, its
-// sessions get 404 within 1 s and are dropped, never re-routed; the other
-// upstreams' sessions are untouched and new sessions go to live upstreams.
+// refusing connections, or unhealthy for unhealthy_grace): when the pinned
+// upstream is removed from the config, has been marked unhealthy for longer
+// than unhealthy_grace, or refuses connections, its sessions get 404 within
+// 1 s and are dropped, never re-routed; the other upstreams' sessions are
+// untouched and new sessions go to live upstreams.
 func TestUpstreamGone(t *testing.T) {
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
@@ -444,9 +445,9 @@ func TestUpstreamGone(t *testing.T) {
 		check(t, ds, p, owned)
 	})
 
-	t.Run("unhealthy per active health checks", func(t *testing.T) {
+	t.Run("unhealthy per active health checks for longer than the grace", func(t *testing.T) {
 		ds, p, owned := setup(t, func(ds []*double) string {
-			return "mcp_proxy " + upstreams(ds) + " {\n\t\thealth_uri /health\n\t\thealth_interval 100ms\n\t}"
+			return "mcp_proxy " + upstreams(ds) + " {\n\t\thealth_uri /health\n\t\thealth_interval 100ms\n\t\tunhealthy_grace 100ms\n\t}"
 		})
 		for _, d := range ds {
 			d.handle(func(w http.ResponseWriter, r *http.Request) {

@@ -31,8 +31,8 @@ type Config struct {
 }
 
 // Main runs a whoami server configured by args (without the program name)
-// until SIGINT or SIGTERM. Flags: -listen, -name, -json, -era, -addr-file.
-// It returns Run's errors.
+// until SIGINT or SIGTERM. Flags: -listen, -name, -json, -era, -addr-file,
+// -down-file. It returns Run's errors.
 func Main(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -73,6 +73,7 @@ func ParseFlags(args []string) (Config, error) {
 	fs.BoolVar(&cfg.Options.JSONResponse, "json", false, "answer with application/json instead of text/event-stream")
 	fs.StringVar(&cfg.Options.Era, "era", EraLegacy, "protocol eras served: legacy (sessions), modern (2026-07-28, no sessions) or dual")
 	fs.StringVar(&cfg.AddrFile, "addr-file", "", "write the actual listen address to this `file` once listening")
+	fs.StringVar(&cfg.Options.DownFile, "down-file", "", "GET /healthz answers 503 while this `file` exists")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}

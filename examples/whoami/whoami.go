@@ -19,7 +19,9 @@ package whoami
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -52,6 +54,10 @@ type Options struct {
 	// request statelessly, 2026-07-28 included (go-sdk's Stateless); EraDual
 	// serves 2026-07-28 requests statelessly and older ones with sessions.
 	Era string
+	// DownFile, if set, names a file whose presence makes the health
+	// endpoint, GET /healthz, answer 503: a maintenance switch for health
+	// checks. The MCP endpoint keeps serving.
+	DownFile string
 }
 
 // Values of Options.Era.
@@ -88,10 +94,19 @@ type SlowInput struct {
 }
 
 // NewHandler returns an http.Handler serving the whoami MCP server over
-// Streamable HTTP at any path. Sessions are kept in memory. DNS-rebinding
-// protection stays on: requests arriving on a loopback address must carry a
-// loopback Host header.
+// Streamable HTTP at any path but /healthz, its health endpoint for a
+// proxy's active health checks (see HealthHandler). Sessions are kept in
+// memory. DNS-rebinding protection stays on: requests arriving on a
+// loopback address must carry a loopback Host header.
 func NewHandler(opts Options) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /healthz", HealthHandler(opts.DownFile))
+	mux.Handle("/", mcpHandler(opts))
+	return mux
+}
+
+// mcpHandler serves the whoami MCP server for the protocol eras of opts.
+func mcpHandler(opts Options) http.Handler {
 	server := NewServer(opts.Name)
 	getServer := func(*http.Request) *mcp.Server { return server }
 	handler := func(stateless bool) http.Handler {
@@ -123,6 +138,20 @@ func byEra(modern, legacy http.Handler) http.Handler {
 		}
 		legacy.ServeHTTP(w, r)
 	})
+}
+
+// HealthHandler answers a health check: 200 "ok", or 503 while downFile
+// (if not empty) exists. A proxy's active health checks must probe such an
+// endpoint, not the MCP endpoint, which answers a GET without a session
+// with 400.
+func HealthHandler(downFile string) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		if _, err := os.Stat(downFile); downFile != "" && err == nil {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	}
 }
 
 // NewServer returns an MCP server named name (or "whoami" if empty) with the

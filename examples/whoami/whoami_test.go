@@ -297,3 +297,33 @@ func TestAddToolNotifiesListeners(t *testing.T) {
 		t.Fatal("no notifications/tools/list_changed on the listening client")
 	}
 }
+
+// TestHealthEndpoint: GET /healthz answers 200 while the down file is
+// absent and 503 while it exists; the MCP endpoint is not the health
+// endpoint (a GET without a session there gets 400).
+func TestHealthEndpoint(t *testing.T) {
+	down := filepath.Join(t.TempDir(), "down")
+	srv := httptest.NewServer(NewHandler(Options{Name: "h", DownFile: down}))
+	defer srv.Close()
+	status := func(path string) int {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := status("/healthz"); got != http.StatusOK {
+		t.Errorf("/healthz without the down file: %d, want 200", got)
+	}
+	if err := os.WriteFile(down, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := status("/healthz"); got != http.StatusServiceUnavailable {
+		t.Errorf("/healthz with the down file: %d, want 503", got)
+	}
+	if got := status("/mcp"); got != http.StatusBadRequest {
+		t.Errorf("GET /mcp without a session: %d, want 400", got)
+	}
+}

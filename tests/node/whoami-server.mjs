@@ -198,6 +198,7 @@ function listener(host) {
   const allowedHosts = opt['allowed-hosts']?.split(',');
   const app = createMcpExpressApp({ host, allowedHosts });
   app.set('trust proxy', 'loopback');
+  app.get('/healthz', (req, res) => res.send('ok'));
   app.get('/debug/stats', serve);
   app.post('/mcp', serve);
   app.delete('/mcp', serve);

@@ -1,0 +1,226 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
+)
+
+// healthFleet is two whoami servers with a health endpoint each
+// (GET /healthz, 503 while the server's down file exists) behind mcp_proxy
+// with active health checks, and go-sdk client sessions on both.
+type healthFleet struct {
+	bs       []*testproc.Proc
+	down     []string // the servers' down files
+	p        proxy
+	hc       *http.Client
+	sessions map[string][]*mcp.ClientSession // by the server that answers them
+	first    map[*mcp.ClientSession]identity
+}
+
+// startHealthFleet starts the fleet with the given mcp_proxy options and n
+// sessions, and checks that both servers got some.
+func startHealthFleet(t *testing.T, options string, n int) *healthFleet {
+	t.Helper()
+	f := &healthFleet{hc: newHTTPClient(), sessions: map[string][]*mcp.ClientSession{}, first: map[*mcp.ClientSession]identity{}}
+	t.Cleanup(f.hc.CloseIdleConnections)
+	dir := t.TempDir()
+	f.bs = startBackendsWith(t, 2, true, func(name string) []string {
+		return []string{"-down-file", filepath.Join(dir, name+".down")}
+	})
+	for _, b := range f.bs {
+		f.down = append(f.down, filepath.Join(dir, b.Name()+".down"))
+	}
+	f.p = startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\thealth_uri /healthz\n%s\n\t}", upstreams(f.bs), options))
+	ctx := context.Background()
+	for range n {
+		cs, err := connect(ctx, f.p.url(), f.hc)
+		if err != nil {
+			t.Fatalf("connect: %v", err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		id, err := whoami(ctx, cs)
+		if err != nil {
+			t.Fatalf("whoami: %v", err)
+		}
+		f.sessions[id.Server] = append(f.sessions[id.Server], cs)
+		f.first[cs] = id
+	}
+	if len(f.sessions["s1"]) == 0 || len(f.sessions["s2"]) == 0 {
+		t.Fatalf("want sessions on both servers, got %v", f.sessions)
+	}
+	return f
+}
+
+// setDown makes server i fail (or pass) its health checks.
+func (f *healthFleet) setDown(t *testing.T, i int, down bool) {
+	t.Helper()
+	var err error
+	if down {
+		err = os.WriteFile(f.down[i], nil, 0o644)
+	} else {
+		err = os.Remove(f.down[i])
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// call makes a raw whoami call of session cs through the proxy.
+func (f *healthFleet) call(t *testing.T, cs *mcp.ClientSession) exchange {
+	t.Helper()
+	return send(t, f.hc, http.MethodPost, f.p.url(), mcpPOSTHeaders(cs.ID()), gunicornCallBody)
+}
+
+// waitStatus makes raw calls of cs until one gets status, and returns that
+// exchange and when it came, or fails t after limit.
+func (f *healthFleet) waitStatus(t *testing.T, cs *mcp.ClientSession, status int, limit time.Duration) (exchange, time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		ex := f.call(t, cs)
+		if ex.status == status {
+			return ex, time.Now()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %d within %v; last %d %q", status, limit, ex.status, ex.body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// checkUnavailable asserts that ex is the proxy's 503 for an unhealthy
+// upstream: a JSON-RPC error with id null, and Retry-After in seconds.
+func checkUnavailable(t *testing.T, ex exchange) {
+	t.Helper()
+	ra, err := strconv.Atoi(ex.header.Get("Retry-After"))
+	if ex.status != http.StatusServiceUnavailable || rpcErrorCode(ex.body) != -32002 ||
+		ex.header.Get("Content-Type") != "application/json" || err != nil || ra < 1 || ra > 60 {
+		t.Fatalf("want the proxy's 503 (JSON-RPC -32002, Retry-After 1-60 s); got %d %v %q", ex.status, ex.header, ex.body)
+	}
+}
+
+// TestHealthBlipKeepsSessions: with `health_uri /healthz` and
+// `health_interval 1s`, one of two servers fails its health endpoint for
+// 1.5 s. README, "What happens when": the upstream is unavailable, not
+// gone. During the blip, its sessions' requests get the proxy's 503 with
+// Retry-After (the go-sdk client reports the call failed and keeps its
+// session), the other server's sessions and new sessions are served; after
+// it, every session of both servers works again, answered by its own
+// server under its own session ID.
+func TestHealthBlipKeepsSessions(t *testing.T) {
+	f := startHealthFleet(t, "\t\thealth_interval 1s", 8)
+	ctx := context.Background()
+	f.setDown(t, 0, true)
+	start := time.Now()
+	ex, _ := f.waitStatus(t, f.sessions["s1"][0], http.StatusServiceUnavailable, 3*time.Second)
+	checkUnavailable(t, ex)
+	unavailable, served := 0, 0
+	for server, css := range f.sessions {
+		for _, cs := range css {
+			_, err := whoami(ctx, cs)
+			switch {
+			case server == "s1" && err != nil && strings.Contains(err.Error(), "Service Unavailable"):
+				unavailable++
+			case server == "s2" && err == nil:
+				served++
+			default:
+				t.Errorf("during the blip, a session of %s: %v", server, err)
+			}
+		}
+	}
+	if id, err := whoami(ctx, mustConnect(t, f)); err != nil || id.Server != "s2" {
+		t.Errorf("a new session during the blip: %+v, %v; want it on s2", id, err)
+	}
+	blip := time.Since(start)
+	time.Sleep(1500*time.Millisecond - blip)
+	f.setDown(t, 0, false)
+	f.waitStatus(t, f.sessions["s1"][0], http.StatusOK, 5*time.Second)
+	t.Logf("blip of 1.5 s (the calls took %v): %d calls got 503, %d were served", blip.Round(time.Millisecond), unavailable, served)
+	kept := 0
+	for cs, want := range f.first {
+		if id, err := whoami(ctx, cs); err != nil || id != want {
+			t.Errorf("after the blip: %+v, %v; want %+v", id, err, want)
+			continue
+		}
+		kept++
+	}
+	if unavailable != len(f.sessions["s1"]) || kept != len(f.first) {
+		t.Fatalf("want every session of s1 to get 503 during the blip and all %d sessions kept; got %d 503s, %d kept",
+			len(f.first), unavailable, kept)
+	}
+}
+
+// TestLastingUnhealthyEndsSessionsAfterGrace: with `unhealthy_grace 2s`, a
+// server that keeps failing its health checks gets its sessions' requests
+// answered 503 for the grace, then the proxy's 404: the sessions end (the
+// go-sdk client then sees its session gone), and stay ended when the
+// server recovers. A server whose process is gone ends its sessions at
+// once: the proxy finds its port refusing connections, and answers 404
+// without waiting for the grace.
+func TestLastingUnhealthyEndsSessionsAfterGrace(t *testing.T) {
+	ctx := context.Background()
+	t.Run("failing health checks", func(t *testing.T) {
+		const grace = 2 * time.Second
+		f := startHealthFleet(t, "\t\thealth_interval 250ms\n\t\tunhealthy_grace 2s", 6)
+		f.setDown(t, 0, true)
+		cs := f.sessions["s1"][0]
+		ex, first503 := f.waitStatus(t, cs, http.StatusServiceUnavailable, 3*time.Second)
+		checkUnavailable(t, ex)
+		ex, ended := f.waitStatus(t, cs, http.StatusNotFound, grace+3*time.Second)
+		checkProxy404(t, ex)
+		took := ended.Sub(first503)
+		t.Logf("503 for %v, then 404 (grace %v)", took.Round(time.Millisecond), grace)
+		if took < grace-500*time.Millisecond {
+			t.Errorf("the session ended %v after the first 503; want about the grace, %v", took, grace)
+		}
+		for _, cs := range f.sessions["s1"] {
+			if _, err := whoami(ctx, cs); !errors.Is(err, mcp.ErrSessionMissing) {
+				t.Errorf("a session of s1 after the grace: %v; want it gone", err)
+			}
+		}
+		f.setDown(t, 0, false)
+		time.Sleep(time.Second) // a few health checks pass
+		checkProxy404(t, f.call(t, f.sessions["s1"][len(f.sessions["s1"])-1]))
+		for _, cs := range f.sessions["s2"] {
+			if id, err := whoami(ctx, cs); err != nil || id != f.first[cs] {
+				t.Errorf("a session of s2: %+v, %v; want %+v", id, err, f.first[cs])
+			}
+		}
+	})
+
+	t.Run("process gone", func(t *testing.T) {
+		f := startHealthFleet(t, "\t\thealth_interval 250ms", 6)
+		f.bs[0].Kill()
+		time.Sleep(time.Second) // the health checks see it
+		start := time.Now()
+		for _, cs := range f.sessions["s1"] {
+			checkProxy404(t, f.call(t, cs))
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Errorf("the 404s took %v; want them at once", took)
+		}
+	})
+}
+
+// mustConnect opens a new go-sdk client session through the fleet's proxy.
+func mustConnect(t *testing.T, f *healthFleet) *mcp.ClientSession {
+	t.Helper()
+	cs, err := connect(context.Background(), f.p.url(), f.hc)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
