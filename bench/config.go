@@ -11,17 +11,34 @@ import (
 // whose route holds body. No access log (the site has no `log`), no HTTPS,
 // no persisted config; the admin endpoint (with /debug/pprof) on adminPort.
 func caddyfile(port, adminPort int, body string) string {
+	return caddyfileWith(port, adminPort, "", body)
+}
+
+// caddyfileWith is caddyfile with more global options.
+func caddyfileWith(port, adminPort int, global, body string) string {
 	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	auto_https off
-	persist_config off
+	persist_config off%s
 }
 
 http://:%d {
 	bind 127.0.0.1
 	%s
 }
-`, adminPort, port, body)
+`, adminPort, global, port, body)
+}
+
+// redisStoreOption is the global option that puts the default session
+// table in the Redis at addr.
+func redisStoreOption(addr string) string {
+	return fmt.Sprintf(`
+	mcp_sessions {
+		store redis {
+			address %s
+			hash_key bench-hash-key-0123456789abcdef0123456789
+		}
+	}`, addr)
 }
 
 // mcpProxyRoute is the plugin: `mcp_proxy` over the upstreams, all defaults
