@@ -7,14 +7,10 @@ import (
 	"strings"
 )
 
-// caddyfile returns a Caddyfile for one benchmark site on 127.0.0.1:port
-// whose route holds body. No access log (the site has no `log`), no HTTPS,
-// no persisted config; the admin endpoint (with /debug/pprof) on adminPort.
-func caddyfile(port, adminPort int, body string) string {
-	return caddyfileWith(port, adminPort, "", body)
-}
-
-// caddyfileWith is caddyfile with more global options.
+// caddyfileWith returns a Caddyfile for one benchmark site on 127.0.0.1:port
+// whose route holds body, with more global options (global, possibly
+// empty). No access log (the site has no `log`), no HTTPS, no persisted
+// config; the admin endpoint (with /debug/pprof) on adminPort.
 func caddyfileWith(port, adminPort int, global, body string) string {
 	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d

@@ -288,13 +288,6 @@ func clusterView(t testing.TB, r *replica, table string) (cluster, local map[str
 	return cluster, local, draining
 }
 
-func sum(m map[string]int64) int64 {
-	n := int64(0)
-	for _, v := range m {
-		n += v
-	}
-	return n
-}
 
 // evictAll forgets every session of the table on every replica, through
 // one replica's admin API.
