@@ -288,7 +288,6 @@ func clusterView(t testing.TB, r *replica, table string) (cluster, local map[str
 	return cluster, local, draining
 }
 
-
 // evictAll forgets every session of the table on every replica, through
 // one replica's admin API.
 func evictAll(t testing.TB, f *sharedFleet, table string) {
