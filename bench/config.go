@@ -7,21 +7,34 @@ import (
 	"strings"
 )
 
-// caddyfile returns a Caddyfile for one benchmark site on 127.0.0.1:port
-// whose route holds body. No access log (the site has no `log`), no HTTPS,
-// no persisted config; the admin endpoint (with /debug/pprof) on adminPort.
-func caddyfile(port, adminPort int, body string) string {
+// caddyfileWith returns a Caddyfile for one benchmark site on 127.0.0.1:port
+// whose route holds body, with more global options (global, possibly
+// empty). No access log (the site has no `log`), no HTTPS, no persisted
+// config; the admin endpoint (with /debug/pprof) on adminPort.
+func caddyfileWith(port, adminPort int, global, body string) string {
 	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	auto_https off
-	persist_config off
+	persist_config off%s
 }
 
 http://:%d {
 	bind 127.0.0.1
 	%s
 }
-`, adminPort, port, body)
+`, adminPort, global, port, body)
+}
+
+// redisStoreOption is the global option that puts the default session
+// table in the Redis at addr.
+func redisStoreOption(addr string) string {
+	return fmt.Sprintf(`
+	mcp_sessions {
+		store redis {
+			address %s
+			hash_key bench-hash-key-0123456789abcdef0123456789
+		}
+	}`, addr)
 }
 
 // mcpProxyRoute is the plugin: `mcp_proxy` over the upstreams, all defaults

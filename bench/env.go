@@ -129,6 +129,41 @@ type proxyProc struct {
 
 // startCaddy runs Caddy serving route on a free port.
 func (e *env) startCaddy(name, route string) (*proxyProc, error) {
+	return e.startCaddyWith(name, "", route)
+}
+
+// startReplicas runs redis-server (persistence off) and two Caddy
+// replicas serving route with their session table in it. It returns the
+// replicas and, last, Redis.
+func (e *env) startReplicas(name, route string) ([]*proxyProc, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("the replicas row needs redis-server: %w", err)
+	}
+	port, err := testproc.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	redis, err := e.start(name+"-redis", addr, 10*time.Second, nil, bin,
+		"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", e.dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []*proxyProc
+	for _, r := range []string{"a", "b"} {
+		px, err := e.startCaddyWith(name+"-"+r, redisStoreOption(addr), route)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, px)
+	}
+	return append(out, &proxyProc{Proc: redis}), nil
+}
+
+// startCaddyWith runs Caddy with more global options, serving route on a
+// free port.
+func (e *env) startCaddyWith(name, global, route string) (*proxyProc, error) {
 	port, err := testproc.FreePort()
 	if err != nil {
 		return nil, err
@@ -138,7 +173,7 @@ func (e *env) startCaddy(name, route string) (*proxyProc, error) {
 		return nil, err
 	}
 	cfgPath := filepath.Join(e.dir, name+".Caddyfile")
-	if err := os.WriteFile(cfgPath, []byte(caddyfile(port, adminPort, route)), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(caddyfileWith(port, adminPort, global, route)), 0o644); err != nil {
 		return nil, err
 	}
 	xdg := filepath.Join(e.dir, "xdg")

@@ -36,10 +36,14 @@ const initializedBody = `{"jsonrpc":"2.0","method":"notifications/initialized"}`
 type loadConfig struct {
 	// addrs are the host:port the sessions connect to, session i to
 	// addrs[i%len(addrs)]: the proxy, or for direct the servers themselves.
-	addrs    []string
-	sessions int
-	warmup   time.Duration
-	duration time.Duration
+	addrs []string
+	// callAddrs, if set, are where the sessions send their calls once set
+	// up, session i to callAddrs[i%len(callAddrs)]: another Caddy replica
+	// than the one that saw the initialize.
+	callAddrs []string
+	sessions  int
+	warmup    time.Duration
+	duration  time.Duration
 	// onWindow, if set, is called when the measured window opens and closes.
 	onWindow func(open bool)
 	// sealed: the proxy seals session IDs, so servers see IDs of their own.
@@ -317,6 +321,12 @@ func runLoad(cfg loadConfig) loadResult {
 		})
 	}
 	wg.Wait()
+	for i, s := range sessions {
+		if len(cfg.callAddrs) > 0 && s.conn != nil {
+			s.conn.Close()
+			s.conn, s.addr = nil, cfg.callAddrs[i%len(cfg.callAddrs)]
+		}
+	}
 
 	start := time.Now()
 	winStart := start.Add(cfg.warmup)

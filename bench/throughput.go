@@ -13,7 +13,7 @@ type scenario struct {
 	key     string
 	label   string
 	servers int    // how many whoami servers behind it
-	kind    string // direct, caddy or haproxy
+	kind    string // direct, caddy, replicas or haproxy
 	route   func(upstreams []string) string
 	group   string // rows compared with each other: "3" or "1" servers
 	sealed  bool   // the proxy seals session IDs: servers see IDs of their own
@@ -27,6 +27,8 @@ var scenarios = []scenario{
 	{key: "mcp_proxy3_sealed", label: "Caddy mcp_proxy, sealed IDs (3)", servers: 3, kind: "caddy", group: "3", sealed: true,
 		route: sealedRoute},
 	{key: "haproxy3", label: "HAProxy stick table (3)", servers: 3, kind: "haproxy", group: "3"},
+	{key: "replicas3", label: "2 Caddy replicas sharing Redis (3)", servers: 3, kind: "replicas", group: "3",
+		route: func(u []string) string { return mcpProxyRoute(u, 0, "") }},
 	{key: "rr3", label: "stock reverse_proxy round_robin (3)", servers: 3, kind: "caddy", group: "3",
 		route: func(u []string) string { return stockRoute(u, "round_robin") }},
 	{key: "direct1", label: "direct (1 server)", servers: 1, kind: "direct", group: "1"},
@@ -39,7 +41,7 @@ var scenarios = []scenario{
 
 // defaultScenarios runs every row but rr3, which only shows the failure the
 // plugin fixes (almost every call misrouted).
-const defaultScenarios = "direct3,mcp_proxy3,mcp_proxy3_sealed,haproxy3,direct1,stock1,mcp_proxy1,haproxy1"
+const defaultScenarios = "direct3,mcp_proxy3,mcp_proxy3_sealed,replicas3,haproxy3,direct1,stock1,mcp_proxy1,haproxy1"
 
 // tpResult is one measured row.
 type tpResult struct {
@@ -64,10 +66,16 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 		return res
 	}
 	var px *proxyProc
+	var others []*proxyProc // more processes of the proxy tier: the second replica, Redis
 	name := fmt.Sprintf("%s-%s-r%d", sc.key, mode, round)
 	switch sc.kind {
 	case "caddy":
 		px, err = e.startCaddy(name, sc.route(addrs))
+	case "replicas":
+		var tier []*proxyProc
+		if tier, err = e.startReplicas(name, sc.route(addrs)); err == nil {
+			px, others = tier[0], tier[1:]
+		}
 	case "haproxy":
 		px, err = e.startHAProxy(name, addrs, true)
 	}
@@ -76,15 +84,19 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 		return res
 	}
 	targets := addrs
+	var callTargets []string
 	if px != nil {
 		targets = []string{px.Addr()}
+	}
+	if sc.kind == "replicas" { // initialize on one replica, call through the other
+		targets, callTargets = []string{px.Addr(), others[0].Addr()}, []string{others[0].Addr(), px.Addr()}
 	}
 
 	var cpu0, srv0 time.Duration
 	var busy0 time.Duration
 	var gen0 time.Duration
 	var profWG sync.WaitGroup
-	cfg := loadConfig{addrs: targets, sessions: o.sessions, warmup: o.warmup, duration: o.duration, sealed: sc.sealed}
+	cfg := loadConfig{addrs: targets, callAddrs: callTargets, sessions: o.sessions, warmup: o.warmup, duration: o.duration, sealed: sc.sealed}
 	cfg.onWindow = func(open bool) {
 		srv := time.Duration(0)
 		for _, s := range servers {
@@ -95,6 +107,9 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 		var pcpu time.Duration
 		if px != nil {
 			pcpu = procCPU(px.Pid())
+		}
+		for _, p := range others {
+			pcpu += procCPU(p.Pid())
 		}
 		if open {
 			cpu0, srv0, busy0, gen0 = pcpu, srv, busy, gen

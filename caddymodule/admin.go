@@ -59,6 +59,11 @@ type TableStatus struct {
 	SessionTTL string `json:"session_ttl"`
 	// Upstreams are the upstreams the table knows, by dial address.
 	Upstreams []UpstreamStatus `json:"upstreams"`
+	// Store is the table's shared store, "redis"; absent for the memory store.
+	Store string `json:"store,omitempty"`
+	// StoreReachable is whether the shared store answered its last call;
+	// absent for the memory store.
+	StoreReachable *bool `json:"store_reachable,omitempty"`
 }
 
 // UpstreamStatus is one upstream of a table in the admin API's answers.
@@ -72,6 +77,11 @@ type UpstreamStatus struct {
 	LiveSessions int64 `json:"live_sessions"`
 	// Draining is true while the upstream gets no new sessions.
 	Draining bool `json:"draining"`
+	// ClusterLiveSessions is the number of sessions pinned to the upstream
+	// on every instance sharing the table's store, as last read from it
+	// (within a second); absent for the memory store. With a shared store, a
+	// drain is done when it is 0.
+	ClusterLiveSessions *int64 `json:"cluster_live_sessions,omitempty"`
 }
 
 // SessionStatus is one session in the admin API's answers. Fingerprint is a
@@ -172,6 +182,10 @@ func listTables() ([]TableStatus, error) {
 			st.Upstreams = append(st.Upstreams, statusOf(t, u))
 		}
 		slices.SortFunc(st.Upstreams, func(a, b UpstreamStatus) int { return strings.Compare(a.Upstream, b.Upstream) })
+		if t.Shared() {
+			reachable := t.StoreReachable()
+			st.Store, st.StoreReachable = "redis", &reachable
+		}
 		list = append(list, st)
 	}
 	slices.SortFunc(list, func(a, b TableStatus) int { return strings.Compare(a.Table, b.Table) })
@@ -213,7 +227,12 @@ func upstreamStatus(table, dial string, drain *bool) (UpstreamStatus, error) {
 }
 
 func statusOf(t *Table, u *Upstream) UpstreamStatus {
-	return UpstreamStatus{Table: t.name, Upstream: u.dial, LiveSessions: u.LiveSessions(), Draining: u.Draining()}
+	st := UpstreamStatus{Table: t.name, Upstream: u.dial, LiveSessions: u.LiveSessions(), Draining: u.Draining()}
+	if t.Shared() {
+		n := t.ClusterSessions(u)
+		st.ClusterLiveSessions = &n
+	}
+	return st
 }
 
 // UpstreamEviction is the answer to evicting every session of an upstream.

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -61,7 +62,8 @@ type TableConfig struct {
 	// Binds each session to the principal of the request that opened it: a
 	// placeholder template, evaluated for the initialize request, whose
 	// value the table keeps as a keyed hash (HMAC-SHA256 under a random
-	// per-process key). A later request of the session whose template
+	// per-process key; with the redis store, under a key derived from its
+	// hash_key, so that every Caddy instance checks the binding). A later request of the session whose template
 	// evaluates to another value gets the same 404 as an unknown session,
 	// never reaches the upstream, and neither ends nor refreshes the
 	// session (MCP 2025-11-25, Security Best Practices, "Session
@@ -78,6 +80,17 @@ type TableConfig struct {
 	// the request (and survives token refresh), and leaves them unbound
 	// when it does not.
 	BindPrincipal string `json:"bind_principal,omitempty"`
+
+	// How long the table keeps the record of an upstream that no config
+	// lists, that owns no session (on any instance, with a shared store) and
+	// that no request was sent to: its draining flag and metric series then
+	// go too. Dynamic upstreams, such as pods, come and go. Default: `10m`.
+	UpstreamTTL caddy.Duration `json:"upstream_ttl,omitempty"`
+
+	// Where the table keeps its sessions besides this process's memory: a
+	// module of the `mcp_sessions.stores` namespace, `memory` or `redis`.
+	// Default: `memory`.
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=mcp_sessions.stores inline_key=type"`
 }
 
 // tableUse is one table of the config: its merged settings, where each
@@ -86,6 +99,7 @@ type tableUse struct {
 	cfg     TableConfig
 	sources map[string]string // option -> where it was set
 	table   *Table
+	store   Store // nil: memory
 }
 
 // CaddyModule returns the Caddy module information.
@@ -104,11 +118,31 @@ func (App) CaddyModule() caddy.ModuleInfo {
 func (a *App) Provision(ctx caddy.Context) error {
 	a.ctx, a.mu, a.uses = ctx, new(sync.Mutex), map[string]*tableUse{}
 	for _, name := range a.configuredNames() {
-		if _, err := a.use(name, *a.Tables[name], "the "+AppName+" app"); err != nil {
+		if err := a.provisionTable(ctx, name); err != nil {
 			return err
 		}
 	}
 	return registerMetrics(ctx.GetMetricsRegistry())
+}
+
+// provisionTable acquires a configured table and loads its store.
+func (a *App) provisionTable(ctx caddy.Context, name string) error {
+	cfg := a.Tables[name]
+	if _, err := a.use(name, *cfg, "the "+AppName+" app"); err != nil {
+		return err
+	}
+	if cfg.UpstreamTTL < 0 {
+		return fmt.Errorf("session table %q: upstream_ttl must be positive, got %s", name, time.Duration(cfg.UpstreamTTL))
+	}
+	if cfg.StoreRaw == nil {
+		return nil
+	}
+	mod, err := ctx.LoadModule(cfg, "StoreRaw")
+	if err != nil {
+		return fmt.Errorf("session table %q: loading store: %v", name, err)
+	}
+	a.uses[name].store = mod.(Store)
+	return nil
 }
 
 // configuredNames returns the names of the configured tables, sorted, so
@@ -239,10 +273,31 @@ func (a *App) Start() error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, u := range a.uses {
-		u.table.Configure(u.maxSessions(), u.ttl())
-		u.table.SetBindPrincipal(u.bindPrincipal())
+	for name, u := range a.uses {
+		if err := a.startTable(name, u); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// startTable applies a table's settings and connects it to its store.
+func (a *App) startTable(name string, u *tableUse) error {
+	u.table.Configure(u.maxSessions(), u.ttl())
+	u.table.SetBindPrincipal(u.bindPrincipal())
+	if cfg := a.Tables[name]; cfg != nil {
+		u.table.SetUpstreamTTL(time.Duration(cfg.UpstreamTTL))
+	}
+	var conn *redisConn
+	if u.store != nil {
+		c, err := u.store.connect(u.table)
+		if err != nil {
+			return fmt.Errorf("session table %q: connecting its store: %v", name, err)
+		}
+		conn = c
+	}
+	u.table.setStore(conn)
+	u.table.setConfigured(a.configuredUpstreams(name))
 	return nil
 }
 

@@ -522,9 +522,12 @@ func newProxyHandler(policy *SessionSelection) *reverseproxy.Handler {
 //	    max_sessions   <count>
 //	    session_ttl    <duration>
 //	    bind_principal <placeholder template>|off
+//	    upstream_ttl   <duration>
+//	    store          memory|redis [{ <redis options> }]
 //	}
 //
-// The table's name defaults to `default`.
+// The table's name defaults to `default`. See [RedisStore.UnmarshalCaddyfile]
+// for the options of the redis store.
 func parseAppOption(d *caddyfile.Dispenser, existing any) (any, error) {
 	app := new(App)
 	if prev, ok := existing.(httpcaddyfile.App); ok {
@@ -559,16 +562,192 @@ func (a *App) unmarshalTable(d *caddyfile.Dispenser) error {
 	h := Handler{}
 	seen := map[string]bool{}
 	for d.NextBlock(0) {
-		switch d.Val() {
-		case "max_sessions", "session_ttl", "bind_principal":
-			if _, err := h.unmarshalOption(d, seen); err != nil {
-				return err
-			}
-		default:
-			return d.Errf("unrecognized %s option '%s'", AppName, d.Val())
+		if err := unmarshalTableOption(d, cfg, &h, seen); err != nil {
+			return err
 		}
 	}
 	cfg.MaxSessions, cfg.SessionTTL, cfg.BindPrincipal = h.MaxSessions, h.SessionTTL, h.BindPrincipal
+	return nil
+}
+
+// unmarshalTableOption parses the table option at the cursor: the bounds
+// go to h, which parses them as the handler does, the rest to cfg.
+func unmarshalTableOption(d *caddyfile.Dispenser, cfg *TableConfig, h *Handler, seen map[string]bool) error {
+	name := d.Val()
+	if seen[name] {
+		return d.Errf("duplicate option '%s'", name)
+	}
+	switch name {
+	case "max_sessions", "session_ttl", "bind_principal":
+		_, err := h.unmarshalOption(d, seen)
+		return err
+	case "upstream_ttl":
+		seen[name] = true
+		return unmarshalDuration(d, &cfg.UpstreamTTL)
+	case "store":
+		seen[name] = true
+		return unmarshalStore(d, cfg)
+	}
+	return d.Errf("unrecognized %s option '%s'", AppName, name)
+}
+
+// unmarshalDuration parses the one positive duration argument of the option
+// at the cursor into dst.
+func unmarshalDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	name := d.Val()
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	dur, err := caddy.ParseDuration(d.Val())
+	if err != nil || dur <= 0 {
+		return d.Errf("%s: '%s' is not a positive duration such as 500ms or 10m", name, d.Val())
+	}
+	*dst = caddy.Duration(dur)
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+// unmarshalStore parses `store <type> [{ ... }]` at the cursor into cfg.
+func unmarshalStore(d *caddyfile.Dispenser, cfg *TableConfig) error {
+	if !d.NextArg() {
+		return d.Err("store needs a type: memory or redis")
+	}
+	name := d.Val()
+	mod, err := caddyfile.UnmarshalModule(d, "mcp_sessions.stores."+name)
+	if err != nil {
+		return err
+	}
+	cfg.StoreRaw = caddyconfig.JSONModuleObject(mod, "type", name, nil)
+	return nil
+}
+
+// UnmarshalCaddyfile sets up the memory store, which has no options:
+//
+//	store memory
+func (MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume store name
+	if d.NextArg() || d.NextBlock(0) {
+		return d.Err("the memory store takes no options")
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile sets up the redis store from Caddyfile tokens. Syntax:
+//
+//	store redis {
+//	    address           <host:port...>
+//	    master_name       <name>
+//	    cluster
+//	    username          <user>
+//	    password          <password>
+//	    sentinel_password <password>
+//	    db                <index>
+//	    tls {
+//	        server_name          <name>
+//	        ca_file              <path>
+//	        insecure_skip_verify
+//	    }
+//	    dial_timeout      <duration>
+//	    timeout           <duration>
+//	    key_prefix        <prefix>
+//	    hash_key          <secret>
+//	}
+//
+// `tls` may be given without a block. Use `{env.*}` placeholders for
+// secrets; they are replaced when the config loads.
+func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume store name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for d.NextBlock(0) {
+		name := d.Val()
+		if seen[name] {
+			return d.Errf("duplicate redis store option '%s'", name)
+		}
+		seen[name] = true
+		if err := s.unmarshalOption(d, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unmarshalOption parses one option of the redis store.
+func (s *RedisStore) unmarshalOption(d *caddyfile.Dispenser, name string) error {
+	strs := map[string]*string{"master_name": &s.MasterName, "username": &s.Username, "password": &s.Password,
+		"sentinel_password": &s.SentinelPassword, "key_prefix": &s.KeyPrefix, "hash_key": &s.HashKey}
+	switch {
+	case strs[name] != nil:
+		return unmarshalString(d, strs[name])
+	case name == "address":
+		s.Addresses = d.RemainingArgs()
+		if len(s.Addresses) == 0 {
+			return d.Err("address needs at least one host:port")
+		}
+	case name == "cluster":
+		s.Cluster = true
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	case name == "db":
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		n, err := strconv.Atoi(d.Val())
+		if err != nil || n < 0 {
+			return d.Errf("db: '%s' is not a database index (0 or more)", d.Val())
+		}
+		s.DB = n
+	case name == "dial_timeout":
+		return unmarshalDuration(d, &s.DialTimeout)
+	case name == "timeout":
+		return unmarshalDuration(d, &s.Timeout)
+	case name == "tls":
+		s.TLS = new(RedisTLS)
+		return s.TLS.unmarshal(d)
+	default:
+		return d.Errf("unrecognized redis store option '%s'", name)
+	}
+	return nil
+}
+
+// unmarshalString parses the one argument of the option at the cursor into dst.
+func unmarshalString(d *caddyfile.Dispenser, dst *string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+// unmarshal parses the optional block of the redis store's tls option.
+func (t *RedisTLS) unmarshal(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "server_name":
+			if err := unmarshalString(d, &t.ServerName); err != nil {
+				return err
+			}
+		case "ca_file":
+			if err := unmarshalString(d, &t.CAFile); err != nil {
+				return err
+			}
+		case "insecure_skip_verify":
+			t.InsecureSkipVerify = true
+		default:
+			return d.Errf("unrecognized redis store tls option '%s'", d.Val())
+		}
+	}
 	return nil
 }
 
@@ -576,4 +755,6 @@ func (a *App) unmarshalTable(d *caddyfile.Dispenser) error {
 var (
 	_ caddyfile.Unmarshaler = (*Handler)(nil)
 	_ caddyfile.Unmarshaler = (*SessionSelection)(nil)
+	_ caddyfile.Unmarshaler = (*RedisStore)(nil)
+	_ caddyfile.Unmarshaler = (*MemoryStore)(nil)
 )

@@ -18,7 +18,8 @@ const LeastSessionsPolicy = "least_sessions"
 
 // LeastSessionsSelection is a selection policy for new MCP sessions: it
 // picks the available, non-draining upstream with the fewest live sessions
-// in the session table, counting requests in flight to it as well (other
+// in the session table (on every Caddy instance, when the table has a
+// shared store), counting requests in flight to it as well (other
 // than sessions' open GET streams, which are counted as their sessions), so
 // that a burst of `initialize` requests spreads before their sessions are
 // learned. Ties are broken at random.
@@ -75,7 +76,8 @@ func (s *LeastSessionsSelection) Select(pool reverseproxy.UpstreamPool, _ *http.
 			}
 			// A session's open GET stream is a request in flight too:
 			// count the session once, not twice.
-			load += rec.LiveSessions() - min(rec.streams.Load(), load)
+			// With a shared store, sessions count on every instance.
+			load += s.table.ClusterSessions(rec) - min(rec.streams.Load(), load)
 		}
 		switch {
 		case best == nil || load < bestLoad:

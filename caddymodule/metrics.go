@@ -33,6 +33,14 @@ var (
 		"Sessions removed from the table, by reason.", []string{"table", "reason"}, nil)
 	descRequests = prometheus.NewDesc("caddy_mcp_requests_total",
 		"Requests seen by the mcp_session handler, by MCP protocol era.", []string{"table", "era"}, nil)
+	descClusterLive = prometheus.NewDesc("caddy_mcp_sessions_cluster_live",
+		"Sessions pinned to the upstream on every instance sharing the table's store.", []string{"table", "upstream"}, nil)
+	descShared = prometheus.NewDesc("caddy_mcp_sessions_shared_total",
+		"Sessions taken from the shared store at the first request this instance saw of them.", []string{"table"}, nil)
+	descStoreUp = prometheus.NewDesc("caddy_mcp_store_up",
+		"1 while the table's shared store answers, 0 while the instance serves from its own table alone.", []string{"table"}, nil)
+	descStoreErrors = prometheus.NewDesc("caddy_mcp_store_errors_total",
+		"Failed calls to the table's shared store, by operation.", []string{"table", "op"}, nil)
 )
 
 // tableCollector exports every session table's state at scrape time. It
@@ -58,7 +66,8 @@ func registerMetrics(reg prometheus.Registerer) error {
 
 // Describe sends the descriptors of all the plugin's metrics.
 func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descUnavailable, descEvicted, descRequests, descByMethod, descStreams} {
+	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descUnavailable, descEvicted, descRequests, descByMethod, descStreams,
+		descClusterLive, descShared, descStoreUp, descStoreErrors} {
 		ch <- d
 	}
 }
@@ -102,6 +111,27 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 		counter(descRequests, s.Requests(e), t.name, e.String())
 	}
 	collectMethods(ch, t)
+	collectStore(ch, t)
+}
+
+// collectStore sends the series of a table's shared store, if it has one.
+func collectStore(ch chan<- prometheus.Metric, t *Table) {
+	c := t.store.Load()
+	if c == nil {
+		return
+	}
+	for _, u := range t.Upstreams() {
+		ch <- prometheus.MustNewConstMetric(descClusterLive, prometheus.GaugeValue, float64(t.ClusterSessions(u)), t.name, u.dial)
+	}
+	ch <- prometheus.MustNewConstMetric(descShared, prometheus.CounterValue, float64(t.Stats.Shared()), t.name)
+	up := 0.0
+	if c.reachable() {
+		up = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descStoreUp, prometheus.GaugeValue, up, t.name)
+	for _, op := range storeOps {
+		ch <- prometheus.MustNewConstMetric(descStoreErrors, prometheus.CounterValue, float64(c.errors(op)), t.name, op)
+	}
 }
 
 // Interface guards

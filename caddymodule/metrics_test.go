@@ -35,6 +35,10 @@ var metricNames = map[string]dto.MetricType{
 	// methods.go
 	"caddy_mcp_requests_by_method_total": dto.MetricType_COUNTER,
 	"caddy_mcp_streams_open":             dto.MetricType_GAUGE,
+	"caddy_mcp_sessions_cluster_live":    dto.MetricType_GAUGE,
+	"caddy_mcp_sessions_shared_total":    dto.MetricType_COUNTER,
+	"caddy_mcp_store_up":                 dto.MetricType_GAUGE,
+	"caddy_mcp_store_errors_total":       dto.MetricType_COUNTER,
 }
 
 // gathered is one scrape: every series of the plugin's families, keyed

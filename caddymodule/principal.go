@@ -27,17 +27,23 @@ const BindPrincipalOff = "off"
 // value means "no principal": the session is unbound.
 type principalSum [16]byte
 
-// principalKeys hashes principals under one key. The key is random, made
-// when the table is created: sums are only ever compared within the
-// process that made them, and cannot be computed by anyone without it.
+// principalKeys hashes principals under one key. Without a shared store,
+// the key is random, made when the table is created: sums are only ever
+// compared within the process that made them, and cannot be computed by
+// anyone without it. With the redis store, every Caddy instance must
+// compare the sums the others stored: the key is derived from the store's
+// secret hash_key.
 type principalKeys struct {
 	macs sync.Pool // of hash.Hash keyed with the table's key
 }
 
-// newPrincipalKeys returns a hasher with a fresh random 256-bit key.
-func newPrincipalKeys() *principalKeys {
-	key := make([]byte, sha256.Size)
-	_, _ = rand.Read(key) // never fails (crypto/rand, Go 1.24+)
+// newPrincipalKeys returns a hasher under key, or under a fresh random
+// 256-bit key when key is nil.
+func newPrincipalKeys(key []byte) *principalKeys {
+	if key == nil {
+		key = make([]byte, sha256.Size)
+		_, _ = rand.Read(key) // never fails (crypto/rand, Go 1.24+)
+	}
 	return &principalKeys{macs: sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}
 }
 

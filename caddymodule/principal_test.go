@@ -11,7 +11,7 @@ import (
 )
 
 func TestPrincipalSum(t *testing.T) {
-	a, b := newPrincipalKeys(), newPrincipalKeys()
+	a, b := newPrincipalKeys(nil), newPrincipalKeys(nil)
 	if a.sum("") != (principalSum{}) {
 		t.Error(`sum("") is not the zero sum that marks an unbound session`)
 	}

@@ -20,6 +20,9 @@ const (
 	DefaultSessionTTL = 24 * time.Hour
 	// DefaultTableName names the table used when no table is configured.
 	DefaultTableName = "default"
+	// DefaultUpstreamTTL is how long a table keeps the record of an upstream
+	// that no config lists, that owns no session and that nothing used.
+	DefaultUpstreamTTL = 10 * time.Minute
 )
 
 // MinSessionTTL is the shortest session TTL accepted. A shorter one would
@@ -117,10 +120,14 @@ func (e Era) String() string {
 // identified by its dial address (reverseproxy.Upstream.Dial), which stays the
 // same across config reloads, unlike *reverseproxy.Upstream values.
 type Upstream struct {
-	dial     string
-	live     atomic.Int64
-	streams  atomic.Int64 // GET streams of its sessions open through the proxy
-	draining atomic.Bool
+	dial       string
+	live       atomic.Int64
+	streams    atomic.Int64 // GET streams of its sessions open through the proxy
+	draining   atomic.Bool
+	cluster    atomic.Int64 // live sessions on every instance, with a shared store
+	lastSeen   atomic.Int64 // last use here, in nanoseconds since the table's epoch
+	seenAway   atomic.Int64 // last use by another instance, as the shared store says; same unit
+	configured atomic.Bool  // a reverse_proxy of the running config lists it
 }
 
 // Dial returns the upstream's dial address, as written in the config.
@@ -174,6 +181,7 @@ type SessionInfo struct {
 // metrics collector and the admin API.
 type Stats struct {
 	learned, pinned, unknown, gone, mismatch, unavailable atomic.Uint64
+	shared                                                atomic.Uint64                        // sessions taken from the shared store
 	eras                                                  [len(eraNames)]atomic.Uint64         // indexed by Era
 	evictions                                             [len(evictReasonNames)]atomic.Uint64 // indexed by EvictReason
 	methods                                               methodStats                          // by method and status; methods.go
@@ -196,6 +204,11 @@ func (s *Stats) Unknown() uint64 { return s.unknown.Load() }
 
 // Gone returns the number of requests answered 404 because their session's upstream was gone.
 func (s *Stats) Gone() uint64 { return s.gone.Load() }
+
+// Shared returns the number of sessions the table took from its shared
+// store: sessions learned by another instance (or before a restart), at the
+// first request this instance saw of each.
+func (s *Stats) Shared() uint64 { return s.shared.Load() }
 
 // PrincipalMismatches returns the number of requests answered 404 because
 // their principal was not the one their session is bound to.
@@ -226,7 +239,7 @@ type Table struct {
 	// monotonic clock (time.Since), one clock read per call instead of two.
 	monotonic bool
 	ttl       atomic.Int64 // nanoseconds
-	keys      *principalKeys
+	keys      atomic.Pointer[principalKeys]
 	bind      atomic.Pointer[string] // the bind_principal template
 
 	mu     sync.Mutex
@@ -234,9 +247,14 @@ type Table struct {
 	max    int         // guarded by mu
 	reason EvictReason // why the LRU's eviction callback is being called; guarded by mu
 
-	upMu     sync.RWMutex
-	ups      map[string]*Upstream
-	draining atomic.Int32 // how many upstreams are draining
+	upMu        sync.RWMutex
+	ups         map[string]*Upstream
+	draining    atomic.Int32 // how many upstreams are draining
+	upstreamTTL atomic.Int64 // nanoseconds; see DefaultUpstreamTTL
+
+	// store is the table's connection to a shared store; nil keeps the
+	// sessions in this process only.
+	store atomic.Pointer[redisConn]
 
 	// Stats are the table's counters.
 	Stats Stats
@@ -244,8 +262,9 @@ type Table struct {
 	// logger receives a debug line per eviction; nil until a handler sets it.
 	logger atomic.Pointer[zap.Logger]
 
-	stop chan struct{}
-	done chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	rearm chan struct{} // the TTLs changed: the janitor recomputes its interval
 }
 
 // NewTable returns a table bounded to maxSessions entries with the given idle
@@ -256,13 +275,15 @@ func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.T
 	if now == nil {
 		now = time.Now
 	}
-	t := &Table{name: name, now: now, epoch: now(), monotonic: monotonic, keys: newPrincipalKeys(), ups: make(map[string]*Upstream)}
+	t := &Table{name: name, now: now, epoch: now(), monotonic: monotonic, ups: make(map[string]*Upstream), rearm: make(chan struct{}, 1)}
+	t.keys.Store(newPrincipalKeys(nil))
 	l, err := simplelru.NewLRU(maxSessions, t.onEvict)
 	if err != nil {
 		return nil, fmt.Errorf("session table %q: max_sessions must be at least 1, got %d", name, maxSessions)
 	}
 	t.lru, t.max = l, maxSessions
 	t.ttl.Store(int64(ttl))
+	t.upstreamTTL.Store(int64(DefaultUpstreamTTL))
 	return t, nil
 }
 
@@ -271,9 +292,11 @@ func (t *Table) Name() string { return t.name }
 
 // Configure changes the table's bounds in place. Shrinking evicts the least
 // recently used sessions (reason lru). A ttl of 0 or less leaves the TTL as is.
+// See also [Table.SetUpstreamTTL].
 func (t *Table) Configure(maxSessions int, ttl time.Duration) {
 	if ttl > 0 {
 		t.ttl.Store(int64(ttl))
+		t.rearmJanitor()
 	}
 	if maxSessions > 0 {
 		t.mu.Lock()
@@ -296,6 +319,14 @@ func (t *Table) BindPrincipal() string {
 		return *p
 	}
 	return DefaultBindPrincipal
+}
+
+// rearmJanitor makes the janitor recompute its interval from the TTLs.
+func (t *Table) rearmJanitor() {
+	select {
+	case t.rearm <- struct{}{}:
+	default:
+	}
 }
 
 // clock returns the current time in nanoseconds since the table's epoch.
@@ -324,28 +355,85 @@ func (t *Table) Lookup(id string) *Upstream {
 // requests carrying the same principal; an unbound one by any request.
 // mismatch reports a held session refused for its principal. A hit counts
 // as use: it refreshes the idle TTL and the session's LRU position; a
-// mismatch changes nothing.
+// mismatch changes nothing. With a shared store, a session this table does
+// not hold is looked up in the store, once: the table keeps it from then on.
 func (t *Table) LookupAs(id, principal string) (up *Upstream, mismatch bool) {
-	sum := t.keys.sum(principal) // outside the lock: it costs about a microsecond
+	sum := t.keys.Load().sum(principal) // outside the lock: it costs about a microsecond
+	e, mismatch, touch := t.lookupHere(id, sum)
+	if e.up != nil || mismatch {
+		if touch {
+			t.store.Load().touch(id, e.up.dial, e.principal)
+		}
+		return e.up, mismatch
+	}
+	if c := t.store.Load(); c != nil {
+		dial, bound := c.get(id)
+		return t.adoptShared(id, dial, bound, sum)
+	}
+	return nil, false
+}
+
+// lookupHere is LookupAs in this process's table: the session's entry (a
+// zero entry when the table does not hold it). It reports whether the
+// shared store's idle timer of the session is due for a refresh.
+func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch, touch bool) {
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, ok := t.lru.Peek(id)
 	if !ok {
-		return nil, false
+		return entry{}, false, false
 	}
 	if t.expired(e, now) {
 		t.reason = EvictTTL
 		t.lru.Remove(id)
-		return nil, false
+		return entry{}, false, false
 	}
-	if e.principal != (principalSum{}) && e.principal != sum && t.BindPrincipal() != BindPrincipalOff {
-		return nil, true
+	if t.refused(e.principal, sum) {
+		return entry{}, true, false
 	}
 	// Every use is recorded exactly, so a session used more often than
 	// its TTL never expires, however short the TTL.
+	touch = t.store.Load() != nil && crossed(e.lastUsed, now, touchInterval(t.TTL()))
 	e.lastUsed = now
 	t.lru.Add(id, e)
+	return e, false, touch
+}
+
+// refused reports whether a request with principal sum may not use a
+// session bound to bound.
+func (t *Table) refused(bound, sum principalSum) bool {
+	return bound != (principalSum{}) && bound != sum && t.BindPrincipal() != BindPrincipalOff
+}
+
+// crossed reports whether a use at now falls in another interval than the
+// use at last: the store's idle timer is refreshed once per interval.
+func crossed(last, now int64, interval time.Duration) bool {
+	return last/int64(interval) != now/int64(interval)
+}
+
+// adoptShared puts session id, owned by dial and bound to bound according to the
+// shared store, in the table, and returns its upstream for a request with
+// principal sum; nil when dial is empty, or, with mismatch, when the
+// principal may not use the session.
+func (t *Table) adoptShared(id, dial string, bound, sum principalSum) (*Upstream, bool) {
+	if dial == "" {
+		return nil, false
+	}
+	now := t.clock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.lru.Peek(id)
+	if !ok { // else learned meanwhile
+		e = entry{up: t.upstream(dial), lastUsed: now, created: uint32(now / int64(time.Second)), principal: bound}
+		t.reason = EvictLRU
+		t.lru.Add(id, e)
+		e.up.live.Add(1)
+		t.Stats.shared.Add(1)
+	}
+	if t.refused(e.principal, sum) {
+		return nil, true
+	}
 	return e.up, false
 }
 
@@ -358,16 +446,26 @@ func (t *Table) Learn(id, dial string) bool { return t.LearnFrom(id, dial, Origi
 // requests without a session (initialize): when such a response names a
 // session the table already holds for another upstream or principal, the
 // newer answer wins. A full table evicts its least recently used session
-// to make room.
+// to make room. With a shared store, LearnFrom returns once the store has
+// the session too, or failed to take it in time.
 func (t *Table) LearnFrom(id, dial string, origin Origin) bool {
-	up := t.upstream(dial)
-	sum := t.keys.sum(origin.Principal)
+	sum := t.keys.Load().sum(origin.Principal)
+	up, changed := t.learnHere(id, dial, sum)
+	if c := t.store.Load(); c != nil && changed {
+		up.cluster.Add(1)
+		c.put(id, dial, sum)
+	}
+	return changed
+}
+
+func (t *Table) learnHere(id, dial string, sum principalSum) (*Upstream, bool) {
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	up := t.upstream(dial)
 	if e, ok := t.lru.Peek(id); ok {
 		if e.up == up && e.principal == sum && !t.expired(e, now) {
-			return false
+			return up, false
 		}
 		t.reason = EvictTTL
 		if e.up != up || e.principal != sum {
@@ -379,7 +477,7 @@ func (t *Table) LearnFrom(id, dial string, origin Origin) bool {
 	t.lru.Add(id, entry{up: up, lastUsed: now, created: uint32(now / int64(time.Second)), principal: sum})
 	up.live.Add(1)
 	t.Stats.learned.Add(1)
-	return true
+	return up, true
 }
 
 // Adopt records that upstream dial owns session id, opened by origin,
@@ -390,7 +488,7 @@ func (t *Table) LearnFrom(id, dial string, origin Origin) bool {
 // evicts its least recently used session to make room.
 func (t *Table) Adopt(id, dial string, origin Origin) *Upstream {
 	up := t.upstream(dial)
-	sum := t.keys.sum(origin.Principal)
+	sum := t.keys.Load().sum(origin.Principal)
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -409,24 +507,67 @@ func (t *Table) Adopt(id, dial string, origin Origin) *Upstream {
 }
 
 // Evict removes session id for the given reason and reports whether the
-// table held it. An invalid reason evicts nothing and returns false.
+// table held it. An invalid reason evicts nothing and returns false. With a
+// shared store, a session that ended (any reason but ttl and lru, which are
+// this table's own bounds) is removed from the store and from every
+// instance's table too, even if this table did not hold it.
 func (t *Table) Evict(id string, reason EvictReason) bool {
 	if !reason.Valid() {
 		return false
 	}
+	dial, held := t.evictHere(id, reason)
+	c := t.store.Load()
+	if c == nil || reason == EvictTTL || reason == EvictLRU {
+		return held
+	}
+	if !held {
+		if dial, _ = c.peek(id); dial == "" {
+			return false
+		}
+	}
+	if u := t.knownUpstream(dial); u != nil && u.cluster.Add(-1) < 0 {
+		u.cluster.Store(0)
+	}
+	c.end(id, dial, reason)
+	return true
+}
+
+// evictHere removes session id from this process's table only, and returns
+// its upstream's dial address and whether the table held it.
+func (t *Table) evictHere(id string, reason EvictReason) (string, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	e, ok := t.lru.Peek(id)
+	if !ok {
+		return "", false
+	}
 	t.reason = reason
-	return t.lru.Remove(id)
+	t.lru.Remove(id)
+	return e.up.dial, true
 }
 
 // EvictUpstream removes every session of the upstream dialed at dial, for
 // reason, and returns how many it removed (0 for an upstream the table does
 // not know, or an invalid reason). It walks the whole table under its lock:
-// an operator's call, not a request path.
+// an operator's call, not a request path. With a shared store, the sessions
+// are removed from the store and every instance's table too.
 func (t *Table) EvictUpstream(dial string, reason EvictReason) int {
+	if !reason.Valid() {
+		return 0
+	}
+	n := t.evictUpstreamHere(dial, reason)
+	if c := t.store.Load(); c != nil {
+		c.endUpstream(dial)
+		if u := t.knownUpstream(dial); u != nil {
+			u.cluster.Store(0)
+		}
+	}
+	return n
+}
+
+func (t *Table) evictUpstreamHere(dial string, reason EvictReason) int {
 	u := t.knownUpstream(dial)
-	if u == nil || !reason.Valid() {
+	if u == nil {
 		return 0
 	}
 	t.mu.Lock()
@@ -460,6 +601,9 @@ func (t *Table) addStreams(id string, delta int32) {
 	e.streams = max(e.streams+delta, 0)
 	e.lastUsed = now
 	t.lru.Add(id, e)
+	if c := t.store.Load(); c != nil {
+		c.streaming(id, e.up.dial, e.principal, e.streams > 0)
+	}
 }
 
 // Len returns the number of sessions in the table, expired ones not yet swept included.
@@ -489,18 +633,19 @@ func (t *Table) Evictions(reason EvictReason) uint64 {
 	return t.Stats.evictions[reason].Load()
 }
 
-// upstream returns the record of dial, creating it on first use.
+// upstream returns the record of dial, creating it on first use, and
+// counts the call as use of the upstream.
 func (t *Table) upstream(dial string) *Upstream {
-	if u := t.knownUpstream(dial); u != nil {
-		return u
+	u := t.knownUpstream(dial)
+	if u == nil {
+		t.upMu.Lock()
+		if u = t.ups[dial]; u == nil {
+			u = &Upstream{dial: dial}
+			t.ups[dial] = u
+		}
+		t.upMu.Unlock()
 	}
-	t.upMu.Lock()
-	defer t.upMu.Unlock()
-	u, ok := t.ups[dial]
-	if !ok {
-		u = &Upstream{dial: dial}
-		t.ups[dial] = u
-	}
+	u.lastSeen.Store(t.clock())
 	return u
 }
 
@@ -513,9 +658,19 @@ func (t *Table) knownUpstream(dial string) *Upstream {
 
 // SetDraining starts (on) or ends (!on) draining the upstream dialed at
 // dial, and returns its record. A draining upstream gets no new sessions
-// from the mcp_session policy but keeps serving its pinned ones.
+// from the mcp_session policy but keeps serving its pinned ones. With a
+// shared store, every instance drains it.
 func (t *Table) SetDraining(dial string, on bool) *Upstream {
-	u := t.upstream(dial)
+	u := t.drainHere(t.upstream(dial), on)
+	if c := t.store.Load(); c != nil {
+		c.drain(dial, on)
+	}
+	return u
+}
+
+// drainHere sets u's draining flag in this process's table, without
+// counting it as use of u.
+func (t *Table) drainHere(u *Upstream, on bool) *Upstream {
 	if u.draining.Swap(on) != on {
 		if on {
 			t.draining.Add(1)
@@ -529,14 +684,16 @@ func (t *Table) SetDraining(dial string, on bool) *Upstream {
 // AnyDraining reports whether any upstream of the table is draining.
 func (t *Table) AnyDraining() bool { return t.draining.Load() > 0 }
 
-// Info returns what the table knows of session id, without counting it as use.
+// Info returns what the table knows of session id, without counting it as
+// use. With a shared store, a session this table does not hold is looked up
+// in the store, which knows its upstream and whether it is bound.
 func (t *Table) Info(id string) (SessionInfo, bool) {
 	now := t.clock()
 	t.mu.Lock()
 	e, ok := t.lru.Peek(id)
 	t.mu.Unlock()
 	if !ok || t.expired(e, now) {
-		return SessionInfo{}, false
+		return t.infoShared(id)
 	}
 	return SessionInfo{
 		Upstream:    e.up.dial,
@@ -569,6 +726,9 @@ func (t *Table) onEvict(id string, e entry) {
 	}
 	e.up.live.Add(-1)
 	t.Stats.evictions[t.reason].Add(1) // valid: only the table's own code and Evict's checked reasons set it
+	if c := t.store.Load(); c != nil {
+		c.forget(id)
+	}
 }
 
 // Sweep removes the sessions that have been idle longer than the TTL and
@@ -581,6 +741,7 @@ func (t *Table) Sweep() int {
 		n, more := t.sweepBatch()
 		removed += n
 		if !more {
+			t.sweepUpstreams()
 			return removed
 		}
 	}
@@ -607,23 +768,27 @@ func (t *Table) sweepBatch() (removed int, more bool) {
 	return removed, true
 }
 
-// StartJanitor starts a goroutine that sweeps expired sessions until
-// [Table.Destruct], every interval(ttl) for the table's current TTL. It is
-// not tied to a config's context, which every reload cancels.
+// StartJanitor starts a goroutine that sweeps expired sessions and unused
+// upstream records until [Table.Destruct], every interval(d) for the
+// shorter of the table's current TTL and upstream TTL. It is not tied to a
+// config's context, which every reload cancels.
 func (t *Table) StartJanitor(interval func(ttl time.Duration) time.Duration) {
 	t.stop, t.done = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(t.done)
-		timer := time.NewTimer(interval(t.TTL()))
+		every := func() time.Duration { return interval(min(t.TTL(), t.UpstreamTTL())) }
+		timer := time.NewTimer(every())
 		defer timer.Stop()
 		for {
 			select {
 			case <-timer.C:
 				t.Sweep()
-				timer.Reset(interval(t.TTL()))
+			case <-t.rearm:
+				timer.Stop()
 			case <-t.stop:
 				return
 			}
+			timer.Reset(every())
 		}
 	}()
 }

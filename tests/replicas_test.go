@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,12 +50,13 @@ func caddyBinary(t testing.TB) string {
 // replica is one Caddy process serving one site on a fixed port, which
 // keeps its port across restarts.
 type replica struct {
-	name  string
-	addr  string // the site's 127.0.0.1:port
-	admin string // its admin endpoint's 127.0.0.1:port
-	env   []string
-	dir   string
-	proc  *testproc.Proc
+	name   string
+	addr   string // the site's 127.0.0.1:port
+	admin  string // its admin endpoint's 127.0.0.1:port
+	global string // more global options, for example mcp_sessions
+	env    []string
+	dir    string
+	proc   *testproc.Proc
 }
 
 // replicaTimeout bounds a replica's start (a -race Caddy starts slowly on a
@@ -65,7 +67,13 @@ const replicaTimeout = 60 * time.Second
 // with extra environment variables env ("KEY=value").
 func startReplica(t testing.TB, name, body string, env ...string) *replica {
 	t.Helper()
-	r := &replica{name: name, addr: freeAddr(t), admin: freeAddr(t), env: env, dir: t.TempDir()}
+	return startReplicaWith(t, name, "", body, env...)
+}
+
+// startReplicaWith is startReplica with more global options.
+func startReplicaWith(t testing.TB, name, global, body string, env ...string) *replica {
+	t.Helper()
+	r := &replica{name: name, addr: freeAddr(t), admin: freeAddr(t), global: global, env: env, dir: t.TempDir()}
 	r.writeConfig(t, body)
 	r.start(t)
 	return r
@@ -90,13 +98,14 @@ func (r *replica) config(body string) string {
 	servers {
 		protocols h1 h2c
 	}
+	%s
 }
 
 http://:%s {
 	bind 127.0.0.1
 	%s
 }
-`, r.admin, logs, port, body)
+`, r.admin, logs, r.global, port, body)
 }
 
 // writeConfig writes the Caddyfile the replica starts with.
@@ -151,6 +160,7 @@ type balancer struct {
 	rotation []string       // addresses in rotation
 	served   map[string]int // requests carrying Mcp-Session-Id answered 2xx, by address
 	failed   map[string]int // the same, answered otherwise
+	fiveXX   []string       // every answer with a 5xx status: method, replica, status
 }
 
 func newBalancer(rs ...*replica) *balancer {
@@ -238,11 +248,14 @@ func (b *balancer) to(r *http.Request, addr string) *http.Request {
 }
 
 func (b *balancer) count(addr string, r *http.Request, status int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if status >= 500 {
+		b.fiveXX = append(b.fiveXX, fmt.Sprintf("%s via %s: %d", r.Method, addr, status))
+	}
 	if r.Header.Get("Mcp-Session-Id") == "" {
 		return
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	if status < 300 {
 		b.served[addr]++
 	} else {
@@ -255,6 +268,13 @@ func (b *balancer) servedBy(r *replica) (ok, failed int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.served[r.addr], b.failed[r.addr]
+}
+
+// serverErrors returns the answers with a 5xx status the balancer passed on.
+func (b *balancer) serverErrors() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.fiveXX)
 }
 
 // isRefused reports whether err is a refused connection: nothing was sent.

@@ -182,10 +182,16 @@ func (r loadResult) String() string {
 // runSessions runs sessions concurrent sessions of plan through url.
 func runSessions(t testing.TB, url string, sessions int, plan sessionPlan) loadResult {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
+	return runSessionsWith(t, url, hc, sessions, plan)
+}
+
+// runSessionsWith is runSessions through the HTTP client hc.
+func runSessionsWith(t testing.TB, url string, hc *http.Client, sessions int, plan sessionPlan) loadResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 	reports := make([]sessionReport, sessions)
 	var wg sync.WaitGroup
 	for i := range sessions {

@@ -189,11 +189,14 @@ set_draining() {
 		fail "admin API $2 $1: the answer does not say draining=$want: $body"
 }
 
-# live_sessions UPSTREAM sets $live and $draining from the admin API.
+# live_sessions UPSTREAM sets $live and $draining from the admin API. With
+# a shared store (several Caddy replicas), $live counts the sessions on
+# every replica.
 live= draining=
 live_sessions() {
 	admin_call GET /mcp_sessions/upstream -G --data-urlencode "table=$table" --data-urlencode "upstream=$1"
-	live=$(json_field live_sessions "$body")
+	live=$(json_field cluster_live_sessions "$body")
+	[[ -n $live ]] || live=$(json_field live_sessions "$body")
 	draining=$(json_field draining "$body")
 	[[ $live =~ ^[0-9]+$ ]] || fail "admin API: no live_sessions in the answer: $body"
 }

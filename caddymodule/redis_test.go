@@ -1,0 +1,228 @@
+package caddymodule
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
+)
+
+// testHashKey is a hash_key for tests.
+const testHashKey = "0123456789abcdef0123456789abcdef-test"
+
+// sharedTable returns a table named name connected to Redis at addr through
+// a redis store with the given timeout, as one Caddy instance has it.
+func sharedTable(t testing.TB, addr, name string, timeout time.Duration) *Table {
+	t.Helper()
+	tbl, err := NewTable(name, 1<<20, time.Hour, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &RedisStore{Addresses: []string{addr}, HashKey: testHashKey, Timeout: caddy.Duration(timeout)}
+	if err := s.Provision(newContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	c := newRedisConn(tbl, s.opts, newKeyspace(s.KeyPrefix, name, s.hashKey), s.timeout, s.logger)
+	t.Cleanup(func() { _ = c.Destruct() })
+	tbl.setStore(c)
+	return tbl
+}
+
+// eventually polls cond every 20 ms for up to d and reports whether it held.
+func eventually(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return cond()
+}
+
+// redisDump returns every key of the Redis at addr with its value (strings),
+// members (sets), or fields (hashes), as one text.
+func redisDump(t *testing.T, addr string) string {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	ctx := context.Background()
+	keys, err := rc.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, k := range keys {
+		b.WriteString(k + "\n")
+		switch rc.Type(ctx, k).Val() {
+		case "string":
+			b.WriteString(rc.Get(ctx, k).Val() + "\n")
+		case "zset":
+			b.WriteString(strings.Join(rc.ZRange(ctx, k, 0, -1).Val(), "\n") + "\n")
+		case "hash":
+			for f := range rc.HGetAll(ctx, k).Val() {
+				b.WriteString(f + "\n")
+			}
+		}
+	}
+	return b.String()
+}
+
+func TestRedisStoreSharesSessions(t *testing.T) {
+	srv := redistest.Start(t)
+	name := "shared/" + t.Name()
+	a := sharedTable(t, srv.Addr, name, time.Second)
+	b := sharedTable(t, srv.Addr, name, time.Second)
+
+	// Learned on a, pinned on b, which asks Redis once and keeps it.
+	a.Learn(testSessionID, "10.0.0.1:80")
+	if up := b.Lookup(testSessionID); up == nil || up.Dial() != "10.0.0.1:80" {
+		t.Fatalf("b.Lookup = %v, want 10.0.0.1:80 from Redis", up)
+	}
+	if b.Stats.Shared() != 1 || b.Len() != 1 {
+		t.Errorf("b took %d sessions from Redis and holds %d; want 1, 1", b.Stats.Shared(), b.Len())
+	}
+	b.Lookup(testSessionID)
+	if b.Stats.Shared() != 1 {
+		t.Errorf("a second lookup on b went to Redis again")
+	}
+	if dump := redisDump(t, srv.Addr); strings.Contains(dump, testSessionID) || !strings.Contains(dump, "10.0.0.1:80") {
+		t.Errorf("Redis holds the raw session ID, or not its upstream:\n%s", dump)
+	}
+	// A session Redis does not hold is unknown everywhere (negative control).
+	if up := b.Lookup("never-learned"); up != nil {
+		t.Errorf("b.Lookup of an unknown session = %v", up)
+	}
+
+	// Ended on b, gone from a within 1 s; a lookup then misses in Redis too.
+	b.Evict(testSessionID, EvictDelete)
+	if !eventually(time.Second, func() bool { return a.Len() == 0 }) {
+		t.Fatalf("a still holds the session 1 s after b ended it")
+	}
+	if a.Evictions(EvictDelete) != 1 || a.Lookup(testSessionID) != nil {
+		t.Errorf("a: %d delete evictions, lookup %v; want 1, nil", a.Evictions(EvictDelete), a.Lookup(testSessionID))
+	}
+
+	// Drained on a, draining on b within 1 s, and undrained.
+	a.SetDraining("10.0.0.2:80", true)
+	if !eventually(time.Second, func() bool { u := b.knownUpstream("10.0.0.2:80"); return u != nil && u.Draining() }) {
+		t.Fatalf("b does not see 10.0.0.2:80 draining 1 s after a drained it")
+	}
+	a.SetDraining("10.0.0.2:80", false)
+	if !eventually(time.Second, func() bool { return !b.AnyDraining() }) {
+		t.Fatalf("b still drains 1 s after a undrained")
+	}
+
+	// A session bound to a principal on a is bound on b too: every instance
+	// hashes principals under the key derived from hash_key.
+	a.LearnFrom("BOUND", "10.0.0.1:80", Origin{Principal: "alice"})
+	if up, mismatch := b.LookupAs("BOUND", "mallory"); up != nil || !mismatch {
+		t.Errorf("b let another principal use a session bound on a: %v, mismatch %v", up, mismatch)
+	}
+	if up, mismatch := b.LookupAs("BOUND", "alice"); up == nil || mismatch {
+		t.Errorf("b refused the session's own principal: %v, mismatch %v", up, mismatch)
+	}
+	if strings.Contains(redisDump(t, srv.Addr), "alice") {
+		t.Errorf("Redis holds the raw principal")
+	}
+
+	// Live sessions per upstream count on every instance.
+	a.Learn("S1", "10.0.0.1:80")
+	a.Learn("S2", "10.0.0.1:80")
+	b.Learn("S3", "10.0.0.1:80")
+	if !eventually(3*time.Second, func() bool {
+		u := a.knownUpstream("10.0.0.1:80")
+		return a.ClusterSessions(u) == 4
+	}) {
+		u := a.knownUpstream("10.0.0.1:80")
+		t.Errorf("a counts %d sessions of 10.0.0.1:80 on every instance (%d here), want 4", a.ClusterSessions(u), u.LiveSessions())
+	}
+}
+
+func TestRedisStoreWritesBack(t *testing.T) {
+	srv := redistest.Start(t)
+	relay := redistest.NewRelay(t, srv.Addr)
+	name := "writeback/" + t.Name()
+	a := sharedTable(t, relay.Addr, name, 200*time.Millisecond)
+	b := sharedTable(t, srv.Addr, name, 200*time.Millisecond)
+	a.Learn("before", "10.0.0.1:80")
+
+	// Redis blackholed for a: a keeps serving from its table, without
+	// waiting on Redis more than once.
+	relay.Blackhole(true)
+	start := time.Now()
+	a.Learn("during", "10.0.0.2:80")
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("learning while Redis is blackholed took %s", d)
+	}
+	start = time.Now()
+	for range 50 {
+		a.Learn("more-"+time.Now().String(), "10.0.0.2:80")
+		a.Lookup("unknown")
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("50 learns and misses after the first failure took %s: the store did not fail fast", d)
+	}
+	if up := a.Lookup("before"); up == nil {
+		t.Errorf("a lost a session it held while Redis was unreachable")
+	}
+	if a.StoreReachable() || a.store.Load().totalErrors() == 0 {
+		t.Errorf("a's store reachable %v, %d errors; want unreachable, errors counted", a.StoreReachable(), a.store.Load().totalErrors())
+	}
+	if b.Lookup("during") != nil {
+		t.Fatalf("b found a session learned while a could not reach Redis")
+	}
+
+	// Redis answers again: what a learned meanwhile is written back.
+	relay.Blackhole(false)
+	if !eventually(5*time.Second, func() bool { return a.StoreReachable() }) {
+		t.Fatalf("a did not reach Redis again")
+	}
+	if !eventually(2*time.Second, func() bool { return b.Lookup("during") != nil }) {
+		t.Errorf("b does not find the session a learned during the outage")
+	}
+
+	// Redis restarts empty: every instance writes its table back.
+	srv.Stop()
+	srv.Restart()
+	if !eventually(10*time.Second, func() bool { return redisDump(t, srv.Addr) != "" && b.store.Load().reachable() }) {
+		t.Fatalf("nothing written back after Redis restarted empty")
+	}
+	c := sharedTable(t, srv.Addr, name, time.Second) // a new instance, after the restart
+	for _, id := range []string{"before", "during"} {
+		if !eventually(5*time.Second, func() bool { return c.Lookup(id) != nil }) {
+			t.Errorf("session %q not written back after Redis restarted empty", id)
+		}
+	}
+}
+
+func TestRedisStoreProvisionErrors(t *testing.T) {
+	t.Setenv("TEST_SHORT_KEY", "short")
+	for _, tc := range []struct {
+		s    RedisStore
+		want string
+	}{
+		{RedisStore{}, "hash_key must be at least 32 bytes"},
+		{RedisStore{HashKey: "{env.TEST_SHORT_KEY}"}, "(got 5 bytes)"},
+		{RedisStore{HashKey: testHashKey, DB: -1}, "db must be 0 or more"},
+		{RedisStore{HashKey: testHashKey, TLS: &RedisTLS{CAFile: "/nonexistent/ca.pem"}}, "reading tls ca_file"},
+	} {
+		s := tc.s
+		if err := s.Provision(newContext(t)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Provision(%+v) = %v, want an error containing %q", tc.s, err, tc.want)
+		}
+	}
+	t.Setenv("TEST_HASH_KEY", testHashKey)
+	s := RedisStore{HashKey: "{env.TEST_HASH_KEY}", Password: "{env.TEST_HASH_KEY}"}
+	if err := s.Provision(newContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	if string(s.hashKey) != testHashKey || s.opts.Password != testHashKey || s.opts.Addrs[0] != "127.0.0.1:6379" {
+		t.Errorf("placeholders or defaults not applied: key %q, password %q, addresses %v", s.hashKey, s.opts.Password, s.opts.Addrs)
+	}
+}

@@ -1,0 +1,367 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// Timing of the redis store's background work.
+const (
+	// flushEvery is how often queued writes (idle timers, ended sessions,
+	// drain flags) go to Redis; an ended session or a drain goes at once.
+	flushEvery = 200 * time.Millisecond
+	// syncEvery is how often an instance reads the cluster's view from
+	// Redis: live sessions per upstream, draining flags.
+	syncEvery = time.Second
+	// probeEvery is how often an instance tries to reach Redis again while
+	// it is unreachable.
+	probeEvery = 250 * time.Millisecond
+	// writeBackBatch is the most sessions written back in one pipeline.
+	writeBackBatch = 512
+	// maxCounted is the most upstreams whose live sessions a learn reads back.
+	maxCounted = 64
+)
+
+// The operations on Redis, the `op` label of the store errors metric.
+const (
+	opGet       = "get"        // a request's session, not seen by this instance
+	opPut       = "put"        // a session learned by this instance
+	opFlush     = "flush"      // queued writes: idle timers, ended sessions, drain flags
+	opSync      = "sync"       // the periodic read of the cluster's view
+	opProbe     = "probe"      // reaching Redis again after a failure
+	opWriteBack = "write_back" // what was learned while Redis was unreachable, or lost by it
+)
+
+var storeOps = [...]string{opGet, opPut, opFlush, opSync, opProbe, opWriteBack}
+
+func opIndex(op string) int {
+	for i, o := range storeOps {
+		if o == op {
+			return i
+		}
+	}
+	return 0
+}
+
+// pendingEnd is a session ended on this instance, not yet removed from Redis.
+type pendingEnd struct {
+	dial   string
+	reason EvictReason
+}
+
+// redisConn is one table's connection to Redis: it answers the table's
+// misses, writes what the table learns and ends, tells the other instances,
+// applies what they tell, and keeps the cluster's view (live sessions per
+// upstream, draining flags) current. While Redis cannot be reached it fails
+// fast and queues the writes, and writes them back when Redis answers.
+type redisConn struct {
+	t       *Table
+	client  redis.UniversalClient
+	ks      *keyspace
+	timeout time.Duration
+	logger  *zap.Logger
+
+	healthy atomic.Bool
+	errs    [len(storeOps)]atomic.Uint64
+
+	mu           sync.Mutex
+	byHash       map[keyHash]string     // session ID of each hash, for sessions of t
+	puts         map[keyHash]string     // learned here, not yet in Redis: hash -> value
+	ends         map[keyHash]pendingEnd // ended here, not yet removed from Redis
+	touches      map[string]string      // used since the last flush: session ID -> value
+	drains       map[string]bool        // drain flags set here, not yet in Redis
+	upEnds       map[string]bool        // upstreams evicted here, not yet in Redis
+	streams      map[string]string      // sessions with a GET stream open here: ID -> value
+	touched      time.Time              // when the open streams' sessions were last touched
+	runID        string                 // the Redis server's run_id, to notice a restart
+	writeBackDue bool                   // a write-back failed: the next sync does it again
+	outage       time.Time              // when the current outage began
+	outErrs      uint64                 // errors before the current outage
+
+	kick   chan struct{}
+	stop   chan struct{}
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// newRedisConn connects table t to Redis and starts the connection's
+// background work. It does not wait for Redis.
+func newRedisConn(t *Table, opts *redis.UniversalOptions, ks *keyspace, timeout time.Duration, logger *zap.Logger) *redisConn {
+	c := &redisConn{
+		t: t, client: redis.NewUniversalClient(opts), ks: ks, timeout: timeout,
+		logger: logger.With(zap.String("table", t.Name())),
+		byHash: map[keyHash]string{}, puts: map[keyHash]string{}, ends: map[keyHash]pendingEnd{},
+		touches: map[string]string{}, drains: map[string]bool{}, upEnds: map[string]bool{}, streams: map[string]string{},
+		kick: make(chan struct{}, 1), stop: make(chan struct{}),
+	}
+	c.healthy.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	c.wg.Add(3)
+	go c.flushLoop()
+	go c.syncLoop()
+	go c.subscribe(ctx)
+	return c
+}
+
+// Destruct stops the background work and closes the connection.
+func (c *redisConn) Destruct() error {
+	close(c.stop)
+	c.cancel()
+	c.wg.Wait()
+	return c.client.Close()
+}
+
+// call returns a context bounded by the store's timeout.
+func (c *redisConn) call() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), c.timeout)
+}
+
+// ttl is how long Redis keeps an unused session: the table's TTL plus one
+// touch interval, because an instance refreshes the TTL once per touch
+// interval of use. A session unused on every instance is so forgotten
+// between session_ttl and session_ttl plus a touch interval after its last use.
+func (c *redisConn) ttl() time.Duration {
+	return c.t.TTL() + touchInterval(c.t.TTL())
+}
+
+// get returns the upstream of session id in Redis and the principal it is
+// bound to, or "" when Redis does not hold it or did not answer in time.
+func (c *redisConn) get(id string) (string, principalSum) {
+	if !c.healthy.Load() {
+		return "", principalSum{}
+	}
+	h := c.ks.hash(id)
+	ctx, cancel := c.call()
+	defer cancel()
+	v, err := c.client.Get(ctx, c.ks.session(h)).Result()
+	if err != nil {
+		if !errors.Is(err, redis.Nil) {
+			c.fail(opGet, err)
+		}
+		return "", principalSum{}
+	}
+	c.mu.Lock()
+	c.byHash[h] = id
+	c.mu.Unlock()
+	return parseValue(v)
+}
+
+// peek is get without remembering the session: for the admin API.
+func (c *redisConn) peek(id string) (string, principalSum) {
+	ctx, cancel := c.call()
+	defer cancel()
+	v, err := c.client.Get(ctx, c.ks.session(c.ks.hash(id))).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		c.fail(opGet, err)
+	}
+	if v == "" {
+		return "", principalSum{}
+	}
+	return parseValue(v)
+}
+
+// put writes that dial owns session id, bound to bound, and reads back the
+// live sessions of the table's upstreams. It returns once Redis answered,
+// or failed to in time; then the session is written back later.
+func (c *redisConn) put(id, dial string, bound principalSum) {
+	h, v := c.ks.hash(id), value(dial, bound)
+	c.mu.Lock()
+	c.byHash[h] = id
+	delete(c.ends, h)
+	c.mu.Unlock()
+	if !c.healthy.Load() {
+		c.queuePut(h, v)
+		return
+	}
+	ctx, cancel := c.call()
+	defer cancel()
+	pipe := c.client.Pipeline()
+	c.writeSession(ctx, pipe, h, v, false)
+	counts := c.countSessions(ctx, pipe, c.t.Upstreams())
+	if _, err := pipe.Exec(ctx); err != nil {
+		c.fail(opPut, err)
+		c.queuePut(h, v)
+		return
+	}
+	c.applyCounts(counts)
+}
+
+func (c *redisConn) queuePut(h keyHash, v string) {
+	c.mu.Lock()
+	c.puts[h] = v
+	c.mu.Unlock()
+}
+
+// writeSession queues the writes of one session, whose value is v: its
+// key, its place in its upstream's set, and the upstream's record. With
+// onlyNew, a session Redis holds already is left as it is.
+func (c *redisConn) writeSession(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool) {
+	ttl := c.ttl()
+	now := time.Now()
+	args := redis.SetArgs{TTL: ttl}
+	if onlyNew {
+		args.Mode = "NX"
+	}
+	dial, _ := parseValue(v)
+	pipe.SetArgs(ctx, c.ks.session(h), v, args)
+	pipe.ZAdd(ctx, c.ks.upstream(dial), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: h.String()})
+	pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
+}
+
+// countSessions queues a count of the live sessions of each of ups (at most
+// maxCounted) and returns the counts' commands, by dial.
+func (c *redisConn) countSessions(ctx context.Context, pipe redis.Pipeliner, ups []*Upstream) map[string]*redis.IntCmd {
+	cmds := make(map[string]*redis.IntCmd, min(len(ups), maxCounted))
+	now := time.Now().UnixMilli()
+	for _, u := range ups {
+		if len(cmds) == maxCounted {
+			break
+		}
+		cmds[u.dial] = pipe.ZCount(ctx, c.ks.upstream(u.dial), itoa(now), "+inf")
+	}
+	return cmds
+}
+
+// applyCounts sets the cluster-wide live sessions of upstreams from counts.
+func (c *redisConn) applyCounts(counts map[string]*redis.IntCmd) {
+	for dial, cmd := range counts {
+		if n, err := cmd.Result(); err == nil {
+			c.t.storeUpstream(dial).cluster.Store(n)
+		}
+	}
+}
+
+// touch queues a refresh of session id's idle timer in Redis.
+func (c *redisConn) touch(id, dial string, bound principalSum) {
+	if !c.healthy.Load() {
+		return // the write-back after the outage refreshes it
+	}
+	c.mu.Lock()
+	c.touches[id] = value(dial, bound)
+	c.mu.Unlock()
+}
+
+// streaming records whether session id has GET streams open here: while
+// it has, its idle timer in Redis is refreshed every touch interval.
+func (c *redisConn) streaming(id, dial string, bound principalSum, open bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if open {
+		c.streams[id] = value(dial, bound)
+	} else {
+		delete(c.streams, id)
+	}
+}
+
+// touchStreams queues a refresh of the sessions with open streams, once
+// per touch interval.
+func (c *redisConn) touchStreams() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.touched) < touchInterval(c.t.TTL()) {
+		return
+	}
+	c.touched = time.Now()
+	maps.Copy(c.touches, c.streams)
+}
+
+// end removes session id of dial from Redis and from every instance's
+// table, for reason, soon.
+func (c *redisConn) end(id, dial string, reason EvictReason) {
+	h := c.ks.hash(id)
+	c.mu.Lock()
+	delete(c.byHash, h)
+	delete(c.puts, h)
+	delete(c.touches, id)
+	delete(c.streams, id)
+	c.ends[h] = pendingEnd{dial: dial, reason: reason}
+	c.mu.Unlock()
+	c.wake()
+}
+
+// endUpstream removes every session of dial from Redis and from every
+// instance's table, soon.
+func (c *redisConn) endUpstream(dial string) {
+	c.mu.Lock()
+	c.upEnds[dial] = true
+	c.mu.Unlock()
+	c.wake()
+}
+
+// drain sets dial's draining flag in Redis and on every instance, soon.
+func (c *redisConn) drain(dial string, on bool) {
+	c.mu.Lock()
+	c.drains[dial] = on
+	c.mu.Unlock()
+	c.wake()
+}
+
+// forget drops what the connection remembers of session id, which left
+// this instance's table only (TTL, LRU, or ended elsewhere).
+func (c *redisConn) forget(id string) {
+	h := c.ks.hash(id)
+	c.mu.Lock()
+	delete(c.byHash, h)
+	delete(c.streams, id)
+	c.mu.Unlock()
+}
+
+// wake makes the flusher run now.
+func (c *redisConn) wake() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// reachable reports whether the last call to Redis succeeded.
+func (c *redisConn) reachable() bool { return c.healthy.Load() }
+
+// errors returns the number of failed calls of op.
+func (c *redisConn) errors(op string) uint64 { return c.errs[opIndex(op)].Load() }
+
+// fail counts a failed call and, on the first of a burst, marks Redis
+// unreachable and logs it once.
+func (c *redisConn) fail(op string, err error) {
+	c.errs[opIndex(op)].Add(1)
+	if !c.healthy.CompareAndSwap(true, false) {
+		return
+	}
+	c.mu.Lock()
+	c.outage, c.outErrs = time.Now(), c.totalErrors()-1
+	c.mu.Unlock()
+	c.logger.Warn("redis store unreachable: serving sessions from this instance's table, "+
+		"and writing what it learns back to Redis when Redis answers again",
+		zap.String("op", op), zap.Error(err))
+}
+
+func (c *redisConn) totalErrors() uint64 {
+	var n uint64
+	for i := range c.errs {
+		n += c.errs[i].Load()
+	}
+	return n
+}
+
+// recovered marks Redis reachable again and logs the outage once.
+func (c *redisConn) recovered() {
+	c.mu.Lock()
+	since, before, queued := c.outage, c.outErrs, len(c.puts)+len(c.ends)+len(c.drains)
+	c.mu.Unlock()
+	c.healthy.Store(true)
+	c.logger.Info("redis store reachable again", zap.Duration("unreachable_for", time.Since(since).Round(time.Millisecond)),
+		zap.Uint64("errors", c.totalErrors()-before), zap.Int("writes_to_write_back", queued))
+	c.wake()
+}
+
+// itoa formats a Unix time in milliseconds for a score range.
+func itoa(ms int64) string { return strconv.FormatInt(ms, 10) }

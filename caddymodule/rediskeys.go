@@ -1,0 +1,94 @@
+package caddymodule
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"hash"
+	"strings"
+	"sync"
+)
+
+// keyHash is the keyed hash of a session ID: the first 16 bytes of its
+// HMAC-SHA256 under the store's hash_key.
+type keyHash [16]byte
+
+// String returns the hash as it appears in Redis: unpadded base64url.
+func (h keyHash) String() string { return base64.RawURLEncoding.EncodeToString(h[:]) }
+
+// parseKeyHash decodes a hash written by String.
+func parseKeyHash(s string) (keyHash, bool) {
+	var h keyHash
+	n, err := base64.RawURLEncoding.Decode(h[:], []byte(s))
+	return h, err == nil && n == len(h)
+}
+
+// keyspace names the keys of one table in Redis. Every key of a table
+// shares the hash tag {<prefix>:<table>}, so that in a Redis Cluster they
+// live in one slot and a script may touch several.
+//
+//	{p:t}:s:<hash>      string  the session's upstream (dial address), then, for a session
+//	                            bound to a principal, a space and the principal's keyed hash
+//	                            (hex); with the idle TTL
+//	{p:t}:u:<dial>      zset    the upstream's sessions: member <hash>, score the expiry (Unix ms)
+//	{p:t}:upstreams     zset    upstreams known to any instance: member <dial>, score last seen (Unix ms)
+//	{p:t}:draining      hash    draining upstreams: field <dial>
+//	{p:t}:events        channel what instances tell each other (see redisConn.apply)
+type keyspace struct {
+	tag       string
+	hmacs     sync.Pool
+	principal []byte // the key of principal hashes, derived from hash_key
+}
+
+func newKeyspace(prefix, table string, hashKey []byte) *keyspace {
+	ks := &keyspace{tag: "{" + prefix + ":" + table + "}"}
+	ks.hmacs.New = func() any { return hmac.New(sha256.New, hashKey) }
+	// HMAC as a key-derivation function (RFC 2104 keyed with the secret,
+	// over a fixed label): session keys and principal hashes use separate
+	// keys derived from the one secret.
+	m := hmac.New(sha256.New, hashKey)
+	m.Write([]byte("mcp_sessions principal key"))
+	ks.principal = m.Sum(nil)
+	return ks
+}
+
+// value is what Redis holds for a session: its upstream, and the keyed
+// hash of its principal when it is bound to one.
+func value(dial string, bound principalSum) string {
+	if bound == (principalSum{}) {
+		return dial
+	}
+	return dial + " " + hex.EncodeToString(bound[:])
+}
+
+// parseValue splits a session's value in Redis; a malformed principal
+// hash reads as bound to a principal no request has (never as unbound).
+func parseValue(v string) (dial string, bound principalSum) {
+	dial, sum, ok := strings.Cut(v, " ")
+	if !ok {
+		return dial, principalSum{}
+	}
+	if n, err := hex.Decode(bound[:], []byte(sum)); err != nil || n != len(bound) || bound == (principalSum{}) {
+		bound = principalSum{0xff}
+	}
+	return dial, bound
+}
+
+// hash returns the keyed hash of session id.
+func (ks *keyspace) hash(id string) keyHash {
+	m := ks.hmacs.Get().(hash.Hash)
+	m.Reset()
+	m.Write([]byte(id))
+	var sum [sha256.Size]byte
+	var h keyHash
+	copy(h[:], m.Sum(sum[:0]))
+	ks.hmacs.Put(m)
+	return h
+}
+
+func (ks *keyspace) session(h keyHash) string    { return ks.tag + ":s:" + h.String() }
+func (ks *keyspace) upstream(dial string) string { return ks.tag + ":u:" + dial }
+func (ks *keyspace) upstreams() string           { return ks.tag + ":upstreams" }
+func (ks *keyspace) draining() string            { return ks.tag + ":draining" }
+func (ks *keyspace) events() string              { return ks.tag + ":events" }

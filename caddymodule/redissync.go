@@ -1,0 +1,446 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// The messages instances publish on a table's events channel:
+//
+//	e <reason> <hash>   a session ended (reason as in EvictReason)
+//	u <dial>            every session of an upstream was evicted
+//	d 1 <dial>          an upstream started draining ("d 0": stopped)
+const (
+	msgEnded    = "e"
+	msgUpstream = "u"
+	msgDrain    = "d"
+)
+
+// flushLoop sends the queued writes every flushEvery, or when woken.
+func (c *redisConn) flushLoop() {
+	defer c.wg.Done()
+	tick := time.NewTicker(flushEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-c.kick:
+		case <-tick.C:
+		}
+		if c.healthy.Load() {
+			c.flush()
+		}
+	}
+}
+
+// queued is a snapshot of the writes queued for Redis.
+type queued struct {
+	puts    map[keyHash]string
+	ends    map[keyHash]pendingEnd
+	touches map[string]string
+	drains  map[string]bool
+	upEnds  map[string]bool
+}
+
+func (q queued) empty() bool {
+	return len(q.puts)+len(q.ends)+len(q.touches)+len(q.drains)+len(q.upEnds) == 0
+}
+
+// take empties the queues and returns what they held.
+func (c *redisConn) take() queued {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	q := queued{c.puts, c.ends, c.touches, c.drains, c.upEnds}
+	c.puts, c.ends, c.touches = map[keyHash]string{}, map[keyHash]pendingEnd{}, map[string]string{}
+	c.drains, c.upEnds = map[string]bool{}, map[string]bool{}
+	return q
+}
+
+// requeue puts back what a failed flush did not write, unless something
+// newer was queued meanwhile. Idle timers are dropped: the write-back
+// rewrites every session it queued.
+func (c *redisConn) requeue(q queued) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for h, dial := range q.puts {
+		if _, ended := c.ends[h]; !ended {
+			c.puts[h] = dial
+		}
+	}
+	for h, e := range q.ends {
+		if _, put := c.puts[h]; !put {
+			c.ends[h] = e
+		}
+	}
+	for dial, on := range q.drains {
+		if _, newer := c.drains[dial]; !newer {
+			c.drains[dial] = on
+		}
+	}
+	maps.Copy(c.upEnds, q.upEnds)
+}
+
+// flush writes the queued writes in one pipeline, after reading the
+// sessions of evicted upstreams.
+func (c *redisConn) flush() {
+	q := c.take()
+	if q.empty() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
+	defer cancel()
+	pipe := c.client.Pipeline()
+	for h, v := range q.puts {
+		c.writeSession(ctx, pipe, h, v, false)
+	}
+	for id, v := range q.touches {
+		c.writeSession(ctx, pipe, c.ks.hash(id), v, false)
+	}
+	for h, e := range q.ends {
+		c.writeEnd(ctx, pipe, h, e)
+	}
+	c.writeDrains(ctx, pipe, q.drains)
+	if err := c.writeUpstreamEnds(ctx, pipe, q.upEnds); err != nil {
+		c.fail(opFlush, err)
+		c.requeue(q)
+		return
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		c.fail(opFlush, err)
+		c.requeue(q)
+	}
+}
+
+// writeEnd queues the removal of an ended session and tells the instances.
+func (c *redisConn) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) {
+	pipe.Del(ctx, c.ks.session(h))
+	pipe.ZRem(ctx, c.ks.upstream(e.dial), h.String())
+	pipe.Publish(ctx, c.ks.events(), msgEnded+" "+e.reason.String()+" "+h.String())
+}
+
+// writeDrains queues the drain flags and tells the instances.
+func (c *redisConn) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains map[string]bool) {
+	now := float64(time.Now().UnixMilli())
+	for dial, on := range drains {
+		flag := "0"
+		if on {
+			flag = "1"
+			pipe.HSet(ctx, c.ks.draining(), dial, flag)
+		} else {
+			pipe.HDel(ctx, c.ks.draining(), dial)
+		}
+		pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: now, Member: dial})
+		pipe.Publish(ctx, c.ks.events(), msgDrain+" "+flag+" "+dial)
+	}
+}
+
+// writeUpstreamEnds reads the sessions of each evicted upstream and queues
+// their removal, then tells the instances.
+func (c *redisConn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]bool) error {
+	for dial := range dials {
+		members, err := c.client.ZRange(ctx, c.ks.upstream(dial), 0, -1).Result()
+		if err != nil {
+			return err
+		}
+		for _, m := range members {
+			pipe.Del(ctx, c.ks.tag+":s:"+m)
+		}
+		pipe.Del(ctx, c.ks.upstream(dial))
+		pipe.Publish(ctx, c.ks.events(), msgUpstream+" "+dial)
+	}
+	return nil
+}
+
+// syncLoop reads the cluster's view every syncEvery while Redis is
+// reachable, and tries to reach it every probeEvery while it is not.
+func (c *redisConn) syncLoop() {
+	defer c.wg.Done()
+	tick := time.NewTicker(probeEvery)
+	defer tick.Stop()
+	var synced time.Time
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-c.stop:
+				return
+			case <-tick.C:
+			}
+		}
+		switch {
+		case !c.healthy.Load():
+			c.probe()
+		case time.Since(synced) >= syncEvery:
+			synced = time.Now()
+			c.touchStreams()
+			c.sync()
+		}
+	}
+}
+
+// probe tries to reach Redis; when it answers, what was queued meanwhile
+// is written back, all of the table if Redis restarted.
+func (c *redisConn) probe() {
+	ctx, cancel := c.call()
+	defer cancel()
+	runID, err := c.serverRunID(ctx)
+	if err != nil {
+		c.errs[opIndex(opProbe)].Add(1)
+		return
+	}
+	if c.restarted(runID) {
+		c.writeBackAll()
+	}
+	c.recovered()
+}
+
+// serverRunID returns the run_id of the Redis server, which changes when
+// it restarts. A Redis Cluster answers for one of its nodes.
+func (c *redisConn) serverRunID(ctx context.Context) (string, error) {
+	info, err := c.client.Info(ctx, "server").Result()
+	return runIDOf(info), err
+}
+
+// restarted records runID and reports whether the table must be written
+// back: runID differs from the last one seen (Redis restarted, and lost
+// what it held unless it persists it), or a write-back failed.
+func (c *redisConn) restarted(runID string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prev, due := c.runID, c.writeBackDue
+	c.runID, c.writeBackDue = runID, false
+	return due || prev != "" && runID != "" && prev != runID
+}
+
+// clusterView is what sync reads from Redis.
+type clusterView struct {
+	runID    *redis.StringCmd
+	records  *redis.ZSliceCmd
+	draining *redis.MapStringStringCmd
+}
+
+// sync reads the cluster's view: which upstreams any instance knows,
+// their live sessions and draining flags; refreshes this instance's
+// upstream records in Redis; and drops records of upstreams gone from
+// every instance.
+func (c *redisConn) sync() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
+	defer cancel()
+	pipe := c.client.Pipeline()
+	v := clusterView{
+		runID:    pipe.Info(ctx, "server"),
+		records:  pipe.ZRangeWithScores(ctx, c.ks.upstreams(), 0, -1),
+		draining: pipe.HGetAll(ctx, c.ks.draining()),
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		c.fail(opSync, err)
+		return
+	}
+	if c.restarted(runIDOf(v.runID.Val())) {
+		c.writeBackAll()
+	}
+	c.applyDraining(v.draining.Val())
+	if err := c.syncUpstreams(ctx, v.records.Val()); err != nil {
+		c.fail(opSync, err)
+	}
+}
+
+// runIDOf returns the run_id in the reply of INFO server.
+func runIDOf(info string) string {
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(line, "run_id:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// applyDraining sets the local draining flags to Redis's, except those set
+// here and not yet written.
+func (c *redisConn) applyDraining(flags map[string]string) {
+	c.mu.Lock()
+	pending := maps.Clone(c.drains)
+	c.mu.Unlock()
+	for dial := range flags {
+		if _, ok := pending[dial]; !ok {
+			c.t.drainHere(c.t.storeUpstream(dial), true)
+		}
+	}
+	for _, u := range c.t.Upstreams() {
+		if _, ok := pending[u.dial]; !ok && u.Draining() && flags[u.dial] == "" {
+			c.t.drainHere(u, false)
+		}
+	}
+}
+
+// syncUpstreams counts the live sessions of every upstream any instance
+// knows (dropping expired ones), refreshes the records of upstreams this
+// instance uses, and drops records no instance has used for the table's
+// upstream_ttl and that own no session.
+func (c *redisConn) syncUpstreams(ctx context.Context, records []redis.Z) error {
+	now := time.Now()
+	seen := map[string]int64{}
+	for _, z := range records {
+		seen[z.Member.(string)] = int64(z.Score)
+	}
+	for _, u := range c.t.Upstreams() {
+		if _, ok := seen[u.dial]; !ok {
+			seen[u.dial] = 0
+		}
+	}
+	pipe := c.client.Pipeline()
+	counts := map[string]*redis.IntCmd{}
+	for dial := range seen {
+		pipe.ZRemRangeByScore(ctx, c.ks.upstream(dial), "-inf", itoa(now.UnixMilli()))
+		counts[dial] = pipe.ZCard(ctx, c.ks.upstream(dial))
+	}
+	for _, u := range c.t.Upstreams() {
+		if c.t.inUse(u) {
+			pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: u.dial})
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
+	}
+	return c.applyRecords(ctx, seen, counts, now)
+}
+
+// applyRecords brings the local records in line with Redis's: counts and
+// last use by other instances; and drops from Redis the records of
+// upstreams that own no session and that no instance used within the
+// upstream TTL (this instance's janitor then drops its own record).
+func (c *redisConn) applyRecords(ctx context.Context, seen map[string]int64, counts map[string]*redis.IntCmd, now time.Time) error {
+	stale := now.Add(-c.t.UpstreamTTL()).UnixMilli()
+	pipe := c.client.Pipeline()
+	for dial, ms := range seen {
+		n := counts[dial].Val()
+		u := c.t.knownUpstream(dial)
+		if n == 0 && ms != 0 && ms <= stale && (u == nil || !c.t.inUse(u)) {
+			pipe.ZRem(ctx, c.ks.upstreams(), dial)
+			pipe.HDel(ctx, c.ks.draining(), dial)
+			continue
+		}
+		if u == nil && n == 0 && ms <= stale {
+			continue
+		}
+		if u == nil {
+			u = c.t.storeUpstream(dial)
+		}
+		u.cluster.Store(n)
+		if ms != 0 {
+			c.t.seenElsewhere(u, time.UnixMilli(ms))
+		}
+	}
+	if pipe.Len() == 0 {
+		return nil
+	}
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// writeBackAll writes every session of the table, and its draining flags,
+// to Redis, which lost them: sessions Redis holds already are left as they
+// are. It runs when Redis restarted empty.
+func (c *redisConn) writeBackAll() {
+	sessions := c.t.snapshot()
+	written := 0
+	for len(sessions) > 0 {
+		batch := sessions[:min(writeBackBatch, len(sessions))]
+		sessions = sessions[len(batch):]
+		if err := c.writeBatch(batch); err != nil {
+			c.errs[opIndex(opWriteBack)].Add(1)
+			c.logger.Warn("writing sessions back to redis failed; the next sync retries", zap.Error(err))
+			c.mu.Lock()
+			c.writeBackDue = true
+			c.mu.Unlock()
+			return
+		}
+		written += len(batch)
+	}
+	for _, u := range c.t.Upstreams() {
+		if u.Draining() {
+			c.drain(u.dial, true)
+		}
+	}
+	c.logger.Info("redis restarted and lost the table: wrote this instance's sessions back", zap.Int("sessions", written))
+}
+
+// writeBatch writes sessions that Redis does not hold.
+func (c *redisConn) writeBatch(batch []sessionDial) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
+	defer cancel()
+	pipe := c.client.Pipeline()
+	for _, s := range batch {
+		c.writeSession(ctx, pipe, c.ks.hash(s.id), value(s.dial, s.bound), true)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) { // nil: Redis held the session already
+		return err
+	}
+	return nil
+}
+
+// reasonNamed returns the EvictReason whose label is name; an invalid one
+// for an unknown name.
+func reasonNamed(name string) EvictReason {
+	for _, r := range evictReasons {
+		if r.String() == name {
+			return r
+		}
+	}
+	return 0
+}
+
+// subscribe applies what the other instances publish until the connection
+// is destructed. go-redis resubscribes after a lost connection; messages
+// published meanwhile are lost, which is safe: a drain flag is read again
+// by sync, and a session ended elsewhere is still pinned to its own
+// upstream, whose 404 ends it here too.
+func (c *redisConn) subscribe(ctx context.Context) {
+	defer c.wg.Done()
+	ps := c.client.Subscribe(ctx, c.ks.events())
+	defer ps.Close()
+	ch := ps.Channel(redis.WithChannelHealthCheckInterval(5 * time.Second))
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case msg, ok := <-ch:
+			if !ok {
+				return
+			}
+			c.apply(msg.Payload)
+		}
+	}
+}
+
+// apply applies one message of another instance (or this one's own, which
+// changes nothing) to the table.
+func (c *redisConn) apply(msg string) {
+	kind, rest, _ := strings.Cut(msg, " ")
+	switch kind {
+	case msgEnded:
+		reason, hs, _ := strings.Cut(rest, " ")
+		h, ok := parseKeyHash(hs)
+		r := reasonNamed(reason)
+		if !ok || !r.Valid() {
+			return
+		}
+		c.mu.Lock()
+		id := c.byHash[h]
+		c.mu.Unlock()
+		if id != "" {
+			c.t.evictHere(id, r)
+		}
+	case msgUpstream:
+		c.t.evictUpstreamHere(rest, EvictAdmin)
+	case msgDrain:
+		flag, dial, _ := strings.Cut(rest, " ")
+		c.t.drainHere(c.t.storeUpstream(dial), flag == "1")
+	}
+}

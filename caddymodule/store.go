@@ -1,0 +1,35 @@
+package caddymodule
+
+import (
+	"github.com/caddyserver/caddy/v2"
+)
+
+func init() {
+	caddy.RegisterModule(MemoryStore{})
+}
+
+// Store is a module of the `mcp_sessions.stores` namespace: where a session
+// table keeps its sessions besides this process's memory.
+type Store interface {
+	// connect returns what table t shares its sessions
+	// through, or nil to keep them in this process's memory only.
+	connect(t *Table) (*redisConn, error)
+}
+
+// MemoryStore keeps a table's sessions in this Caddy process's memory only:
+// they survive config reloads but not a restart, and other Caddy instances
+// do not see them. It is the default store and needs nothing to run.
+type MemoryStore struct{}
+
+// CaddyModule returns the Caddy module information.
+func (MemoryStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "mcp_sessions.stores.memory",
+		New: func() caddy.Module { return new(MemoryStore) },
+	}
+}
+
+func (MemoryStore) connect(*Table) (*redisConn, error) { return nil, nil }
+
+// Interface guards
+var _ Store = (*MemoryStore)(nil)

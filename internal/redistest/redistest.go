@@ -1,0 +1,98 @@
+// Package redistest runs a real redis-server for tests, on a free port with
+// persistence off, and a TCP relay in front of it that can blackhole or slow
+// the traffic, the way a network fault would.
+package redistest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
+)
+
+// startTimeout bounds a redis-server's start.
+const startTimeout = 10 * time.Second
+
+// Server is a redis-server process started by a test.
+type Server struct {
+	// Addr is the server's host:port.
+	Addr string
+	t    testing.TB
+	dir  string
+	proc *testproc.Proc
+}
+
+// Start starts redis-server on a free port of 127.0.0.1 with persistence
+// off, and kills it when the test ends. It skips the test when
+// redis-server is not installed, unless MCP_INTEROP_REQUIRED=1, which makes
+// it fail.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("MCP_INTEROP_REQUIRED") == "1" {
+			t.Fatalf("redis-server is not installed (.ci/install-deps installs it): %v", err)
+		}
+		t.Skipf("redis-server is not installed: %v", err)
+	}
+	port, err := testproc.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{t: t, dir: t.TempDir(), Addr: "127.0.0.1:" + strconv.Itoa(port)}
+	s.Restart()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Restart starts the server again on the same port, empty, after Stop.
+func (s *Server) Restart() {
+	s.t.Helper()
+	_, port, _ := net.SplitHostPort(s.Addr)
+	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--protected-mode", "no", "--loglevel", "warning")
+	p, err := testproc.Start("redis-server", s.Addr, cmd, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.proc = p
+	if err := p.Wait(startTimeout, testproc.Listening(), s.answers); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// answers holds once the server answers PING.
+func (s *Server) answers(*testproc.Proc) (bool, error) { return s.Do("PING") == "PONG", nil }
+
+// Stop kills the server, as a crash would; it loses everything.
+func (s *Server) Stop() { s.proc.Kill() }
+
+// Do sends one command, whose arguments contain no spaces, and returns the
+// first line of the reply without its type byte ("" on error).
+func (s *Server) Do(args ...string) string {
+	c, err := net.DialTimeout("tcp", s.Addr, time.Second)
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := c.Write([]byte(b.String())); err != nil {
+		return ""
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || len(line) < 3 {
+		return ""
+	}
+	return strings.TrimSpace(line[1:])
+}
