@@ -54,7 +54,7 @@ func startApp(t testing.TB, ctx caddy.Context) *App {
 // provisionHandler provisions h with a table of its own (named after the
 // test unless h names one) and releases it when the test ends. Its logs go
 // to the returned observer.
-func provisionHandler(t *testing.T, h *Handler) (*Handler, *observer.ObservedLogs) {
+func provisionHandler(t testing.TB, h *Handler) (*Handler, *observer.ObservedLogs) {
 	t.Helper()
 	if h.Table == "" {
 		h.Table = "test/" + t.Name()
@@ -70,7 +70,7 @@ func provisionHandler(t *testing.T, h *Handler) (*Handler, *observer.ObservedLog
 }
 
 // provisionPolicy provisions s and returns it.
-func provisionPolicy(t *testing.T, s *SessionSelection) *SessionSelection {
+func provisionPolicy(t testing.TB, s *SessionSelection) *SessionSelection {
 	t.Helper()
 	if err := s.Provision(newContext(t)); err != nil {
 		t.Fatalf("Provision: %v", err)
@@ -428,7 +428,7 @@ type affinityFixture struct {
 	proxy *fakeProxy
 }
 
-func newAffinityFixture(t *testing.T) *affinityFixture {
+func newAffinityFixture(t testing.TB) *affinityFixture {
 	t.Helper()
 	h, logs := provisionHandler(t, &Handler{})
 	policy := provisionPolicy(t, &SessionSelection{Table: h.Table})
@@ -436,7 +436,7 @@ func newAffinityFixture(t *testing.T) *affinityFixture {
 }
 
 // serve sends r through the handler; respond answers for the upstream.
-func (f *affinityFixture) serve(t *testing.T, r *http.Request, respond func(http.ResponseWriter, *http.Request, *reverseproxy.Upstream)) *httptest.ResponseRecorder {
+func (f *affinityFixture) serve(t testing.TB, r *http.Request, respond func(http.ResponseWriter, *http.Request, *reverseproxy.Upstream)) *httptest.ResponseRecorder {
 	t.Helper()
 	f.proxy.respond = respond
 	rec := httptest.NewRecorder()
@@ -448,7 +448,7 @@ func (f *affinityFixture) serve(t *testing.T, r *http.Request, respond func(http
 
 // initialize sends a request without a session, answered 200 with id, and
 // returns the upstream that answered it.
-func (f *affinityFixture) initialize(t *testing.T, id string) *reverseproxy.Upstream {
+func (f *affinityFixture) initialize(t testing.TB, id string) *reverseproxy.Upstream {
 	t.Helper()
 	f.serve(t, newRequest(http.MethodPost), answer(http.StatusOK, id))
 	up := f.proxy.last()

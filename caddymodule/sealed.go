@@ -36,7 +36,7 @@ type SealedSessionIDs struct {
 	// alphabet, padding optional), such as the output of
 	// `openssl rand -base64 32`. The first key seals new session IDs; every
 	// key opens them, which lets a new key be rolled through the replicas
-	// with no session lost (README, "Sealed session IDs"). Give keys as
+	// with no session lost (README, "Rotating the key"). Give keys as
 	// placeholders, such as `{env.MCP_SESSION_KEY}` or
 	// `{file./run/secrets/mcp_session_key}`, so that they stay out of the
 	// config. Required: at least one key.
@@ -370,6 +370,10 @@ func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, 
 		return
 	}
 	dial, sent := h.sealDial(r, up)
+	if len(vals) == 1 && up != nil && vals[0] == sent {
+		vals[0] = clientID(key) // the common case: the response repeats the request's ID
+		return
+	}
 	out := make([]string, 0, len(vals))
 	for _, v := range vals {
 		switch {

@@ -18,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
 )
 
 // testUUID is shaped like the IDs the MCP TypeScript and Python SDKs mint.
@@ -286,7 +287,7 @@ func TestSealedSessionIDsProvision(t *testing.T) {
 
 // sealedFixture is an affinityFixture whose handler seals session IDs
 // under key.
-func newSealedFixture(t *testing.T, table string, keys ...[]byte) *affinityFixture {
+func newSealedFixture(t testing.TB, table string, keys ...[]byte) *affinityFixture {
 	t.Helper()
 	cfg := &SealedSessionIDs{}
 	for _, k := range keys {
@@ -643,4 +644,37 @@ func BenchmarkOpen(b *testing.B) {
 			s.Open(v)
 		}
 	})
+}
+
+// BenchmarkServePinned is the handler's whole work for a request of a known
+// session, plain and sealed: the table lookup, and with sealing the opening,
+// the header restored for the upstream and the response's ID replaced. The
+// upstream is a function that answers 200 repeating the session ID, as the
+// TypeScript SDK does on SSE responses.
+func BenchmarkServePinned(b *testing.B) {
+	for _, sealed := range []bool{false, true} {
+		b.Run(map[bool]string{false: "plain", true: "sealed"}[sealed], func(b *testing.B) {
+			f := newAffinityFixture(b)
+			if sealed {
+				f = newSealedFixture(b, "", newKey(b))
+			}
+			id := f.serve(b, newRequest(http.MethodPost), answer(200, testSessionID)).Header().Get(HeaderSessionID)
+			f.h.logger = zap.NewNop() // as in production: no debug logging
+			f.h.table.SetLogger(f.h.logger)
+			f.proxy.respond = func(w http.ResponseWriter, r *http.Request, _ *reverseproxy.Upstream) {
+				w.Header()[HeaderSessionID] = r.Header[HeaderSessionID]
+				w.WriteHeader(http.StatusOK)
+			}
+			r := newRequest(http.MethodPost, id)
+			b.ReportAllocs()
+			for b.Loop() {
+				r.Header[HeaderSessionID] = []string{id}
+				f.proxy.selected = f.proxy.selected[:0]
+				rec := httptest.NewRecorder()
+				if err := f.h.ServeHTTP(rec, r, f.proxy); err != nil || rec.Header().Get(HeaderSessionID) != id {
+					b.Fatalf("ServeHTTP: %v, Mcp-Session-Id %q", err, rec.Header().Get(HeaderSessionID))
+				}
+			}
+		})
+	}
 }

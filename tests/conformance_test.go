@@ -252,6 +252,25 @@ func TestInteropConformanceGoSDK(t *testing.T) {
 	})
 }
 
+// startServerEverything starts n server-everything processes in streamable
+// HTTP mode on 127.0.0.1 (see TestInteropConformanceServerEverything).
+func startServerEverything(t *testing.T, env tsNodeEnv, n int) []*testproc.Proc {
+	t.Helper()
+	ss := startTSPeers(t, n, "e", func(name string) *exec.Cmd {
+		cmd := exec.Command(env.node, "--import", filepath.Join(env.dir, "loopback.mjs"),
+			filepath.Join(env.dir, "node_modules", "@modelcontextprotocol", "server-everything", "dist", "index.js"), "streamableHttp")
+		cmd.Dir = env.dir
+		cmd.Env = append(os.Environ(), "PORT=0")
+		return cmd
+	})
+	for _, s := range ss {
+		if host, _, _ := net.SplitHostPort(s.Addr()); host != "127.0.0.1" {
+			t.Fatalf("server-everything %s listens on %s; want 127.0.0.1", s.Name(), s.Addr())
+		}
+	}
+	return ss
+}
+
 // TestInteropConformanceServerEverything runs the conformance suite
 // against the TypeScript reference server, server-everything, in
 // streamable HTTP mode: against one instance directly, and through
@@ -264,18 +283,7 @@ func TestInteropConformanceGoSDK(t *testing.T) {
 // 127.0.0.1 and report the port it got for PORT=0.
 func TestInteropConformanceServerEverything(t *testing.T) {
 	env := tsNeedNode(t, "@modelcontextprotocol/conformance", "@modelcontextprotocol/server-everything")
-	ss := startTSPeers(t, 3, "e", func(name string) *exec.Cmd {
-		cmd := exec.Command(env.node, "--import", filepath.Join(env.dir, "loopback.mjs"),
-			filepath.Join(env.dir, "node_modules", "@modelcontextprotocol", "server-everything", "dist", "index.js"), "streamableHttp")
-		cmd.Dir = env.dir
-		cmd.Env = append(os.Environ(), "PORT=0")
-		return cmd
-	})
-	for _, s := range ss {
-		if host, _, _ := net.SplitHostPort(s.Addr()); host != "127.0.0.1" {
-			t.Fatalf("server-everything %s listens on %s; want 127.0.0.1", s.Name(), s.Addr())
-		}
-	}
+	ss := startServerEverything(t, env, 3)
 	directServer, ups := ss[0], ss[1:]
 
 	direct := runConformance(t, env, "direct", directServer.URL())

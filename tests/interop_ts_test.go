@@ -120,13 +120,14 @@ type tsClientSummary struct {
 }
 
 // runTSClients runs tests/node/whoami-client.mjs: sessions concurrent
-// TypeScript SDK client sessions of calls whoami calls each, then DELETE.
-func runTSClients(t *testing.T, env tsNodeEnv, url string, sessions, calls int) tsClientSummary {
+// TypeScript SDK client sessions of calls whoami calls each, then DELETE;
+// flags are more of its flags, such as --sealed.
+func runTSClients(t *testing.T, env tsNodeEnv, url string, sessions, calls int, flags ...string) tsClientSummary {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, env.node, filepath.Join(env.dir, "whoami-client.mjs"),
-		"--url", url, "--sessions", fmt.Sprint(sessions), "--calls", fmt.Sprint(calls))
+	args := []string{filepath.Join(env.dir, "whoami-client.mjs"), "--url", url, "--sessions", fmt.Sprint(sessions), "--calls", fmt.Sprint(calls)}
+	cmd := exec.CommandContext(ctx, env.node, append(args, flags...)...)
 	cmd.Dir = env.dir
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

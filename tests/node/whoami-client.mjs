@@ -1,13 +1,15 @@
 // whoami-client.mjs: drives a whoami MCP server with TypeScript SDK clients
 // (Client + StreamableHTTPClientTransport), for tests/interop_ts_test.go.
 //
-// Usage: node whoami-client.mjs --url URL [--sessions 50] [--calls 5]
+// Usage: node whoami-client.mjs --url URL [--sessions 50] [--calls 5] [--sealed]
 //
 // Runs --sessions concurrent sessions. Each connects (initialize, then the
 // SDK's standalone GET stream), calls the whoami tool --calls times, ends
 // the session with DELETE and closes. A session is ok when every call was
 // answered by the server that answered its first call, reporting the
-// client's own session ID, and its DELETE succeeded. Prints one JSON line:
+// client's own session ID, and its DELETE succeeded. With --sealed (a proxy
+// with seal_session_ids), the server must instead report the same ID of its
+// own on every call, which the client's ID does not show. Prints one JSON line:
 // {"sessions","ok","calls","deleted","perServer":{name:sessions},"errors":[first 5]}
 // and exits 0 (the caller judges the numbers).
 import { parseArgs } from 'node:util';
@@ -19,6 +21,7 @@ const { values: opt } = parseArgs({
     url: { type: 'string' },
     sessions: { type: 'string', default: '50' },
     calls: { type: 'string', default: '5' },
+    sealed: { type: 'boolean', default: false },
   },
 });
 if (!opt.url) {
@@ -29,7 +32,7 @@ const sessions = Number(opt.sessions);
 const calls = Number(opt.calls);
 
 async function runSession() {
-  const rep = { server: '', calls: 0, deleted: false, error: '' };
+  const rep = { server: '', seen: '', calls: 0, deleted: false, error: '' };
   const client = new Client({ name: 'affinity-test-ts', version: '0.0.0' });
   const transport = new StreamableHTTPClientTransport(new URL(opt.url), {
     reconnectionOptions: { maxRetries: 0, initialReconnectionDelay: 1000, maxReconnectionDelay: 1000, reconnectionDelayGrowFactor: 1 },
@@ -42,8 +45,9 @@ async function runSession() {
       const res = await client.callTool({ name: 'whoami', arguments: {} });
       const out = res.structuredContent;
       if (res.isError || !out) throw new Error(`call ${i}: ${JSON.stringify(res)}`);
-      if (!rep.server) rep.server = out.server;
-      if (out.server !== rep.server || out.session !== sid) {
+      if (!rep.server) [rep.server, rep.seen] = [out.server, out.session];
+      const sameSession = opt.sealed ? out.session === rep.seen && !sid.includes(out.session) : out.session === sid;
+      if (out.server !== rep.server || !out.session || !sameSession) {
         throw new Error(`call ${i} misrouted: answered by ${out.server} for session ${out.session}, session began on ${rep.server} as ${sid}`);
       }
       rep.calls++;
