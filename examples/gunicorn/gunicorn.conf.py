@@ -11,7 +11,3 @@ from mcp_affinity_hooks import *  # noqa: F401,F403
 bind = "127.0.0.1:9000"
 workers = 3
 worker_class = "uvicorn.workers.UvicornWorker"
-# Keep idle connections open longer than the proxy does (Caddy: 2 min), so
-# that the proxy closes them: a request the proxy sends on a connection the
-# worker is closing at that moment fails with 502 (gunicorn's default is 2 s).
-keepalive = 300
