@@ -313,6 +313,8 @@ func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) 
 		return nil, err
 	}
 	d := h.NewFromNextSegment()
+	used := subdirectives(d)
+	d.Reset()
 	handler, policy, err := extractAffinityOptions(d)
 	if err != nil {
 		return nil, err
@@ -328,6 +330,7 @@ func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) 
 		return nil, err
 	}
 	adjustHostForUnixSockets(rp)
+	adjustForSocketSource(rp, used)
 	if rp.TransportRaw, err = withIdleConnTimeout(rp.TransportRaw); err != nil {
 		return nil, h.Errf("transport: %v", err)
 	}
@@ -419,22 +422,48 @@ func extractFallback(d *caddyfile.Dispenser, policy *SessionSelection) error {
 	return nil
 }
 
+// subdirectives returns the names of the subdirectives in the block at the
+// dispenser's cursor.
+func subdirectives(d *caddyfile.Dispenser) map[string]bool {
+	used := map[string]bool{}
+	for d.Next() {
+		for d.NextBlock(0) {
+			if d.Nesting() == 1 {
+				used[d.Val()] = true
+				for d.NextArg() {
+				}
+			}
+		}
+	}
+	return used
+}
+
 // adjustHostForUnixSockets replaces the default Host of an mcp_proxy whose
 // upstreams are all unix sockets, unless the user set Host themselves.
 func adjustHostForUnixSockets(rp *reverseproxy.Handler) {
-	if len(rp.Upstreams) == 0 || rp.Headers == nil || rp.Headers.Request == nil {
+	if !onlyUnixSockets(rp) || rp.Headers == nil || rp.Headers.Request == nil {
 		return
 	}
 	host := rp.Headers.Request.Set["Host"]
 	if len(host) != 1 || host[0] != proxyHostHeader {
 		return
 	}
+	rp.Headers.Request.Set["Host"] = []string{proxyUnixHostHeader}
+}
+
+// onlyUnixSockets reports whether every upstream of rp is a unix socket:
+// its upstreams come from the unix_sockets source, or it has static
+// upstreams and all are sockets.
+func onlyUnixSockets(rp *reverseproxy.Handler) bool {
+	if rp.DynamicUpstreamsRaw != nil {
+		return isUnixSocketsSource(rp.DynamicUpstreamsRaw)
+	}
 	for _, u := range rp.Upstreams {
 		if !strings.HasPrefix(u.Dial, "unix/") {
-			return
+			return false
 		}
 	}
-	rp.Headers.Request.Set["Host"] = []string{proxyUnixHostHeader}
+	return len(rp.Upstreams) > 0
 }
 
 // withIdleConnTimeout gives the transport of an mcp_proxy the default idle

@@ -161,7 +161,7 @@ func TestInteropGunicornSharedSocket(t *testing.T) {
 	recordInterop(interopRow{
 		Server: gunicornRow(peer, "1 gunicorn × `--workers 3` on one port (unsupported shape)"),
 		Client: "go-sdk " + goSDKVersion,
-		Result: "sessions break as expected: the workers share one socket, so requests reach workers that never saw the session (404); run one worker per port",
+		Result: "sessions break as expected: the workers share one socket, so requests reach workers that never saw the session (404); give each worker an address: `mcp_affinity_hooks.py` or one worker per port",
 	})
 }
 

@@ -4,7 +4,8 @@ as a plain ASGI app, written to behave like the Python MCP SDK on the wire.
 Like the SDK, every process keeps its sessions in its own memory (a dict), so a
 request that reaches a process that did not create its session gets 404. That
 is why a gunicorn with several workers behind one socket breaks sessions, and
-why this example runs one single-worker gunicorn per port behind `mcp_proxy`.
+why each worker gets an address of its own behind `mcp_proxy` (the hooks in
+mcp_affinity_hooks.py, or one single-worker gunicorn per port).
 
 Wire behaviour (POST, GET and DELETE on /mcp):
 
@@ -28,7 +29,8 @@ Wire behaviour (POST, GET and DELETE on /mcp):
 The server name is $MCP_SERVER_NAME (default "gunicorn") plus the worker's pid,
 so the workers of one gunicorn are told apart.
 
-Run it: gunicorn app:app -k uvicorn.workers.UvicornWorker --workers 1 --bind 127.0.0.1:9001
+Run it: gunicorn app:app (with gunicorn.conf.py and its hooks), or one single-worker
+gunicorn per port: gunicorn app:app -k uvicorn.workers.UvicornWorker --workers 1 --bind 127.0.0.1:9001
 """
 
 import json

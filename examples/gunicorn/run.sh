@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# Runs the deployment shape of README.md with real gunicorn: N single-worker
-# gunicorns serving app.py, each on its own port (or unix socket), and Caddy
-# with mcp_proxy in front of them on 127.0.0.1:8000. Stays up until Ctrl-C.
+# Runs the deployment shapes of README.md with real gunicorn serving app.py,
+# and Caddy with mcp_proxy in front on 127.0.0.1:8000. Stays up until Ctrl-C.
 #
-#   ./run.sh               3 gunicorns on 127.0.0.1:9001-9003, proxy on :8000
-#   N=4 ./run.sh           4 gunicorns
-#   SOCKET_DIR=/tmp/mcp ./run.sh
-#                          unix sockets /tmp/mcp/1.sock ... instead of ports
+#   ./run.sh               ONE gunicorn with N workers and gunicorn.conf.py,
+#                          whose hooks (mcp_affinity_hooks.py) give every
+#                          worker a unix socket in $MCP_SOCKET_DIR; Caddy
+#                          uses `dynamic unix_sockets` (Caddyfile.hooks)
+#   ./run.sh --per-port    N single-worker gunicorns on 127.0.0.1:9001-900N
+#   SOCKET_DIR=/tmp/mcp ./run.sh --per-port
+#                          ... on unix sockets /tmp/mcp/1.sock ... instead
 #   ./run.sh --shared      the shape that does NOT work: one gunicorn with
-#                          N workers on one port, behind the same proxy
+#                          N workers on one port, no hooks
 #
 # Environment: N (3), BASE_PORT (9000: ports BASE_PORT+1..BASE_PORT+N),
-# MCP_PORT (8000), SOCKET_DIR (unset: TCP ports), CADDY (a Caddy binary with
-# this plugin; unset: built from ../../cmd/caddy, which takes minutes the
-# first time), GUNICORN (gunicorn).
+# MCP_PORT (8000), MCP_SOCKET_DIR (the hooks' sockets; default a temporary
+# directory), SOCKET_DIR (--per-port: unset for TCP ports), CADDY (a Caddy
+# binary with this plugin; unset: built from ../../cmd/caddy, which takes
+# minutes the first time), GUNICORN (gunicorn).
 set -euo pipefail
 cd "$(dirname "$0")"
 here=$(pwd)
@@ -21,8 +24,13 @@ here=$(pwd)
 n=${N:-3}
 base_port=${BASE_PORT:-9000}
 gunicorn=${GUNICORN:-gunicorn}
-shared=0
-[ "${1:-}" = "--shared" ] && shared=1
+mode=hooks
+case "${1:-}" in
+--shared) mode=shared ;;
+--per-port) mode=per-port ;;
+"") ;;
+*) echo "usage: $0 [--per-port|--shared]" >&2; exit 2 ;;
+esac
 
 command -v "$gunicorn" >/dev/null || { echo "run.sh: $gunicorn not found (Debian: apt-get install gunicorn python3-uvicorn)" >&2; exit 1; }
 
@@ -43,10 +51,13 @@ if [ -z "$caddy" ]; then
   (cd ../.. && go build -o "$caddy" ./cmd/caddy)
 fi
 
-# start_gunicorn NAME WORKERS BIND: starts one gunicorn master in the background.
+# start_gunicorn NAME WORKERS BIND [ARGS...]: starts one gunicorn master in the background.
 start_gunicorn() {
-  MCP_SERVER_NAME=$1 PYTHONDONTWRITEBYTECODE=1 "$gunicorn" --chdir "$here" app:app \
-    -k uvicorn.workers.UvicornWorker --workers "$2" --bind "$3" >"$work/$1.log" 2>&1 &
+  local name=$1 workers=$2 bind=$3
+  shift 3
+  # Started in $work, so that gunicorn does not read ./gunicorn.conf.py unless told to.
+  (cd "$work" && MCP_SERVER_NAME=$name PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=$here exec "$gunicorn" --chdir "$here" "$@" app:app \
+    -k uvicorn.workers.UvicornWorker --workers "$workers" --bind "$bind") >"$work/$name.log" 2>&1 &
   pids+=($!)
 }
 
@@ -62,7 +73,14 @@ wait_ready() {
 }
 
 upstreams=()
-if [ "$shared" = 1 ]; then
+config=Caddyfile
+if [ "$mode" = hooks ]; then
+  export MCP_SOCKET_DIR=${MCP_SOCKET_DIR:-$work/sockets}
+  start_gunicorn hooks "$n" "127.0.0.1:$((base_port + 1))" -c "$here/gunicorn.conf.py"
+  wait_ready hooks "$n"
+  config=Caddyfile.hooks
+  echo "started ONE gunicorn with $n workers (shared port 127.0.0.1:$((base_port + 1))), sockets: $(ls "$MCP_SOCKET_DIR" | tr "\n" " ")"
+elif [ "$mode" = shared ]; then
   start_gunicorn shared "$n" "127.0.0.1:$((base_port + 1))"
   wait_ready shared "$n"
   upstreams+=("127.0.0.1:$((base_port + 1))")
@@ -83,7 +101,6 @@ else
   echo "started $n single-worker gunicorns: ${upstreams[*]}"
 fi
 
-config=Caddyfile
 echo "MCP endpoint: http://127.0.0.1:${MCP_PORT:-8000}/mcp  (Ctrl-C to stop; gunicorn logs in $work)"
 # Caddy runs in the background so that the traps above run on SIGTERM too
 # (bash defers traps while a foreground command runs).
