@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 )
 
 // DefaultMaxBodySize is the default bound, in bytes, of the request body
@@ -167,7 +166,7 @@ type scanner struct {
 
 // peek skips white space and returns the next byte.
 func (sc *scanner) peek() byte {
-	for sc.i < len(sc.b) && strings.IndexByte(" \t\r\n", sc.b[sc.i]) >= 0 {
+	for sc.i < len(sc.b) && isSpace(sc.b[sc.i]) {
 		sc.i++
 	}
 	if sc.i == len(sc.b) {
@@ -284,7 +283,7 @@ func (sc *scanner) skip() []byte {
 	case '{', '[':
 		sc.skipNested()
 	default:
-		for sc.i < len(sc.b) && strings.IndexByte(",}] \t\r\n", sc.b[sc.i]) < 0 {
+		for sc.i < len(sc.b) && !isSpace(sc.b[sc.i]) && sc.b[sc.i] != ',' && sc.b[sc.i] != '}' && sc.b[sc.i] != ']' {
 			sc.i++
 		}
 	}
@@ -310,6 +309,9 @@ func (sc *scanner) skipNested() {
 		}
 	}
 }
+
+// isSpace reports whether c is JSON white space.
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
 
 // kindOf names the JSON type of a value starting with c.
 func kindOf(c byte) string {
