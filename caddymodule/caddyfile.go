@@ -511,6 +511,7 @@ func healthURIWarning(rp *reverseproxy.Handler, matcher caddy.ModuleMap) string 
 		return ""
 	}
 	a := rp.HealthChecks.Active
+	//lint:ignore SA1019 the Caddyfile's health_path still sets Path
 	uri := cmp.Or(a.URI, a.Path)
 	u, err := url.Parse(uri)
 	if uri == "" || err != nil {
