@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -79,6 +80,8 @@ func recipeFiles(t *testing.T, pattern string) []string {
 // every image tag and module path agrees with go.mod. Broken copies show
 // that each check fails.
 func TestDeploymentRecipes(t *testing.T) {
+	// The replicas' shared secret, which their pods take from a Secret.
+	t.Setenv("MCP_SESSIONS_HASH_KEY", base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32)))
 	facts := readGoMod(t)
 	var caddyfiles []namedText
 	for _, path := range recipeFiles(t, `\.ya?ml$`) {
