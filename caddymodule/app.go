@@ -81,6 +81,16 @@ type TableConfig struct {
 	// when it does not.
 	BindPrincipal string `json:"bind_principal,omitempty"`
 
+	// What to do with a session whose upstream is gone: `off` ends it,
+	// `reinitialize` moves it to another upstream by replaying its kept
+	// initialize request (see the handler's `failover`). Default: `off`.
+	Failover string `json:"failover,omitempty"`
+
+	// The largest initialize request body, in bytes, kept per session for
+	// failover; a session opened with a larger one cannot fail over.
+	// Default: 4096.
+	MaxInitializeSize int `json:"max_initialize_size,omitempty"`
+
 	// How long the table keeps the record of an upstream that no config
 	// lists, that owns no session (on any instance, with a shared store) and
 	// that no request was sent to: its draining flag and metric series then
@@ -215,6 +225,8 @@ func (u *tableUse) merge(name string, cfg TableConfig, source string) error {
 		mergeSetting(name, "max_sessions", &u.cfg.MaxSessions, cfg.MaxSessions, u.sources, source, "%d"),
 		mergeSetting(name, "session_ttl", &u.cfg.SessionTTL, cfg.SessionTTL, u.sources, source, "%s"),
 		mergeSetting(name, "bind_principal", &u.cfg.BindPrincipal, cfg.BindPrincipal, u.sources, source, "%q"),
+		mergeSetting(name, "failover", &u.cfg.Failover, cfg.Failover, u.sources, source, "%q"),
+		mergeSetting(name, "max_initialize_size", &u.cfg.MaxInitializeSize, cfg.MaxInitializeSize, u.sources, source, "%d"),
 	)
 }
 
@@ -285,6 +297,7 @@ func (a *App) Start() error {
 func (a *App) startTable(name string, u *tableUse) error {
 	u.table.Configure(u.maxSessions(), u.ttl())
 	u.table.SetBindPrincipal(u.bindPrincipal())
+	u.table.setFailover(u.cfg.Failover, u.cfg.MaxInitializeSize)
 	if cfg := a.Tables[name]; cfg != nil {
 		u.table.SetUpstreamTTL(time.Duration(cfg.UpstreamTTL))
 	}

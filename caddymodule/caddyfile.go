@@ -72,6 +72,8 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    localhost_protection  on|off
 //	    bind_principal        <placeholder template>|off
 //	    seal_session_ids      <key> [<older keys>...]
+//	    failover              reinitialize|off
+//	    max_initialize_size   <bytes>
 //	}
 //
 // It returns a Caddyfile error, naming the line, for an unknown option, a
@@ -124,6 +126,16 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 		}
 	case "bind_principal":
 		set = func(v string) error { h.BindPrincipal = v; return nil }
+	case "failover":
+		set = func(v string) error {
+			if v != FailoverOff && v != FailoverReinitialize {
+				return d.Errf("failover: '%s' must be '%s' or '%s'", v, FailoverReinitialize, FailoverOff)
+			}
+			h.Failover = v
+			return nil
+		}
+	case "max_initialize_size":
+		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxInitializeSize) }
 	case "localhost_protection":
 		set = func(v string) error {
 			if v != "on" && v != "off" {
@@ -295,6 +307,8 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    localhost_protection  on|off
 //	    bind_principal        <placeholder template>|off
 //	    seal_session_ids      <key> [<older keys>...]
+//	    failover              reinitialize|off
+//	    max_initialize_size   <bytes>
 //	    fallback              <policy> [<policy options...>]
 //	    unhealthy_grace       <duration>
 //
@@ -552,6 +566,8 @@ func newProxyHandler(policy *SessionSelection) *reverseproxy.Handler {
 //	    max_sessions   <count>
 //	    session_ttl    <duration>
 //	    bind_principal <placeholder template>|off
+//	    failover       reinitialize|off
+//	    max_initialize_size <bytes>
 //	    upstream_ttl   <duration>
 //	    store          memory|redis [{ <redis options> }]
 //	}
@@ -597,6 +613,7 @@ func (a *App) unmarshalTable(d *caddyfile.Dispenser) error {
 		}
 	}
 	cfg.MaxSessions, cfg.SessionTTL, cfg.BindPrincipal = h.MaxSessions, h.SessionTTL, h.BindPrincipal
+	cfg.Failover, cfg.MaxInitializeSize = h.Failover, h.MaxInitializeSize
 	return nil
 }
 
@@ -608,7 +625,7 @@ func unmarshalTableOption(d *caddyfile.Dispenser, cfg *TableConfig, h *Handler, 
 		return d.Errf("duplicate option '%s'", name)
 	}
 	switch name {
-	case "max_sessions", "session_ttl", "bind_principal":
+	case "max_sessions", "session_ttl", "bind_principal", "failover", "max_initialize_size":
 		_, err := h.unmarshalOption(d, seen)
 		return err
 	case "upstream_ttl":

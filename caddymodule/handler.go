@@ -55,6 +55,9 @@ const (
 	// varLastResort is true once the policy has chosen an upstream that
 	// passive health checks keep out of service for the request.
 	varLastResort = "mcp_session.last_resort"
+	// varInit holds the *sessionInit of an initialize request the table
+	// keeps for failover once its session is learned.
+	varInit = "mcp_session.init"
 )
 
 // Handler gives MCP Streamable HTTP sessions affinity to the upstream that
@@ -162,6 +165,30 @@ type Handler struct {
 	// upstream's own session ID.
 	SealSessionIDs *SealedSessionIDs `json:"seal_session_ids,omitempty"`
 
+	// What to do with a session whose upstream is gone (removed from the
+	// config, refusing connections, failing active health checks for
+	// longer than the policy's `unhealthy_grace`, answering a POST of the
+	// session with 404, or draining past its deadline), as the
+	// `mcp_sessions` app's `failover` for this table (the same rules as
+	// `max_sessions`): `off` ends the session, and its requests get 404;
+	// `reinitialize` keeps each session's initialize request (its body and
+	// its Accept, Content-Type and MCP-Protocol-Version headers, never
+	// credentials) and replays it on an upstream the fallback policy picks,
+	// with the credentials of the request that found the upstream gone,
+	// followed by notifications/initialized. The client keeps its session
+	// ID: the proxy sends the new upstream its own ID and gives the client
+	// back its own. The new upstream session starts fresh: subscriptions,
+	// log level and other session state are not carried over. Only requests
+	// that never reached an upstream, or that it answered 404, are sent
+	// again. Default: `off`.
+	Failover string `json:"failover,omitempty"`
+
+	// The largest initialize request body, in bytes, that the table keeps
+	// for failover, as the `mcp_sessions` app's `max_initialize_size` for
+	// this table; a session opened with a larger one cannot fail over. The
+	// SDK clients send 150 to 500 bytes. Default: 4096.
+	MaxInitializeSize int `json:"max_initialize_size,omitempty"`
+
 	table          *Table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
 	logger         *zap.Logger
@@ -203,7 +230,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	t, err := app.Table(h.Table, TableConfig{MaxSessions: h.MaxSessions, SessionTTL: h.SessionTTL, BindPrincipal: h.BindPrincipal}, "an mcp_session handler")
+	t, err := app.Table(h.Table, TableConfig{MaxSessions: h.MaxSessions, SessionTTL: h.SessionTTL, BindPrincipal: h.BindPrincipal,
+		Failover: h.Failover, MaxInitializeSize: h.MaxInitializeSize}, "an mcp_session handler")
 	if err != nil {
 		return err
 	}
@@ -226,6 +254,10 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("max_session_id_length must be positive, got %d", h.MaxSessionIDLength)
 	case h.UnknownSession != "" && h.UnknownSession != UnknownSessionReject && h.UnknownSession != UnknownSessionForward:
 		return fmt.Errorf("unknown_session must be %q or %q, got %q", UnknownSessionReject, UnknownSessionForward, h.UnknownSession)
+	case h.Failover != "" && h.Failover != FailoverOff && h.Failover != FailoverReinitialize:
+		return fmt.Errorf("failover must be %q or %q, got %q", FailoverOff, FailoverReinitialize, h.Failover)
+	case h.MaxInitializeSize < 0:
+		return fmt.Errorf("max_initialize_size must be positive, got %d", h.MaxInitializeSize)
 	}
 	return nil
 }
@@ -252,6 +284,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	ids := r.Header[HeaderSessionID]
 	h.table.Stats.eras[eraOf(r, len(ids))].Add(1)
 	if len(ids) == 0 {
+		if init := h.captureInit(r); init != nil {
+			caddyhttp.SetVar(r.Context(), varInit, init)
+		}
 		return next.ServeHTTP(newSessionWriter(w, h, r, "", nil), r)
 	}
 	id, problem := sessionOf(r.Header, h.MaxSessionIDLength)
@@ -312,7 +347,13 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 		}()
 	}
 	pw := newSessionWriter(w, h, r, id, up)
+	if pw.fo = h.failoverFor(w, r, id); pw.fo != nil && pw.fo.again && h.table.pastDrainDeadline(up) {
+		return h.serveFailover(w, r, next, id, up, pw.fo, FailoverDrainDeadline)
+	}
 	err := next.ServeHTTP(pw, r)
+	if cause := pw.fo.cause(r, err, pw.wroteHeader, up.Dial()); cause != 0 {
+		return h.serveFailover(w, r, next, id, up, pw.fo, cause)
+	}
 	if err == nil || pw.wroteHeader {
 		return err
 	}
@@ -411,6 +452,9 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 	if key := h.tableKey(ids[0]); h.table.LearnFrom(key, sel.Dial, Origin{Principal: principalOf(r, h.table.BindPrincipal())}) {
 		decide(r, decisionLearned, sel.Dial)
 		h.debug("learned", key, sel.Dial)
+		if init, ok := caddyhttp.GetVar(r.Context(), varInit).(*sessionInit); ok {
+			h.table.keepInit(key, init)
+		}
 	}
 }
 

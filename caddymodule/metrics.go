@@ -33,6 +33,8 @@ var (
 		"Sessions removed from the table, by reason.", []string{"table", "reason"}, nil)
 	descRequests = prometheus.NewDesc("caddy_mcp_requests_total",
 		"Requests seen by the mcp_session handler, by MCP protocol era.", []string{"table", "era"}, nil)
+	descFailovers = prometheus.NewDesc("caddy_mcp_failovers_total",
+		"Sessions whose upstream was gone, by cause (upstream_gone, refused, upstream_404, drain_deadline) and result: moved to another upstream by replaying their initialize (failover reinitialize), or failed, when no upstream took it and the session ended.", []string{"table", "cause", "result"}, nil)
 	descClusterLive = prometheus.NewDesc("caddy_mcp_sessions_cluster_live",
 		"Sessions pinned to the upstream on every instance sharing the table's store.", []string{"table", "upstream"}, nil)
 	descShared = prometheus.NewDesc("caddy_mcp_sessions_shared_total",
@@ -66,7 +68,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 
 // Describe sends the descriptors of all the plugin's metrics.
 func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descUnavailable, descEvicted, descRequests, descByMethod, descStreams,
+	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descUnavailable, descEvicted, descRequests, descByMethod, descStreams, descFailovers,
 		descClusterLive, descShared, descStoreUp, descStoreErrors} {
 		ch <- d
 	}
@@ -109,6 +111,10 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 	}
 	for _, e := range eras {
 		counter(descRequests, s.Requests(e), t.name, e.String())
+	}
+	for _, c := range failoverCauses {
+		counter(descFailovers, s.Failovers(c, true), t.name, c.String(), "moved")
+		counter(descFailovers, s.Failovers(c, false), t.name, c.String(), "failed")
 	}
 	collectMethods(ch, t)
 	collectStore(ch, t)

@@ -39,6 +39,7 @@ var metricNames = map[string]dto.MetricType{
 	"caddy_mcp_sessions_shared_total":    dto.MetricType_COUNTER,
 	"caddy_mcp_store_up":                 dto.MetricType_GAUGE,
 	"caddy_mcp_store_errors_total":       dto.MetricType_COUNTER,
+	"caddy_mcp_failovers_total":          dto.MetricType_COUNTER,
 }
 
 // gathered is one scrape: every series of the plugin's families, keyed
@@ -126,6 +127,11 @@ func tableSeries(name string, maxSessions int) gathered {
 	}
 	for _, e := range eras {
 		g[fmt.Sprintf("caddy_mcp_requests_total{era=%q,%s}", e, l)] = 0
+	}
+	for _, c := range failoverCauses {
+		for _, res := range []string{"moved", "failed"} {
+			g[fmt.Sprintf("caddy_mcp_failovers_total{cause=%q,result=%q,%s}", c, res, l)] = 0
+		}
 	}
 	for _, k := range []string{"get", "listen"} {
 		g[fmt.Sprintf("caddy_mcp_streams_open{kind=%q,%s}", k, l)] = 0

@@ -22,6 +22,9 @@ const (
 	decisionPinned decision = "pinned"
 	// decisionUnknown: its session is not in the table (404, or forwarded with unknown_session forward).
 	decisionUnknown decision = "unknown"
+	// decisionFailedOver: its session's upstream was gone; the session
+	// failed over to another upstream, which got the request.
+	decisionFailedOver decision = "failed_over"
 	// decisionGone: its session's upstream is gone (404, session dropped).
 	decisionGone decision = "gone"
 	// decisionRejected: answered 4xx by the proxy for a malformed request.

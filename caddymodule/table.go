@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/sync/singleflight"
 )
 
 // Defaults of the session table. They are documented on [Handler].
@@ -128,6 +129,9 @@ type Upstream struct {
 	lastSeen   atomic.Int64 // last use here, in nanoseconds since the table's epoch
 	seenAway   atomic.Int64 // last use by another instance, as the shared store says; same unit
 	configured atomic.Bool  // a reverse_proxy of the running config lists it
+	// drainDeadline is when draining ends for the remaining sessions, which
+	// then fail over, in nanoseconds since the table's epoch; 0 for none.
+	drainDeadline atomic.Int64
 }
 
 // Dial returns the upstream's dial address, as written in the config.
@@ -140,7 +144,7 @@ func (u *Upstream) LiveSessions() int64 { return u.live.Load() }
 // sessions but keeps serving its pinned ones.
 func (u *Upstream) Draining() bool { return u.draining.Load() }
 
-// entry is the table's value for one session. It is kept small (40 bytes):
+// entry is the table's value for one session. It is kept small (48 bytes):
 // it is stored inline in the LRU's list element, one per live session.
 type entry struct {
 	up *Upstream
@@ -153,6 +157,9 @@ type entry struct {
 	// principal is the keyed hash of the principal the session is bound
 	// to; zero when it is unbound.
 	principal principalSum
+	// init is the session's initialize request, kept for failover; nil
+	// unless the table fails sessions over (tablefailover.go).
+	init *sessionInit
 }
 
 // Origin says who opened a session, as the handler evaluates its
@@ -187,6 +194,8 @@ type Stats struct {
 	methods                                               methodStats                          // by method and status; methods.go
 
 	adopted atomic.Uint64 // sessions recorded from sealed session IDs
+
+	failovers failoverStats // tablefailover.go
 }
 
 // Learned returns the number of sessions learned.
@@ -251,6 +260,11 @@ type Table struct {
 	ups         map[string]*Upstream
 	draining    atomic.Int32 // how many upstreams are draining
 	upstreamTTL atomic.Int64 // nanoseconds; see DefaultUpstreamTTL
+
+	// failover holds the failover settings; flights lets one request per
+	// session fail it over while the others wait (tablefailover.go).
+	failover atomic.Pointer[failoverSettings]
+	flights  singleflight.Group
 
 	// store is the table's connection to a shared store; nil keeps the
 	// sessions in this process only.

@@ -23,6 +23,8 @@ type sessionWriter struct {
 	id          string
 	up          *Upstream
 	wroteHeader bool
+	// fo is set for a session that can fail over (failover.go).
+	fo *pinnedFailover
 }
 
 func newSessionWriter(w http.ResponseWriter, h *Handler, r *http.Request, id string, up *Upstream) *sessionWriter {
@@ -32,6 +34,13 @@ func newSessionWriter(w http.ResponseWriter, h *Handler, r *http.Request, id str
 // WriteHeader observes the final status and headers once, then writes them.
 // Informational (1xx) responses pass through unobserved.
 func (sw *sessionWriter) WriteHeader(status int) {
+	if sw.held() {
+		return
+	}
+	if !sw.wroteHeader && status >= 200 && sw.fo.holds404(sw.r, status) {
+		sw.fo.held = true // a failover answers instead
+		return
+	}
 	if !sw.wroteHeader && status >= 200 {
 		sw.wroteHeader = true
 		sw.observe(status)
@@ -39,9 +48,14 @@ func (sw *sessionWriter) WriteHeader(status int) {
 	sw.ResponseWriter.WriteHeader(status)
 }
 
+// held reports whether the upstream's answer is held back for a failover.
+func (sw *sessionWriter) held() bool { return sw.fo != nil && sw.fo.held }
+
 func (sw *sessionWriter) observe(status int) {
 	if sw.h.sealer != nil {
 		sw.h.sealResponse(sw.r, sw.Header(), sw.id, sw.up)
+	} else if sw.fo != nil && sw.fo.sent != sw.id {
+		restoreSessionID(sw.Header(), sw.fo.sent, sw.id)
 	}
 	switch {
 	case sw.up != nil:
@@ -53,6 +67,9 @@ func (sw *sessionWriter) observe(status int) {
 
 // Write writes the header first, as http.ResponseWriter does, so that it is observed.
 func (sw *sessionWriter) Write(b []byte) (int, error) {
+	if sw.held() {
+		return len(b), nil
+	}
 	if !sw.wroteHeader {
 		sw.WriteHeader(http.StatusOK)
 	}
@@ -62,6 +79,9 @@ func (sw *sessionWriter) Write(b []byte) (int, error) {
 // ReadFrom writes the header first, so that it is observed, then copies
 // from r as the wrapped writer does.
 func (sw *sessionWriter) ReadFrom(r io.Reader) (int64, error) {
+	if sw.held() {
+		return io.Copy(io.Discard, r)
+	}
 	if !sw.wroteHeader {
 		sw.WriteHeader(http.StatusOK)
 	}
@@ -72,6 +92,9 @@ func (sw *sessionWriter) ReadFrom(r io.Reader) (int64, error) {
 // writes a 200, which is observed first. reverse_proxy flushes SSE through
 // http.ResponseController, which finds this method.
 func (sw *sessionWriter) FlushError() error {
+	if sw.held() {
+		return nil
+	}
 	if !sw.wroteHeader {
 		sw.WriteHeader(http.StatusOK)
 	}

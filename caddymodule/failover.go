@@ -1,0 +1,448 @@
+package caddymodule
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// maxReplayBody is the largest POST body, in bytes, of a session that can
+// fail over which the proxy keeps while the request is in flight, so that
+// it can send the request again after the upstream answered it 404. A
+// larger POST that gets 404 is answered 404 and ends the session. MCP
+// messages are small; 1 MiB bounds the memory of a request in flight.
+const maxReplayBody = 1 << 20
+
+// maxReplayAnswer is the most bytes of an answer to a replayed initialize
+// the proxy reads to find its result.
+const maxReplayAnswer = 1 << 16
+
+// varFailedOver is true once a request's session failed over: the request
+// is not failed over again.
+const varFailedOver = "mcp_session.failed_over"
+
+// errNoFailover is why a replayed initialize was refused.
+var errNoFailover = errors.New("no upstream took the replayed initialize")
+
+// captureInit reads the body of a POST without a session, when the table
+// fails sessions over, and returns what the table keeps of it if it is an
+// initialize request within max_initialize_size; nil otherwise. The body
+// passes on unchanged.
+func (h *Handler) captureInit(r *http.Request) *sessionInit {
+	fs := h.table.failoverSettings()
+	if !fs.on || r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || r.ContentLength > int64(fs.maxInit) {
+		return nil
+	}
+	if m := r.Header.Get(HeaderMethod); m != "" && m != "initialize" {
+		return nil
+	}
+	buf, err := io.ReadAll(io.LimitReader(r.Body, int64(fs.maxInit)+1))
+	r.Body = &replayBody{buf: buf, rest: r.Body}
+	if err != nil || len(buf) > fs.maxInit || !isInitialize(buf, false) {
+		return nil
+	}
+	return &sessionInit{
+		body:        bytes.Clone(buf),
+		accept:      r.Header.Get("Accept"),
+		contentType: r.Header.Get("Content-Type"),
+		version:     r.Header.Get(HeaderProtocolVersion),
+	}
+}
+
+// isInitialize reports whether body is a JSON-RPC initialize request, or,
+// with batch, a batch holding one. It reads top-level members only: a body
+// cut short is not one unless "method":"initialize" came first.
+func isInitialize(body []byte, batch bool) bool {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	tok, err := dec.Token()
+	if err != nil {
+		return false
+	}
+	if tok != json.Delim('[') || !batch {
+		return tok == json.Delim('{') && initializeMember(dec)
+	}
+	for dec.More() {
+		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+			return false
+		}
+		if initializeMember(dec) {
+			return true
+		}
+	}
+	return false
+}
+
+// initializeMember reads the members of an object whose '{' dec just
+// read, through its '}', and reports whether one is "method":"initialize".
+func initializeMember(dec *json.Decoder) bool {
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return false
+		}
+		if key == "method" && string(v) == `"initialize"` {
+			return true
+		}
+	}
+	_, _ = dec.Token() // the object's '}'
+	return false
+}
+
+// pinnedFailover is what a pinned request of a session that can fail over
+// carries: the session's kept initialize, the ID its upstream knows it by,
+// and the request's body, kept to send it again after an upstream 404.
+type pinnedFailover struct {
+	init   *sessionInit
+	again  bool   // the request may fail over: it has not yet
+	sent   string // the Mcp-Session-Id sent to the upstream
+	body   []byte // the whole body of a POST; nil if none or too large to keep
+	kept   bool   // body holds the whole body
+	held   bool   // the upstream answered 404, which was held back
+	header http.Header
+}
+
+// failoverFor returns what a pinned request of session id needs to fail
+// over, and sets the Mcp-Session-Id it sends to the one its upstream knows;
+// nil when the table does not fail sessions over or the session has no kept
+// initialize. A request that failed over once may not again.
+func (h *Handler) failoverFor(w http.ResponseWriter, r *http.Request, id string) *pinnedFailover {
+	if !h.table.failoverSettings().on {
+		return nil
+	}
+	_, init := h.table.initOf(id)
+	if init == nil {
+		return nil
+	}
+	if init.upstreamID != "" {
+		r.Header[HeaderSessionID] = []string{init.upstreamID}
+	}
+	done, _ := caddyhttp.GetVar(r.Context(), varFailedOver).(bool)
+	pf := &pinnedFailover{init: init, again: !done, sent: r.Header.Get(HeaderSessionID)}
+	if pf.again {
+		pf.header = w.Header().Clone()
+		if r.Method == http.MethodPost {
+			pf.keepBody(r)
+		}
+	}
+	return pf
+}
+
+// keepBody reads r's body, up to maxReplayBody, so that it can be sent again.
+func (pf *pinnedFailover) keepBody(r *http.Request) {
+	if r.Body == nil || r.Body == http.NoBody {
+		pf.kept = true
+		return
+	}
+	if r.ContentLength > maxReplayBody {
+		return
+	}
+	buf, err := io.ReadAll(io.LimitReader(r.Body, maxReplayBody+1))
+	r.Body = &replayBody{buf: buf, rest: r.Body}
+	if err == nil && len(buf) <= maxReplayBody {
+		pf.body, pf.kept = buf, true
+		r.Body = io.NopCloser(bytes.NewReader(buf))
+	}
+}
+
+// holds404 reports whether a response of status to r must be held back:
+// a 404 to a POST, which a failover can answer instead.
+func (pf *pinnedFailover) holds404(r *http.Request, status int) bool {
+	return pf != nil && pf.again && status == http.StatusNotFound && r.Method == http.MethodPost
+}
+
+// cause returns why the request must fail over after the upstream
+// answered, or reverse_proxy returned err, with nothing written; 0 when it
+// must not: it reached an upstream, or its upstream is only unavailable.
+func (pf *pinnedFailover) cause(r *http.Request, err error, wrote bool, dial string) FailoverCause {
+	switch {
+	case pf == nil || !pf.again:
+		return 0
+	case pf.held:
+		return FailoverUpstream404
+	case err == nil || wrote:
+		return 0
+	}
+	if _, ok := caddyhttp.GetVar(r.Context(), varUnavailable).(int); ok && !refused(r, dial) {
+		return 0
+	}
+	if gone, _ := caddyhttp.GetVar(r.Context(), varGone).(bool); gone {
+		return FailoverGone
+	}
+	if upstreamGone(r, err) {
+		return FailoverRefused
+	}
+	return 0
+}
+
+// failoverResult is where a session went.
+type failoverResult struct {
+	up   *Upstream
+	init *sessionInit
+}
+
+// failOver moves session id, which the request found on upstream from
+// under the ID pf.sent, to another upstream for cause, and prepares r to
+// be sent there. Concurrent requests of the session share one failover; a
+// request that finds the session moved already follows it.
+func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, from *Upstream, pf *pinnedFailover, cause FailoverCause) (*Upstream, error) {
+	v, err, _ := h.table.flights.Do(id, func() (any, error) {
+		if up, init := h.table.initOf(id); up != nil && init != nil && init != pf.init {
+			return failoverResult{up, init}, nil // moved by a request before this one
+		}
+		res, err := h.reinitialize(r, next, id, from, pf.init)
+		h.table.Stats.failovers.count(cause, err == nil)
+		h.logFailover(id, from, res.up, cause, err)
+		return res, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	res := v.(failoverResult)
+	h.prepareRetry(w, r, pf, res.init.upstreamID)
+	return res.up, nil
+}
+
+// reinitialize replays the session's initialize on an upstream the
+// fallback policy picks, then sends notifications/initialized there, and
+// records the new upstream and its session ID.
+func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id string, from *Upstream, init *sessionInit) (failoverResult, error) {
+	ir := subrequest(r, init.body)
+	setInitHeaders(ir.Header, init)
+	ans := newUpstreamAnswer()
+	if err := next.ServeHTTP(ans, ir); err != nil || !ans.ok() {
+		return failoverResult{}, fmt.Errorf("%w: status %d, error %v", errNoFailover, ans.status, err)
+	}
+	newID, sel := ans.header.Get(HeaderSessionID), selectedUpstream(ir)
+	if sel == nil || len(ans.header[HeaderSessionID]) != 1 || checkSessionID(newID, h.MaxSessionIDLength) != "" {
+		return failoverResult{}, fmt.Errorf("%w: the answer carried no usable Mcp-Session-Id", errNoFailover)
+	}
+	version, ok := ans.initializeResult()
+	if !ok {
+		return failoverResult{}, fmt.Errorf("%w: the answer carried no initialize result", errNoFailover)
+	}
+	to := h.table.upstream(sel.Dial)
+	if err := h.notifyInitialized(r, next, to, newID, version); err != nil {
+		return failoverResult{}, err
+	}
+	moved := init.movedTo(newID)
+	if !h.table.moveSession(id, to, moved) {
+		return failoverResult{}, fmt.Errorf("the session left the table during its failover")
+	}
+	return failoverResult{to, moved}, nil
+}
+
+// notifyInitialized sends notifications/initialized of session newID,
+// negotiated at version, to upstream to.
+func (h *Handler) notifyInitialized(r *http.Request, next caddyhttp.Handler, to *Upstream, newID, version string) error {
+	nr := subrequest(r, []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`))
+	nr.Header.Set("Accept", "application/json, text/event-stream")
+	nr.Header.Set("Content-Type", "application/json")
+	nr.Header.Set(HeaderSessionID, newID)
+	if version != "" {
+		nr.Header.Set(HeaderProtocolVersion, version)
+	}
+	caddyhttp.SetVar(nr.Context(), varPinned, to)
+	ans := newUpstreamAnswer()
+	if err := next.ServeHTTP(ans, nr); err != nil || !ans.ok() {
+		return fmt.Errorf("%w: notifications/initialized got status %d, error %v", errNoFailover, ans.status, err)
+	}
+	return nil
+}
+
+// subrequest returns a POST with body, for the proxy's own exchange with an
+// upstream on behalf of r: r's headers (its credentials among them) without
+// its session and MCP request headers, and r's request variables without
+// the handler's and policy's.
+func subrequest(r *http.Request, body []byte) *http.Request {
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	own := maps.Clone(vars)
+	if own == nil {
+		own = map[string]any{}
+	}
+	for _, k := range []string{varPinned, varSelected, varGone, varUnavailable, varLastResort, varExchange} {
+		delete(own, k)
+	}
+	sr := r.Clone(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, own))
+	sr.Method = http.MethodPost
+	sr.Body, sr.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	sr.GetBody = nil
+	for _, k := range []string{HeaderSessionID, HeaderMethod, HeaderName, HeaderProtocolVersion, "Last-Event-Id", "Content-Length"} {
+		sr.Header.Del(k)
+	}
+	return sr
+}
+
+// setInitHeaders sets the headers of the kept initialize on h.
+func setInitHeaders(h http.Header, init *sessionInit) {
+	for k, v := range map[string]string{"Accept": init.accept, "Content-Type": init.contentType, HeaderProtocolVersion: init.version} {
+		if v == "" {
+			h.Del(k)
+		} else {
+			h.Set(k, v)
+		}
+	}
+}
+
+// prepareRetry makes r ready to be sent to the session's new upstream,
+// which knows it as upstreamID: fresh request variables of the handler and
+// policy, the new ID, the kept body, and w's headers as before the attempt.
+func (h *Handler) prepareRetry(w http.ResponseWriter, r *http.Request, pf *pinnedFailover, upstreamID string) {
+	for _, k := range []string{varPinned, varSelected, varGone, varUnavailable, varLastResort} {
+		caddyhttp.SetVar(r.Context(), k, nil)
+	}
+	caddyhttp.SetVar(r.Context(), varFailedOver, true)
+	r.Header[HeaderSessionID] = []string{upstreamID}
+	if pf.kept && r.Method == http.MethodPost {
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(pf.body)), int64(len(pf.body))
+	}
+	if pf.held {
+		clear(w.Header())
+		maps.Copy(w.Header(), pf.header)
+	}
+}
+
+// serveFailover fails over the session of a pinned request that found its
+// upstream from gone, and sends the request to the new upstream. When no
+// upstream takes the session, the client gets the 404 it would get
+// without failover, and the session ends.
+func (h *Handler) serveFailover(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, from *Upstream, pf *pinnedFailover, cause FailoverCause) error {
+	if pf.held && !pf.kept {
+		h.table.Evict(id, EvictUpstream404)
+		return writeSessionNotFound(w, "Session not found")
+	}
+	to, err := h.failOver(w, r, next, id, from, pf, cause)
+	if err != nil {
+		return h.serveFailoverFailed(w, r, id, pf)
+	}
+	err = h.servePinned(w, r, next, id, to)
+	decide(r, decisionFailedOver, to.Dial())
+	return err
+}
+
+// serveFailoverFailed answers the request of a session no upstream took
+// over with the 404 the client would get without failover, and ends the
+// session.
+func (h *Handler) serveFailoverFailed(w http.ResponseWriter, r *http.Request, id string, pf *pinnedFailover) error {
+	if pf.held {
+		clear(w.Header())
+		maps.Copy(w.Header(), pf.header)
+		h.table.Evict(id, EvictUpstream404)
+		return writeSessionNotFound(w, "Session not found")
+	}
+	h.table.Stats.gone.Add(1)
+	decide(r, decisionGone, "")
+	h.table.Evict(id, EvictUpstreamGone)
+	return writeSessionNotFound(w, "Session not found: its upstream is gone, and no other upstream took the session over")
+}
+
+// logFailover logs a failover at info level, or its failure at warn level.
+func (h *Handler) logFailover(id string, from, to *Upstream, cause FailoverCause, err error) {
+	fields := []zap.Field{zap.String("session", fingerprint(id)), zap.String("from", from.Dial()), zap.Stringer("cause", cause)}
+	if err != nil {
+		h.logger.Warn("failover failed; the session ends", append(fields, zap.Error(err))...)
+		return
+	}
+	h.logger.Info("failover", append(fields, zap.String("to", to.Dial()))...)
+}
+
+// restoreSessionID gives the client back its own session ID in a response
+// of a session that failed over: every Mcp-Session-Id equal to sent, the ID
+// the upstream knows, becomes clientID.
+func restoreSessionID(header http.Header, sent, clientID string) {
+	for i, v := range header[HeaderSessionID] {
+		if v == sent {
+			header[HeaderSessionID][i] = clientID
+		}
+	}
+}
+
+// upstreamAnswer records the answer to one of the proxy's own requests: status,
+// headers, and the first maxReplayAnswer bytes of the body.
+type upstreamAnswer struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func newUpstreamAnswer() *upstreamAnswer { return &upstreamAnswer{header: http.Header{}} }
+
+// Header returns the answer's header map.
+func (a *upstreamAnswer) Header() http.Header { return a.header }
+
+// WriteHeader records the final status.
+func (a *upstreamAnswer) WriteHeader(status int) {
+	if a.status == 0 && status >= 200 {
+		a.status = status
+	}
+}
+
+// Write keeps the body up to maxReplayAnswer bytes.
+func (a *upstreamAnswer) Write(b []byte) (int, error) {
+	if a.status == 0 {
+		a.status = http.StatusOK
+	}
+	if room := maxReplayAnswer - a.body.Len(); room > 0 {
+		a.body.Write(b[:min(len(b), room)])
+	}
+	return len(b), nil
+}
+
+// Flush does nothing: the answer is read once complete.
+func (a *upstreamAnswer) Flush() {}
+
+// ok reports whether the status is 2xx.
+func (a *upstreamAnswer) ok() bool { return a.status >= 200 && a.status < 300 }
+
+// initializeResult returns the protocol version of the initialize result
+// the answer carries, as JSON or as an SSE event, and whether it carries one.
+func (a *upstreamAnswer) initializeResult() (string, bool) {
+	body := a.body.Bytes()
+	if strings.HasPrefix(a.header.Get("Content-Type"), "text/event-stream") {
+		body = sseData(body)
+	}
+	var msg struct {
+		Result *struct {
+			ProtocolVersion string `json:"protocolVersion"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal(body, &msg); err != nil || msg.Result == nil {
+		return "", false
+	}
+	return msg.Result.ProtocolVersion, true
+}
+
+// sseData returns the data of the first SSE event of stream that has any.
+func sseData(stream []byte) []byte {
+	var data []byte
+	sc := bufio.NewScanner(bytes.NewReader(stream))
+	sc.Buffer(make([]byte, 0, 4096), maxReplayAnswer)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
+		} else if len(line) == 0 && len(data) > 0 {
+			break
+		}
+	}
+	return data
+}
+
+// Interface guards
+var (
+	_ http.ResponseWriter = (*upstreamAnswer)(nil)
+	_ http.Flusher        = (*upstreamAnswer)(nil)
+)

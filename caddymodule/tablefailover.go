@@ -1,0 +1,204 @@
+package caddymodule
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// Values of [Handler.Failover].
+const (
+	// FailoverOff ends a session whose upstream is gone: its requests get 404.
+	FailoverOff = "off"
+	// FailoverReinitialize moves a session whose upstream is gone to another
+	// upstream by replaying the session's initialize request there.
+	FailoverReinitialize = "reinitialize"
+)
+
+// DefaultMaxInitializeSize is the default bound, in bytes, of the
+// initialize request body a table keeps per session for failover. The MCP
+// SDK clients send 150 to 500 bytes (go-sdk 190, the TypeScript SDK 150,
+// VS Code about 450 with its capabilities); 4 KiB leaves room for long
+// clientInfo and capabilities while bounding the table at 100000 sessions
+// to 400 MiB in the worst case.
+const DefaultMaxInitializeSize = 4096
+
+// failoverSettings are a table's failover settings.
+type failoverSettings struct {
+	on      bool // failover reinitialize
+	maxInit int  // max_initialize_size, bytes
+}
+
+// sessionInit is what a table keeps of a session for failover: the
+// initialize request that opened it, without credentials, and the ID the
+// session's current upstream knows it by. It is immutable: a failover
+// replaces it.
+type sessionInit struct {
+	body        []byte
+	accept      string // the request's Accept
+	contentType string // its Content-Type
+	version     string // its MCP-Protocol-Version, usually empty on initialize
+	// upstreamID is the session's ID on its current upstream once a
+	// failover changed it; "" while the upstream knows the client's ID.
+	upstreamID string
+}
+
+// size returns the bytes s holds, for the README's cost per session.
+func (s *sessionInit) size() int {
+	return len(s.body) + len(s.accept) + len(s.contentType) + len(s.version) + len(s.upstreamID)
+}
+
+// movedTo returns a copy of s for the session's new upstream, which knows
+// it as id.
+func (s *sessionInit) movedTo(id string) *sessionInit {
+	c := *s
+	c.upstreamID = id
+	return &c
+}
+
+// FailoverCause says why a session was moved to another upstream: one of
+// the Failover constants. Its String is the `cause` label of the failovers
+// metric.
+type FailoverCause uint8
+
+// The causes of a failover.
+const (
+	// FailoverGone: the session's upstream was removed from the config, or
+	// failed active health checks for longer than unhealthy_grace.
+	FailoverGone FailoverCause = iota + 1
+	// FailoverRefused: connecting to the session's upstream failed.
+	FailoverRefused
+	// FailoverUpstream404: the upstream answered a POST of the session with 404.
+	FailoverUpstream404
+	// FailoverDrainDeadline: the session's upstream is draining past its deadline.
+	FailoverDrainDeadline
+)
+
+// failoverCauseNames holds the label of each cause at its value's index.
+var failoverCauseNames = [...]string{"", "upstream_gone", "refused", "upstream_404", "drain_deadline"}
+
+// failoverCauses lists every valid FailoverCause.
+var failoverCauses = [...]FailoverCause{FailoverGone, FailoverRefused, FailoverUpstream404, FailoverDrainDeadline}
+
+// String returns the cause's metric label, e.g. "refused".
+func (c FailoverCause) String() string {
+	if c == 0 || int(c) >= len(failoverCauseNames) {
+		return fmt.Sprintf("FailoverCause(%d)", c)
+	}
+	return failoverCauseNames[c]
+}
+
+// failoverStats count failovers by cause: moved, and failed (no upstream
+// took the replayed initialize).
+type failoverStats struct {
+	moved, failed [len(failoverCauseNames)]atomic.Uint64
+}
+
+// count records one failover of cause.
+func (s *failoverStats) count(cause FailoverCause, ok bool) {
+	if ok {
+		s.moved[cause].Add(1)
+	} else {
+		s.failed[cause].Add(1)
+	}
+}
+
+// Failovers returns how many sessions were moved to another upstream for
+// cause (ok), or could not be (!ok), since the table was created.
+func (s *Stats) Failovers(cause FailoverCause, ok bool) uint64 {
+	if cause == 0 || int(cause) >= len(failoverCauseNames) {
+		return 0
+	}
+	if ok {
+		return s.failovers.moved[cause].Load()
+	}
+	return s.failovers.failed[cause].Load()
+}
+
+// setFailover sets the table's failover settings.
+func (t *Table) setFailover(mode string, maxInit int) {
+	if maxInit <= 0 {
+		maxInit = DefaultMaxInitializeSize
+	}
+	t.failover.Store(&failoverSettings{on: mode == FailoverReinitialize, maxInit: maxInit})
+}
+
+// failoverSettings returns the table's failover settings; off when unset.
+func (t *Table) failoverSettings() failoverSettings {
+	if s := t.failover.Load(); s != nil {
+		return *s
+	}
+	return failoverSettings{maxInit: DefaultMaxInitializeSize}
+}
+
+// keepInit records the initialize request of session id, which the table
+// holds, for failover. It reports whether the table held the session.
+func (t *Table) keepInit(id string, init *sessionInit) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.lru.Peek(id)
+	if !ok {
+		return false
+	}
+	e.init = init
+	t.lru.Add(id, e)
+	return true
+}
+
+// initOf returns the session's upstream and what the table keeps of it for
+// failover, without counting it as use; a nil init when the table has none.
+func (t *Table) initOf(id string) (*Upstream, *sessionInit) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.lru.Peek(id)
+	if !ok {
+		return nil, nil
+	}
+	return e.up, e.init
+}
+
+// moveSession pins session id to upstream to, which knows it by init's
+// upstream ID, and reports whether the table still held the session.
+func (t *Table) moveSession(id string, to *Upstream, init *sessionInit) bool {
+	now := t.clock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.lru.Peek(id)
+	if !ok {
+		return false
+	}
+	if e.up != to {
+		e.up.live.Add(-1)
+		to.live.Add(1)
+		e.up = to
+	}
+	e.init, e.lastUsed = init, now
+	t.lru.Add(id, e)
+	return true
+}
+
+// setDrainDeadline sets when the draining of u ends for its remaining
+// sessions, which then fail over; the zero time sets none.
+func (t *Table) setDrainDeadline(u *Upstream, at time.Time) {
+	if at.IsZero() {
+		u.drainDeadline.Store(0)
+		return
+	}
+	u.drainDeadline.Store(int64(at.Sub(t.epoch)))
+}
+
+// pastDrainDeadline reports whether u is draining and its deadline has passed.
+func (t *Table) pastDrainDeadline(u *Upstream) bool {
+	d := u.drainDeadline.Load()
+	return d != 0 && u.Draining() && t.clock() >= d
+}
+
+// DrainDeadline returns when the draining of u ends for its remaining
+// sessions, and false if it has no deadline.
+func (t *Table) DrainDeadline(u *Upstream) (time.Time, bool) {
+	d := u.drainDeadline.Load()
+	if d == 0 {
+		return time.Time{}, false
+	}
+	return t.epoch.Add(time.Duration(d)), true
+}

@@ -1,0 +1,256 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// foSession is one client session of a failover run: it calls whoami until
+// stopped, or until its session is lost.
+type foSession struct {
+	id       string              // the client's session ID
+	creator  string              // the server that created the session
+	seen     map[string][]string // server -> the session IDs it saw, in order, deduplicated
+	calls    int                 // calls answered
+	failed   []callSpan          // calls that failed
+	lost     bool                // the session ended: 404, or 3 failures in a row
+	spans    []callSpan          // every call
+	connErr  error
+	lastErrs []error
+}
+
+// callSpan is when one call ran, and its error.
+type callSpan struct {
+	start, end time.Time
+	err        error
+}
+
+// servers returns the servers that answered the session's calls.
+func (s *foSession) servers() int { return len(s.seen) }
+
+// consistent reports whether every server saw one session ID, the creator
+// the client's own, any other an ID of its own.
+func (s *foSession) consistent() bool {
+	for srv, ids := range s.seen {
+		if len(ids) != 1 || (srv == s.creator) != (ids[0] == s.id) {
+			return false
+		}
+	}
+	return true
+}
+
+// note records the identity a call was answered with.
+func (s *foSession) note(id identity) {
+	ids := s.seen[id.Server]
+	if len(ids) == 0 || ids[len(ids)-1] != id.Session {
+		s.seen[id.Server] = append(ids, id.Session)
+	}
+}
+
+// runFailoverSession connects through url and calls whoami every 20 ms,
+// each call bounded by 10 s, until stop is closed; started is called once
+// the first call is answered (or the session failed).
+func runFailoverSession(ctx context.Context, url string, hc *http.Client, started func(), stop <-chan struct{}) *foSession {
+	s := &foSession{seen: map[string][]string{}}
+	once := sync.OnceFunc(started)
+	defer once()
+	cs, err := connectReconnecting(ctx, url, hc)
+	if err != nil {
+		s.connErr = err
+		return s
+	}
+	defer cs.Close()
+	s.id, s.creator = cs.ID(), cs.InitializeResult().ServerInfo.Name
+	for streak := 0; streak < 3; {
+		sp := s.call(ctx, cs)
+		if sp.err != nil {
+			streak++
+			if is404(sp.err) || errors.Is(sp.err, mcp.ErrSessionMissing) {
+				break
+			}
+		} else {
+			streak = 0
+			once()
+		}
+		select {
+		case <-stop:
+			return s
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	s.lost = true
+	return s
+}
+
+// call makes one whoami call and records it.
+func (s *foSession) call(ctx context.Context, cs *mcp.ClientSession) callSpan {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	sp := callSpan{start: time.Now()}
+	var id identity
+	id, sp.err = whoami(cctx, cs)
+	sp.end = time.Now()
+	s.spans = append(s.spans, sp)
+	if sp.err != nil {
+		s.failed = append(s.failed, sp)
+		s.lastErrs = append(s.lastErrs, sp.err)
+		return sp
+	}
+	s.calls++
+	s.note(id)
+	return sp
+}
+
+// foRun runs n sessions through url, calls act once every session has
+// answered a call, keeps them calling for hold, and returns them.
+func foRun(t *testing.T, url string, n int, hold time.Duration, act func()) []*foSession {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	ss := make([]*foSession, n)
+	stop := make(chan struct{})
+	var started, wg sync.WaitGroup
+	started.Add(n)
+	for i := range ss {
+		wg.Go(func() { ss[i] = runFailoverSession(ctx, url, hc, started.Done, stop) })
+	}
+	started.Wait()
+	act()
+	time.Sleep(hold)
+	close(stop)
+	wg.Wait()
+	return ss
+}
+
+// foSummary sums up the sessions of a failover run against the server
+// that was killed between killed and dead.
+type foSummary struct {
+	sessions, onDead, lost, lostOnDead, movedOK, othersOK int
+	calls, failedCalls, inFlight, inconsistent, connErrs   int
+	errs                                                   []string
+}
+
+func summarizeFailover(ss []*foSession, deadServer string, killed, dead time.Time) foSummary {
+	var s foSummary
+	for _, x := range ss {
+		s.sessions++
+		if x.connErr != nil {
+			s.connErrs++
+			s.errs = append(s.errs, x.connErr.Error())
+			continue
+		}
+		s.calls += x.calls
+		s.failedCalls += len(x.failed)
+		for _, sp := range x.spans {
+			if sp.start.Before(dead) && sp.end.After(killed) {
+				s.inFlight++
+			}
+		}
+		for _, err := range x.lastErrs {
+			if len(s.errs) < 4 {
+				s.errs = append(s.errs, err.Error())
+			}
+		}
+		if !x.consistent() {
+			s.inconsistent++
+		}
+		if x.lost {
+			s.lost++
+		}
+		if x.creator != deadServer {
+			if !x.lost && x.servers() == 1 {
+				s.othersOK++
+			}
+			continue
+		}
+		s.onDead++
+		if x.lost {
+			s.lostOnDead++
+		}
+		if !x.lost && x.servers() == 2 && len(x.seen[deadServer]) == 1 {
+			s.movedOK++
+		}
+	}
+	return s
+}
+
+func (s foSummary) String() string {
+	return fmt.Sprintf("%d sessions (%d could not connect), %d on the killed server: %d moved to another server and kept working, %d lost; other sessions ok: %d/%d; "+
+		"calls answered %d, failed %d, in flight at the kill %d; sessions whose servers saw inconsistent IDs: %d; errors %q",
+		s.sessions, s.connErrs, s.onDead, s.movedOK, s.lostOnDead, s.othersOK, s.sessions-s.onDead, s.calls, s.failedCalls, s.inFlight, s.inconsistent, s.errs)
+}
+
+// failoverSite is an mcp_proxy over ups with its own table, with failover
+// reinitialize or without (off).
+func failoverSite(ups, table string, on bool) string {
+	mode := "off"
+	if on {
+		mode = "reinitialize"
+	}
+	return fmt.Sprintf("mcp_proxy %s {\n\t\ttable %s\n\t\tfailover %s\n\t}", ups, table, mode)
+}
+
+// TestFailoverKilledUpstream: 60 go-sdk client sessions through a proxy
+// with `failover reinitialize`, and 60 through one without, over the same
+// three go-sdk servers, call tools while one server is killed (SIGKILL).
+// With failover every session survives: those of the killed server carry
+// on with another server, which sees a session ID of its own while the
+// client keeps its ID, and calls failed <= calls in flight at the kill.
+// Without failover (negative control, same run) the sessions of the
+// killed server are lost.
+func TestFailoverKilledUpstream(t *testing.T) {
+	srv := startBackends(t, 3, false)
+	ps := startProxies(t, failoverSite(upstreams(srv), "fo", true), failoverSite(upstreams(srv), "nofo", false))
+	const n = 60
+	var killed, dead time.Time
+	var on, off []*foSession
+	var wg sync.WaitGroup
+	ready := make(chan struct{}, 2)
+	kill := make(chan struct{})
+	for i, p := range ps {
+		wg.Go(func() {
+			ss := foRun(t, p.url(), n, 3*time.Second, func() { ready <- struct{}{}; <-kill })
+			if i == 0 {
+				on = ss
+			} else {
+				off = ss
+			}
+		})
+	}
+	<-ready
+	<-ready
+	killed = time.Now()
+	srv[1].Kill()
+	<-srv[1].Done()
+	dead = time.Now()
+	close(kill)
+	wg.Wait()
+
+	son := summarizeFailover(on, srv[1].Name(), killed, dead)
+	soff := summarizeFailover(off, srv[1].Name(), killed, dead)
+	t.Logf("failover reinitialize: %s", son)
+	t.Logf("failover off (negative control): %s", soff)
+	if son.connErrs != 0 || son.onDead == 0 || son.movedOK != son.onDead || son.lost != 0 || son.othersOK != n-son.onDead ||
+		son.inconsistent != 0 || son.failedCalls > son.inFlight {
+		t.Errorf("with failover: want every session of the killed server moved and working, no session lost, failed calls <= in flight; got %s", son)
+	}
+	if soff.onDead == 0 || soff.lostOnDead != soff.onDead {
+		t.Errorf("negative control: want every session of the killed server lost without failover; got %s", soff)
+	}
+	fam, _ := scrape(t)
+	moved := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": "fo", "cause": "refused", "result": "moved"})
+	failed := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": "fo", "cause": "refused", "result": "failed"})
+	t.Logf("caddy_mcp_failovers_total{table=fo,cause=refused}: moved %v, failed %v", moved, failed)
+	if int(moved) != son.onDead || failed != 0 {
+		t.Errorf("caddy_mcp_failovers_total{cause=refused}: moved %v, failed %v; want %d moved, 0 failed", moved, failed, son.onDead)
+	}
+}
