@@ -169,8 +169,8 @@ func (pf *pinnedFailover) holds404(r *http.Request, status int) bool {
 // must not: it reached an upstream, or its upstream is only unavailable.
 func (pf *pinnedFailover) cause(r *http.Request, err error, wrote bool, dial string) FailoverCause {
 	switch {
-	case pf == nil || !pf.again:
-		return 0
+	case pf == nil || !pf.again || r.Method == http.MethodDelete:
+		return 0 // a DELETE of a gone session ends it: nothing to move
 	case pf.held:
 		return FailoverUpstream404
 	case err == nil || wrote:

@@ -284,10 +284,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	ids := r.Header[HeaderSessionID]
 	h.table.Stats.eras[eraOf(r, len(ids))].Add(1)
 	if len(ids) == 0 {
-		if init := h.captureInit(r); init != nil {
-			caddyhttp.SetVar(r.Context(), varInit, init)
-		}
-		return next.ServeHTTP(newSessionWriter(w, h, r, "", nil), r)
+		return h.serveNew(w, r, next)
 	}
 	id, problem := sessionOf(r.Header, h.MaxSessionIDLength)
 	if problem != "" {
@@ -309,8 +306,21 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	return h.servePinned(w, r, next, id, up)
 }
 
-// serveUnknown answers a request whose session the table does not hold.
+// serveNew serves a request without a session: it is balanced, and its
+// response may create a session, which the table learns.
+func (h *Handler) serveNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if init := h.captureInit(r); init != nil {
+		caddyhttp.SetVar(r.Context(), varInit, init)
+	}
+	return next.ServeHTTP(newSessionWriter(w, h, r, "", nil), r)
+}
+
+// serveUnknown answers a request whose session the table does not hold;
+// an initialize carrying it starts a new session.
 func (h *Handler) serveUnknown(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
+	if staleInitialize(r, nil) {
+		return h.serveAsNew(w, r, next, id, nil)
+	}
 	h.table.Stats.unknown.Add(1)
 	decide(r, decisionUnknown, "")
 	h.debug("unknown", id, "")
@@ -352,24 +362,30 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	err := next.ServeHTTP(pw, r)
 	if cause := pw.fo.cause(r, err, pw.wroteHeader, up.Dial()); cause != 0 {
+		if staleInitialize(r, pw.fo) {
+			return h.serveAsNew(w, r, next, id, pw.fo)
+		}
 		return h.serveFailover(w, r, next, id, up, pw.fo, cause)
 	}
 	if err == nil || pw.wroteHeader {
 		return err
 	}
-	return h.serveFailed(w, r, err, id, up)
+	return h.serveFailed(w, r, next, err, id, up)
 }
 
 // serveFailed answers a pinned request that reverse_proxy returned err for
 // before any response: 503 while its upstream is unavailable (failing
 // active health checks within the grace, but not refusing connections),
 // 404 once it is gone, which ends the session; any other error as it is.
-func (h *Handler) serveFailed(w http.ResponseWriter, r *http.Request, err error, id string, up *Upstream) error {
+func (h *Handler) serveFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, err error, id string, up *Upstream) error {
 	if retryAfter, ok := caddyhttp.GetVar(r.Context(), varUnavailable).(int); ok && !refused(r, up.Dial()) {
 		return h.writeUnavailable(w, id, up, retryAfter)
 	}
 	if !upstreamGone(r, err) {
 		return err
+	}
+	if staleInitialize(r, nil) {
+		return h.serveAsNew(w, r, next, id, nil)
 	}
 	h.table.Stats.gone.Add(1)
 	decide(r, decisionGone, "")

@@ -254,3 +254,93 @@ func TestFailoverKilledUpstream(t *testing.T) {
 		t.Errorf("caddy_mcp_failovers_total{cause=refused}: moved %v, failed %v; want %d moved, 0 failed", moved, failed, son.onDead)
 	}
 }
+
+// rawWhoami calls whoami in session id with a raw POST and returns the
+// status and, on 200, who answered.
+func rawWhoami(t testing.TB, hc *http.Client, url, id string) (int, identity) {
+	t.Helper()
+	ex := mcpPost(t, hc, url, id, tsWhoamiCall)
+	if ex.status != http.StatusOK {
+		return ex.status, identity{}
+	}
+	who, err := tsWhoamiResult(ex.body)
+	if err != nil {
+		t.Fatalf("whoami in session %s: %v in %s", id, err, ex.body)
+	}
+	return ex.status, who
+}
+
+// reinitWith sends initialize carrying the stale session ID stale and, on
+// 200, notifications/initialized and a whoami call in the new session; it
+// returns the initialize's status, the new ID, and who answered the call.
+func reinitWith(t testing.TB, hc *http.Client, url, stale string) (int, string, identity) {
+	t.Helper()
+	hdr := map[string][]string{"Accept": {"application/json, text/event-stream"}, "Mcp-Session-Id": {stale}}
+	ex := send(t, hc, http.MethodPost, url, hdr, initBody)
+	id := ex.header.Get("Mcp-Session-Id")
+	if ex.status != http.StatusOK || id == "" {
+		return ex.status, "", identity{}
+	}
+	if ex := mcpPost(t, hc, url, id, tsInitializedMsg); ex.status != http.StatusAccepted {
+		t.Fatalf("notifications/initialized of the new session: %d %s", ex.status, ex.body)
+	}
+	status, who := rawWhoami(t, hc, url, id)
+	if status != http.StatusOK {
+		t.Fatalf("whoami in the new session %s: %d", id, status)
+	}
+	return ex.status, id, who
+}
+
+// TestReinitializeStaleSession: a client that re-initializes still
+// carrying its old Mcp-Session-Id, of a session the proxy does not hold or
+// whose upstream was killed, gets a new session, pinned to the upstream
+// that created it, with failover off and on; a tools/call carrying the same
+// stale IDs still gets the proxy's 404 (negative control), and the old
+// session ends.
+func TestReinitializeStaleSession(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failover=%v", on), func(t *testing.T) {
+			srv := startBackends(t, 2, true)
+			p := startProxy(t, failoverSite(upstreams(srv), fmt.Sprintf("stale%v", on), on))
+			hc := newHTTPClient()
+			defer hc.CloseIdleConnections()
+			url := p.url()
+
+			status, id, who := reinitWith(t, hc, url, "NOSUCHSESSION0123456789")
+			t.Logf("initialize carrying an unknown session ID: %d, new session on %s", status, who.Server)
+			if status != http.StatusOK || id == "NOSUCHSESSION0123456789" || who.Session != id {
+				t.Fatalf("initialize with an unknown session ID: status %d, new ID %q, whoami %+v; want 200 and a new session pinned to its creator", status, id, who)
+			}
+			if st, _ := rawWhoami(t, hc, url, "NOSUCHSESSION0123456789"); st != http.StatusNotFound {
+				t.Fatalf("negative control: tools/call with the unknown ID got %d, want 404", st)
+			}
+
+			old := mcpInitialize(t, hc, url)
+			_, owner := rawWhoami(t, hc, url, old)
+			victim := srv[0]
+			if owner.Server != victim.Name() {
+				victim = srv[1]
+			}
+			victim.Kill()
+			<-victim.Done()
+			if !on { // with failover, this call would move the session
+				if st, _ := rawWhoami(t, hc, url, old); st != http.StatusNotFound {
+					t.Fatalf("negative control: tools/call of the killed server's session got %d, want 404", st)
+				}
+			}
+			status, id, who = reinitWith(t, hc, url, old)
+			t.Logf("initialize carrying the ID of a session of the killed %s: %d, new session on %s", victim.Name(), status, who.Server)
+			if status != http.StatusOK || id == old || who.Session != id || who.Server == victim.Name() {
+				t.Fatalf("initialize with a stale ID: status %d, new ID %q (old %q), whoami %+v; want 200, a new ID, pinned to a live server", status, id, old, who)
+			}
+			for range 3 {
+				if st, w := rawWhoami(t, hc, url, id); st != http.StatusOK || w != who {
+					t.Fatalf("the new session is not pinned: %d %+v, want %+v", st, w, who)
+				}
+			}
+			if st, _ := rawWhoami(t, hc, url, old); st != http.StatusNotFound {
+				t.Fatalf("the old session, given up by the client's initialize, answered %d, want 404", st)
+			}
+		})
+	}
+}
