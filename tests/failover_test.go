@@ -135,8 +135,8 @@ func foRun(t *testing.T, url string, n int, hold time.Duration, act func()) []*f
 // that was killed between killed and dead.
 type foSummary struct {
 	sessions, onDead, lost, lostOnDead, movedOK, othersOK int
-	calls, failedCalls, inFlight, inconsistent, connErrs   int
-	errs                                                   []string
+	calls, failedCalls, inFlight, inconsistent, connErrs  int
+	errs                                                  []string
 }
 
 func summarizeFailover(ss []*foSession, deadServer string, killed, dead time.Time) foSummary {
