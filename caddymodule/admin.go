@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -24,7 +25,8 @@ func init() {
 //
 //	GET  /mcp_sessions/                          every table: sessions, bounds, and per upstream: live sessions, draining
 //	GET  /mcp_sessions/upstream?table=&upstream= one upstream: live sessions, draining
-//	POST /mcp_sessions/drain    {"table", "upstream"}   stop sending new sessions to the upstream
+//	POST /mcp_sessions/drain    {"table", "upstream"[, "deadline"]}   stop sending new sessions to the upstream;
+//	                                                    past the deadline, its sessions fail over (failover reinitialize)
 //	POST /mcp_sessions/undrain  {"table", "upstream"}   send new sessions to it again
 //	POST /mcp_sessions/lookup   {"table", "session_id"} the session's upstream, age, idle time
 //	POST /mcp_sessions/evict    {"table", "session_id"} forget the session
@@ -82,6 +84,11 @@ type UpstreamStatus struct {
 	// (within a second); absent for the memory store. With a shared store, a
 	// drain is done when it is 0.
 	ClusterLiveSessions *int64 `json:"cluster_live_sessions,omitempty"`
+	// DrainDeadline is when the drain's deadline passes (RFC 3339), set by
+	// a drain call with a deadline: from then on, with `failover
+	// reinitialize`, each remaining session fails over to another upstream
+	// on its next request. Absent without a deadline.
+	DrainDeadline string `json:"drain_deadline,omitempty"`
 }
 
 // SessionStatus is one session in the admin API's answers. Fingerprint is a
@@ -111,6 +118,8 @@ type adminRequest struct {
 	Table     string `json:"table"`
 	Upstream  string `json:"upstream"`
 	SessionID string `json:"session_id"`
+	// Deadline of a drain, a duration such as "10m", from now.
+	Deadline string `json:"deadline"`
 }
 
 func (a AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
@@ -124,8 +133,7 @@ func (a AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		})
 	case "drain", "undrain":
 		return a.servePost(w, r, func(req adminRequest) (any, error) {
-			on := op == "drain"
-			return upstreamStatus(req.Table, req.Upstream, &on)
+			return drainStatus(req, op == "drain")
 		})
 	case "lookup", "evict":
 		return a.servePost(w, r, func(req adminRequest) (any, error) {
@@ -226,8 +234,32 @@ func upstreamStatus(table, dial string, drain *bool) (UpstreamStatus, error) {
 	return statusOf(t, u), nil
 }
 
+// drainStatus drains (on) or undrains the upstream of req, with the drain's
+// deadline if req gives one, and returns its status.
+func drainStatus(req adminRequest, on bool) (UpstreamStatus, error) {
+	var deadline time.Time
+	if req.Deadline != "" {
+		d, err := caddy.ParseDuration(req.Deadline)
+		if err != nil || d < 0 || !on {
+			return UpstreamStatus{}, apiError(http.StatusBadRequest, "deadline %q: give a drain call a duration from now, such as \"10m\"", req.Deadline)
+		}
+		deadline = time.Now().Add(d)
+	}
+	st, err := upstreamStatus(req.Table, req.Upstream, &on)
+	if err != nil {
+		return st, err
+	}
+	_, t, _ := findTable(req.Table)
+	u := t.knownUpstream(st.Upstream)
+	t.setDrainDeadline(u, deadline)
+	return statusOf(t, u), nil
+}
+
 func statusOf(t *Table, u *Upstream) UpstreamStatus {
 	st := UpstreamStatus{Table: t.name, Upstream: u.dial, LiveSessions: u.LiveSessions(), Draining: u.Draining()}
+	if at, ok := t.DrainDeadline(u); ok && u.Draining() {
+		st.DrainDeadline = at.UTC().Format(time.RFC3339Nano)
+	}
 	if t.Shared() {
 		n := t.ClusterSessions(u)
 		st.ClusterLiveSessions = &n

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -342,5 +343,102 @@ func TestReinitializeStaleSession(t *testing.T) {
 				t.Fatalf("the old session, given up by the client's initialize, answered %d, want 404", st)
 			}
 		})
+	}
+}
+
+// drainDeadline drains upstream in table through the admin API with a
+// deadline and returns the answer.
+func drainDeadline(t testing.TB, table, upstream, deadline string) caddymodule.UpstreamStatus {
+	t.Helper()
+	var st caddymodule.UpstreamStatus
+	adminOK(t, http.MethodPost, "/mcp_sessions/drain", map[string]string{"table": table, "upstream": upstream, "deadline": deadline}, &st)
+	return st
+}
+
+// whoamiAll calls whoami once in every session and returns who answered
+// each, and how many calls failed.
+func whoamiAll(ctx context.Context, css []*mcp.ClientSession) ([]identity, int) {
+	ids := make([]identity, len(css))
+	failed := 0
+	for i, cs := range css {
+		id, err := whoami(ctx, cs)
+		if err != nil {
+			failed++
+		}
+		ids[i] = id
+	}
+	return ids, failed
+}
+
+// TestFailoverDrainDeadline: an upstream drained with a deadline keeps its
+// sessions until the deadline; past it, with failover reinitialize, each
+// session moves to another upstream on its next request, so the drain is
+// done (live_sessions 0) and the upstream can be stopped with no session
+// lost. Without failover (negative control, same run), the deadline moves
+// nothing and stopping the upstream loses its sessions.
+func TestFailoverDrainDeadline(t *testing.T) {
+	srv := startBackends(t, 3, true)
+	ps := startProxies(t, failoverSite(upstreams(srv), "dd", true), failoverSite(upstreams(srv), "ddoff", false))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	const n = 12
+	css := map[string][]*mcp.ClientSession{}
+	for i, table := range []string{"dd", "ddoff"} {
+		for range n {
+			cs, err := connectReconnecting(ctx, ps[i].url(), hc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cs.Close() })
+			css[table] = append(css[table], cs)
+		}
+	}
+	victim := srv[0]
+	before := map[string][]identity{}
+	for _, table := range []string{"dd", "ddoff"} {
+		before[table], _ = whoamiAll(ctx, css[table])
+		st := drainDeadline(t, table, victim.Addr(), "1s")
+		if !st.Draining || st.DrainDeadline == "" {
+			t.Fatalf("drain with a deadline: answer %+v, want draining and a drain_deadline", st)
+		}
+	}
+	onVictim := func(ids []identity) (n int) {
+		for _, id := range ids {
+			if id.Server == victim.Name() {
+				n++
+			}
+		}
+		return n
+	}
+	k := onVictim(before["dd"])
+	within, _ := whoamiAll(ctx, css["dd"])
+	if k == 0 || onVictim(within) != k {
+		t.Fatalf("within the deadline: %d sessions answered by the drained %s, want the %d it had (and more than 0)", onVictim(within), victim.Name(), k)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	past, failed := whoamiAll(ctx, css["dd"])
+	live := mustUpstream(t, "dd", victim.Addr()).LiveSessions
+	t.Logf("failover reinitialize, past the deadline: %d of %d sessions on %s moved (%d calls failed), live_sessions %d", k-onVictim(past), k, victim.Name(), failed, live)
+	if onVictim(past) != 0 || failed != 0 || live != 0 {
+		t.Fatalf("past the deadline: %d sessions still on %s, %d calls failed, live_sessions %d; want 0, 0, 0", onVictim(past), victim.Name(), failed, live)
+	}
+	offPast, _ := whoamiAll(ctx, css["ddoff"])
+	koff := onVictim(before["ddoff"])
+	victim.Stop(10 * time.Second)
+	after, failedAfter := whoamiAll(ctx, css["dd"])
+	_, failedOff := whoamiAll(ctx, css["ddoff"])
+	t.Logf("after stopping %s: with failover %d of %d calls failed; without (negative control): %d of its %d sessions stayed past the deadline, %d of %d calls failed",
+		victim.Name(), failedAfter, n, onVictim(offPast), koff, failedOff, n)
+	if failedAfter != 0 || onVictim(after) != 0 {
+		t.Fatalf("with failover, after the stop: %d calls failed, %d on %s; want 0", failedAfter, onVictim(after), victim.Name())
+	}
+	if koff == 0 || onVictim(offPast) != koff || failedOff < koff {
+		t.Fatalf("negative control: want the %d sessions of %s to stay past the deadline and fail after the stop; %d stayed, %d calls failed", koff, victim.Name(), onVictim(offPast), failedOff)
+	}
+	fam, _ := scrape(t)
+	if moved := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": "dd", "cause": "drain_deadline", "result": "moved"}); int(moved) != k {
+		t.Fatalf("caddy_mcp_failovers_total{cause=drain_deadline,result=moved} = %v, want %d", moved, k)
 	}
 }
