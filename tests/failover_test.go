@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -200,32 +201,91 @@ func failoverSite(ups, table string, on bool) string {
 	return fmt.Sprintf("mcp_proxy %s {\n\t\ttable %s\n\t\tfailover %s\n\t}", ups, table, mode)
 }
 
-// TestFailoverKilledUpstream: 60 go-sdk client sessions through a proxy
-// with `failover reinitialize`, and 60 through one without, over the same
-// three go-sdk servers, call tools while one server is killed (SIGKILL).
-// With failover every session survives: those of the killed server carry
-// on with another server, which sees a session ID of its own while the
-// client keeps its ID, and calls failed <= calls in flight at the kill.
-// Without failover (negative control, same run) the sessions of the
-// killed server are lost.
-func TestFailoverKilledUpstream(t *testing.T) {
-	srv := startBackends(t, 3, false)
-	ps := startProxies(t, failoverSite(upstreams(srv), "fo", true), failoverSite(upstreams(srv), "nofo", false))
-	const n = 60
-	var killed, dead time.Time
-	var on, off []*foSession
-	var wg sync.WaitGroup
-	ready := make(chan struct{}, 2)
-	kill := make(chan struct{})
-	for i, p := range ps {
-		wg.Go(func() {
-			ss := foRun(t, p.url(), n, 3*time.Second, func() { ready <- struct{}{}; <-kill })
-			if i == 0 {
-				on = ss
-			} else {
-				off = ss
+// vsSession is a raw client session that behaves as VS Code does after its
+// server restarts: it never re-initializes, and reopens its GET stream with
+// its old session ID before it sends POSTs.
+type vsSession struct {
+	id, creator string
+	get         int      // status of the GET reopened after the kill
+	posts       []int    // statuses of the POSTs after it
+	answered    []string // the servers that answered them
+}
+
+// openVSSessions opens n raw sessions through url, each with one call.
+func openVSSessions(t *testing.T, hc *http.Client, url string, n int) []*vsSession {
+	t.Helper()
+	vs := make([]*vsSession, n)
+	for i := range vs {
+		id := mcpInitialize(t, hc, url)
+		_, who := rawWhoami(t, hc, url, id)
+		vs[i] = &vsSession{id: id, creator: who.Server}
+	}
+	return vs
+}
+
+// resume reopens the session's GET stream (reading only its status), then
+// makes 3 whoami calls.
+func (v *vsSession) resume(t *testing.T, hc *http.Client, url string) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = http.Header{"Accept": {"text/event-stream"}, "Mcp-Session-Id": {v.id}, "Mcp-Protocol-Version": {"2025-11-25"}}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("GET of session %s: %v", v.id, err)
+	}
+	v.get = resp.StatusCode
+	resp.Body.Close()
+	for range 3 {
+		status, who := rawWhoami(t, hc, url, v.id)
+		v.posts = append(v.posts, status)
+		v.answered = append(v.answered, who.Server)
+	}
+}
+
+// vsSummary sums up raw sessions after the kill of deadServer: how many
+// were on it, and how many of those and of the others got 200 to their GET
+// and every POST, the POSTs all answered by one live server.
+func vsSummary(vs []*vsSession, deadServer string) (onDead, deadOK, others, othersOK int) {
+	for _, v := range vs {
+		ok := v.get == http.StatusOK
+		for i, st := range v.posts {
+			ok = ok && st == http.StatusOK && v.answered[i] == v.answered[0] && v.answered[i] != deadServer
+		}
+		if v.creator == deadServer {
+			onDead++
+			if ok {
+				deadOK++
 			}
-		})
+		} else {
+			others++
+			if ok && v.answered[0] == v.creator {
+				othersOK++
+			}
+		}
+	}
+	return onDead, deadOK, others, othersOK
+}
+
+// killUnderLoad runs, through a proxy with `failover reinitialize` and one
+// without over the servers srv, 60 go-sdk client sessions calling whoami
+// and 15 raw sessions each, kills srv[1] under that load, then has the raw
+// sessions reopen their GET stream and call. It checks the proxy with
+// failover kept every session, and the other lost the killed server's.
+func killUnderLoad(t *testing.T, srv []*testproc.Proc, label string) {
+	t.Helper()
+	ps := startProxies(t, failoverSite(upstreams(srv), label+"fo", true), failoverSite(upstreams(srv), label+"nofo", false))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	const n, raw = 60, 15
+	vs := [][]*vsSession{openVSSessions(t, hc, ps[0].url(), raw), openVSSessions(t, hc, ps[1].url(), raw)}
+	var killed, dead time.Time
+	runs := make([][]*foSession, 2)
+	var wg sync.WaitGroup
+	ready, kill := make(chan struct{}, 2), make(chan struct{})
+	for i, p := range ps {
+		wg.Go(func() { runs[i] = foRun(t, p.url(), n, 3*time.Second, func() { ready <- struct{}{}; <-kill }) })
 	}
 	<-ready
 	<-ready
@@ -235,11 +295,14 @@ func TestFailoverKilledUpstream(t *testing.T) {
 	dead = time.Now()
 	close(kill)
 	wg.Wait()
+	for _, v := range append(vs[0], vs[1]...) {
+		v.resume(t, hc, ps[slicesIndex(vs[0], v)].url())
+	}
 
-	son := summarizeFailover(on, srv[1].Name(), killed, dead)
-	soff := summarizeFailover(off, srv[1].Name(), killed, dead)
-	t.Logf("failover reinitialize: %s", son)
-	t.Logf("failover off (negative control): %s", soff)
+	son := summarizeFailover(runs[0], srv[1].Name(), killed, dead)
+	soff := summarizeFailover(runs[1], srv[1].Name(), killed, dead)
+	t.Logf("%s, go-sdk clients, failover reinitialize: %s", label, son)
+	t.Logf("%s, go-sdk clients, failover off (negative control): %s", label, soff)
 	if son.connErrs != 0 || son.onDead == 0 || son.movedOK != son.onDead || son.lost != 0 || son.othersOK != n-son.onDead ||
 		son.inconsistent != 0 || son.failedCalls > son.inFlight {
 		t.Errorf("with failover: want every session of the killed server moved and working, no session lost, failed calls <= in flight; got %s", son)
@@ -247,13 +310,53 @@ func TestFailoverKilledUpstream(t *testing.T) {
 	if soff.onDead == 0 || soff.lostOnDead != soff.onDead {
 		t.Errorf("negative control: want every session of the killed server lost without failover; got %s", soff)
 	}
-	fam, _ := scrape(t)
-	moved := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": "fo", "cause": "refused", "result": "moved"})
-	failed := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": "fo", "cause": "refused", "result": "failed"})
-	t.Logf("caddy_mcp_failovers_total{table=fo,cause=refused}: moved %v, failed %v", moved, failed)
-	if int(moved) != son.onDead || failed != 0 {
-		t.Errorf("caddy_mcp_failovers_total{cause=refused}: moved %v, failed %v; want %d moved, 0 failed", moved, failed, son.onDead)
+	onDead, deadOK, others, othersOK := vsSummary(vs[0], srv[1].Name())
+	t.Logf("%s, raw clients reopening GET then POSTing, failover reinitialize: %d/%d sessions of the killed server ok, %d/%d others ok", label, deadOK, onDead, othersOK, others)
+	if onDead == 0 || deadOK != onDead || othersOK != others {
+		t.Errorf("raw clients with failover: want all sessions ok; got %d/%d of the killed server's, %d/%d others", deadOK, onDead, othersOK, others)
 	}
+	offDead, offDeadOK, offOthers, offOthersOK := vsSummary(vs[1], srv[1].Name())
+	t.Logf("%s, raw clients, failover off (negative control): %d/%d sessions of the killed server ok, %d/%d others ok", label, offDeadOK, offDead, offOthersOK, offOthers)
+	if offDead == 0 || offDeadOK != 0 || offOthersOK != offOthers {
+		t.Errorf("raw clients without failover: want the killed server's sessions broken and the others ok; got %d/%d, %d/%d", offDeadOK, offDead, offOthersOK, offOthers)
+	}
+	fam, _ := scrape(t)
+	moved := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": label + "fo", "cause": "refused", "result": "moved"})
+	failed := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": label + "fo", "cause": "refused", "result": "failed"})
+	t.Logf("%s: caddy_mcp_failovers_total{cause=refused}: moved %v, failed %v", label, moved, failed)
+	if int(moved) != son.onDead+onDead || failed != 0 {
+		t.Errorf("caddy_mcp_failovers_total{cause=refused}: moved %v, failed %v; want %d moved, 0 failed", moved, failed, son.onDead+onDead)
+	}
+}
+
+// slicesIndex returns 0 if v is in vs, 1 otherwise.
+func slicesIndex(vs []*vsSession, v *vsSession) int {
+	for _, x := range vs {
+		if x == v {
+			return 0
+		}
+	}
+	return 1
+}
+
+// TestFailoverKilledUpstream: through a proxy with `failover reinitialize`
+// and one without, over the same three go-sdk servers, 60 go-sdk client
+// sessions each call tools while one server is killed (SIGKILL), and 15 raw
+// sessions each then reopen their GET stream with their old ID and call
+// tools, never re-initializing. With failover every session survives: those
+// of the killed server carry on with another server, which sees a session
+// ID of its own while the client keeps its ID, and calls failed <= calls
+// in flight at the kill. Without failover (negative control, same run) the
+// sessions of the killed server are lost.
+func TestFailoverKilledUpstream(t *testing.T) {
+	killUnderLoad(t, startBackends(t, 3, false), "go")
+}
+
+// TestFailoverKilledUpstreamTS is TestFailoverKilledUpstream over three
+// TypeScript SDK servers.
+func TestFailoverKilledUpstreamTS(t *testing.T) {
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk")
+	killUnderLoad(t, startTSServers(t, env, 3, "ts"), "ts")
 }
 
 // rawWhoami calls whoami in session id with a raw POST and returns the
