@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -543,5 +545,57 @@ func TestFailoverDrainDeadline(t *testing.T) {
 	fam, _ := scrape(t)
 	if moved := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": "dd", "cause": "drain_deadline", "result": "moved"}); int(moved) != k {
 		t.Fatalf("caddy_mcp_failovers_total{cause=drain_deadline,result=moved} = %v, want %d", moved, k)
+	}
+}
+
+// TestRollingDeployFailoverDeadline runs examples/rolling-deploy/rolling-deploy.sh
+// with `--on-timeout failover --timeout 2` while 24 go-sdk sessions that
+// never end call tools through a proxy with `failover reinitialize`. No
+// drain could finish by sessions ending; with the deadline every upstream
+// is replaced in bounded time, and no session is lost: each moves at its
+// next request past its upstream's deadline.
+func TestRollingDeployFailoverDeadline(t *testing.T) {
+	rdRequireTools(t)
+	const table, n, deadline = "rolling_failover", 24, 2
+	f := startRDFleet(t, "s1", "s2", "s3")
+	p := startProxy(t, failoverSite(strings.Join(f.ups, " "), table, true))
+	var out string
+	var code int
+	var took time.Duration
+	ss := foRun(t, p.url(), n, time.Second, func() {
+		start := time.Now()
+		out, code = runRollingDeploy(t, append([]string{
+			"--admin", adminAddr, "--table", table, "--stop", f.stopCmd(), "--start", f.startCmd(),
+			"--timeout", strconv.Itoa(deadline), "--on-timeout", "failover", "--poll", "0.1", "--port-timeout", "10",
+		}, f.ups...)...)
+		took = time.Since(start)
+	})
+	t.Logf("rolling-deploy.sh --on-timeout failover --timeout %d took %v, exit %d:\n%s", deadline, took.Round(time.Millisecond), code, out)
+	if code != 0 {
+		t.Fatalf("rolling-deploy.sh exited %d", code)
+	}
+	lost, failed, calls, moved, inconsistent := 0, 0, 0, 0, 0
+	for _, s := range ss {
+		calls += s.calls
+		failed += len(s.failed)
+		if s.lost || s.connErr != nil {
+			lost++
+		}
+		if s.servers() > 1 {
+			moved++
+		}
+		if !s.consistent() {
+			inconsistent++
+		}
+	}
+	fam, _ := scrape(t)
+	byDeadline := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": table, "cause": "drain_deadline", "result": "moved"})
+	t.Logf("%d sessions: %d lost, %d moved to another server at least once (failovers at a drain deadline: %v), %d inconsistent; calls answered %d, failed %d",
+		n, lost, moved, byDeadline, inconsistent, calls, failed)
+	if lost != 0 || moved != n || inconsistent != 0 || byDeadline < n {
+		t.Fatalf("want 0 sessions lost, all %d moved (by drain deadlines) with consistent IDs", n)
+	}
+	if limit := time.Duration(3*deadline+30) * time.Second; took > limit {
+		t.Fatalf("the rolling deploy took %v, more than %v for 3 upstreams with a %ds deadline", took, limit, deadline)
 	}
 }

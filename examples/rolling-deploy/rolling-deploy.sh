@@ -28,6 +28,14 @@
 #   --start CMD          command that starts the new version (required)
 #   --timeout SECS       longest wait for the drain to be done (default: 300)
 #   --on-timeout ACTION  what to do when --timeout expires (default: proceed)
+#                          failover: drain with a deadline of --timeout
+#                                   (needs `failover reinitialize` in the
+#                                   table): past it, each remaining session
+#                                   moves to another upstream on its next
+#                                   request; replace the upstream at the
+#                                   deadline without evicting anything, so no
+#                                   session is lost and each upstream takes
+#                                   at most --timeout to drain
 #                          proceed: say so, evict the upstream's remaining
 #                                   sessions (POST /mcp_sessions/evict) and
 #                                   replace it anyway; their clients get 404
@@ -123,8 +131,8 @@ done
 [[ $timeout =~ ^[0-9]+$ ]] || usage_error "--timeout must be whole seconds, got '$timeout'"
 [[ $port_timeout =~ ^[0-9]+$ ]] || usage_error "--port-timeout must be whole seconds, got '$port_timeout'"
 is_number "$poll" || usage_error "--poll must be a number of seconds, got '$poll'"
-[[ $on_timeout == proceed || $on_timeout == abort ]] ||
-	usage_error "--on-timeout must be 'proceed' or 'abort', got '$on_timeout'"
+[[ $on_timeout == proceed || $on_timeout == abort || $on_timeout == failover ]] ||
+	usage_error "--on-timeout must be 'failover', 'proceed' or 'abort', got '$on_timeout'"
 command -v curl >/dev/null || usage_error "curl is required"
 
 case $admin in
@@ -178,12 +186,13 @@ admin_call() {
 	[[ $code == 200 ]] || $admin_may_fail || fail "admin API $method $path: HTTP $code: $body"
 }
 
-# set_draining UPSTREAM drain|undrain
+# set_draining UPSTREAM drain|undrain [DEADLINE]
 set_draining() {
-	local want=true
+	local want=true deadline=
 	[[ $2 == undrain ]] && want=false
+	[[ -n ${3:-} ]] && deadline=",\"deadline\":\"$3\""
 	admin_call POST "/mcp_sessions/$2" -H 'Content-Type: application/json' \
-		--data-binary "{\"table\":\"$(json_escape "$table")\",\"upstream\":\"$(json_escape "$1")\"}"
+		--data-binary "{\"table\":\"$(json_escape "$table")\",\"upstream\":\"$(json_escape "$1")\"$deadline}"
 	[[ $code == 200 ]] || fail "admin API POST /mcp_sessions/$2: HTTP $code: $body"
 	[[ $(json_field draining "$body") == "$want" ]] ||
 		fail "admin API $2 $1: the answer does not say draining=$want: $body"
@@ -288,8 +297,13 @@ n=${#upstreams[@]}
 i=0
 for up in "${upstreams[@]}"; do
 	i=$((i + 1))
-	log "[$i/$n] $up: drain"
-	set_draining "$up" drain
+	if [[ $on_timeout == failover ]]; then
+		log "[$i/$n] $up: drain, deadline ${timeout}s"
+		set_draining "$up" drain "${timeout}s"
+	else
+		log "[$i/$n] $up: drain"
+		set_draining "$up" drain
+	fi
 
 	# Drain done is live_sessions 0 on two polls in a row: an initialize that
 	# was balanced to the upstream just before the drain may still be learned.
@@ -315,14 +329,17 @@ for up in "${upstreams[@]}"; do
 		sleep "$poll"
 	done
 	if $timed_out; then
-		if [[ $on_timeout == abort ]]; then
+		if [[ $on_timeout == failover ]]; then
+			log "[$i/$n] $up: drain deadline of ${timeout}s passed with $live live sessions; replacing it: they fail over to other upstreams on their next request"
+		elif [[ $on_timeout == abort ]]; then
 			log "[$i/$n] $up: drain timed out after ${timeout}s with $live live sessions; undraining it and aborting"
 			set_draining "$up" undrain
 			exit 3
+		else
+			log "[$i/$n] $up: drain timed out after ${timeout}s; replacing it anyway: forgetting its $live remaining sessions (their clients get 404 and re-initialize)"
+			admin_call POST /mcp_sessions/evict -H 'Content-Type: application/json' \
+				--data-binary "{\"table\":\"$(json_escape "$table")\",\"upstream\":\"$(json_escape "$up")\"}"
 		fi
-		log "[$i/$n] $up: drain timed out after ${timeout}s; replacing it anyway: forgetting its $live remaining sessions (their clients get 404 and re-initialize)"
-		admin_call POST /mcp_sessions/evict -H 'Content-Type: application/json' \
-			--data-binary "{\"table\":\"$(json_escape "$table")\",\"upstream\":\"$(json_escape "$up")\"}"
 	else
 		clock
 		log "[$i/$n] $up: drain done, 0 live sessions after $(secs $((now - start)))s"
