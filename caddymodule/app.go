@@ -47,9 +47,12 @@ type App struct {
 
 // TableConfig is the configuration of one session table.
 type TableConfig struct {
-	// The most sessions the table holds. When it is full, learning a new
-	// session evicts the least recently used one. Each session costs about
-	// 150 bytes plus its ID. Default: 100000 (about 18 MiB when full).
+	// The most sessions the table holds. When it is full, a new session
+	// pushes out the oldest session not used since its initialize (so that
+	// a flood of initialize requests cannot evict sessions in use), and only
+	// when there is none the least recently used session; a session with an
+	// open GET stream is never pushed out. Each session costs about 170
+	// bytes plus its ID. Default: 100000 (about 20 MiB when full).
 	MaxSessions int `json:"max_sessions,omitempty"`
 
 	// How long a session may go unused before the table forgets it. Every
@@ -101,6 +104,22 @@ type TableConfig struct {
 	// module of the `mcp_sessions.stores` namespace, `memory` or `redis`.
 	// Default: `memory`.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=mcp_sessions.stores inline_key=type"`
+
+	// The most sessions one client may hold that have not been used since
+	// their initialize. A client's next one pushes out its own oldest, so
+	// that one client flooding initialize requests cannot push out the new
+	// sessions of others before they are used. (Sessions that have been
+	// used are never pushed out by new ones while unused ones are left,
+	// whatever this setting.) Clients behind one NAT or gateway share an
+	// address: set it well above the sessions such a client opens at once.
+	// Default: 0, no cap.
+	MaxUnconfirmedPerClient int `json:"max_unconfirmed_per_client,omitempty"`
+
+	// The placeholder template that names a request's client for
+	// `max_unconfirmed_per_client`. Default: `{http.request.client_ip}`,
+	// the client's IP address (from the headers of the proxies the
+	// server's `trusted_proxies` trusts, otherwise the connection's).
+	ClientKey string `json:"client_key,omitempty"`
 }
 
 // tableUse is one table of the config: its merged settings, where each
@@ -209,6 +228,8 @@ func (c TableConfig) validate(name string) error {
 	switch {
 	case c.MaxSessions < 0:
 		return fmt.Errorf("session table %q: max_sessions must be positive, got %d", name, c.MaxSessions)
+	case c.MaxUnconfirmedPerClient < 0:
+		return fmt.Errorf("session table %q: max_unconfirmed_per_client must be positive, got %d", name, c.MaxUnconfirmedPerClient)
 	case c.SessionTTL != 0 && time.Duration(c.SessionTTL) < MinSessionTTL:
 		return fmt.Errorf("session table %q: session_ttl %s is below the minimum of %s; sessions would be forgotten between a client's requests",
 			name, time.Duration(c.SessionTTL), MinSessionTTL)
@@ -227,6 +248,8 @@ func (u *tableUse) merge(name string, cfg TableConfig, source string) error {
 		mergeSetting(name, "bind_principal", &u.cfg.BindPrincipal, cfg.BindPrincipal, u.sources, source, "%q"),
 		mergeSetting(name, "failover", &u.cfg.Failover, cfg.Failover, u.sources, source, "%q"),
 		mergeSetting(name, "max_initialize_size", &u.cfg.MaxInitializeSize, cfg.MaxInitializeSize, u.sources, source, "%d"),
+		mergeSetting(name, "max_unconfirmed_per_client", &u.cfg.MaxUnconfirmedPerClient, cfg.MaxUnconfirmedPerClient, u.sources, source, "%d"),
+		mergeSetting(name, "client_key", &u.cfg.ClientKey, cfg.ClientKey, u.sources, source, "%q"),
 	)
 }
 
@@ -298,6 +321,7 @@ func (a *App) startTable(name string, u *tableUse) error {
 	u.table.Configure(u.maxSessions(), u.ttl())
 	u.table.SetBindPrincipal(u.bindPrincipal())
 	u.table.setFailover(u.cfg.Failover, u.cfg.MaxInitializeSize)
+	u.table.SetClientCap(u.cfg.MaxUnconfirmedPerClient, u.cfg.ClientKey)
 	if cfg := a.Tables[name]; cfg != nil {
 		u.table.SetUpstreamTTL(time.Duration(cfg.UpstreamTTL))
 	}

@@ -74,6 +74,8 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    seal_session_ids      <key> [<older keys>...]
 //	    failover              reinitialize|off
 //	    max_initialize_size   <bytes>
+//	    max_unconfirmed_per_client <count>
+//	    client_key            <placeholder template>
 //	}
 //
 // It returns a Caddyfile error, naming the line, for an unknown option, a
@@ -136,6 +138,10 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 		}
 	case "max_initialize_size":
 		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxInitializeSize) }
+	case "max_unconfirmed_per_client":
+		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxUnconfirmedPerClient) }
+	case "client_key":
+		set = func(v string) error { h.ClientKey = v; return nil }
 	case "localhost_protection":
 		set = func(v string) error {
 			if v != "on" && v != "off" {
@@ -309,6 +315,8 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    seal_session_ids      <key> [<older keys>...]
 //	    failover              reinitialize|off
 //	    max_initialize_size   <bytes>
+//	    max_unconfirmed_per_client <count>
+//	    client_key            <placeholder template>
 //	    fallback              <policy> [<policy options...>]
 //	    unhealthy_grace       <duration>
 //
@@ -570,6 +578,8 @@ func newProxyHandler(policy *SessionSelection) *reverseproxy.Handler {
 //	    max_initialize_size <bytes>
 //	    upstream_ttl   <duration>
 //	    store          memory|redis [{ <redis options> }]
+//	    max_unconfirmed_per_client <count>
+//	    client_key     <placeholder template>
 //	}
 //
 // The table's name defaults to `default`. See [RedisStore.UnmarshalCaddyfile]
@@ -614,6 +624,7 @@ func (a *App) unmarshalTable(d *caddyfile.Dispenser) error {
 	}
 	cfg.MaxSessions, cfg.SessionTTL, cfg.BindPrincipal = h.MaxSessions, h.SessionTTL, h.BindPrincipal
 	cfg.Failover, cfg.MaxInitializeSize = h.Failover, h.MaxInitializeSize
+	cfg.MaxUnconfirmedPerClient, cfg.ClientKey = h.MaxUnconfirmedPerClient, h.ClientKey
 	return nil
 }
 
@@ -625,7 +636,7 @@ func unmarshalTableOption(d *caddyfile.Dispenser, cfg *TableConfig, h *Handler, 
 		return d.Errf("duplicate option '%s'", name)
 	}
 	switch name {
-	case "max_sessions", "session_ttl", "bind_principal", "failover", "max_initialize_size":
+	case "max_sessions", "session_ttl", "bind_principal", "failover", "max_initialize_size", "max_unconfirmed_per_client", "client_key":
 		_, err := h.unmarshalOption(d, seen)
 		return err
 	case "upstream_ttl":

@@ -111,9 +111,10 @@ type Handler struct {
 	// `max_sessions` for this table; the app's default applies when neither
 	// sets it. Places in one config that set it must agree. It applies when
 	// the config has loaded, so a failed reload changes nothing. When the
-	// table is full, learning a new session evicts the least recently used
-	// one. Each session costs about 150 bytes plus its ID. Default: 100000
-	// (about 18 MiB when full).
+	// table is full, a new session pushes out the oldest session not used
+	// since its initialize, and only when there is none the least recently
+	// used one; never one with an open GET stream. Each session costs about
+	// 170 bytes plus its ID. Default: 100000 (about 20 MiB when full).
 	MaxSessions int `json:"max_sessions,omitempty"`
 
 	// How long a session may go unused before the table forgets it, as the
@@ -189,6 +190,16 @@ type Handler struct {
 	// SDK clients send 150 to 500 bytes. Default: 4096.
 	MaxInitializeSize int `json:"max_initialize_size,omitempty"`
 
+	// The most sessions one client may hold that have not been used since
+	// their initialize, as the `mcp_sessions` app's
+	// `max_unconfirmed_per_client` for this table. Default: 0, no cap.
+	MaxUnconfirmedPerClient int `json:"max_unconfirmed_per_client,omitempty"`
+
+	// The placeholder template that names a request's client for
+	// `max_unconfirmed_per_client`, as the `mcp_sessions` app's
+	// `client_key`. Default: `{http.request.client_ip}`.
+	ClientKey string `json:"client_key,omitempty"`
+
 	table          *Table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
 	logger         *zap.Logger
@@ -230,8 +241,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	t, err := app.Table(h.Table, TableConfig{MaxSessions: h.MaxSessions, SessionTTL: h.SessionTTL, BindPrincipal: h.BindPrincipal,
-		Failover: h.Failover, MaxInitializeSize: h.MaxInitializeSize}, "an mcp_session handler")
+	t, err := app.Table(h.Table, TableConfig{
+		MaxSessions: h.MaxSessions, SessionTTL: h.SessionTTL, BindPrincipal: h.BindPrincipal,
+		Failover: h.Failover, MaxInitializeSize: h.MaxInitializeSize,
+		MaxUnconfirmedPerClient: h.MaxUnconfirmedPerClient, ClientKey: h.ClientKey,
+	}, "an mcp_session handler")
 	if err != nil {
 		return err
 	}
@@ -465,7 +479,8 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 		}
 		return
 	}
-	if key := h.tableKey(ids[0]); h.table.LearnFrom(key, sel.Dial, Origin{Principal: principalOf(r, h.table.BindPrincipal())}) {
+	origin := Origin{Principal: principalOf(r, h.table.BindPrincipal()), Client: placeholderValue(r, h.table.ClientKey())}
+	if key := h.tableKey(ids[0]); h.table.LearnFrom(key, sel.Dial, origin) {
 		decide(r, decisionLearned, sel.Dial)
 		h.debug("learned", key, sel.Dial)
 		if init, ok := caddyhttp.GetVar(r.Context(), varInit).(*sessionInit); ok {

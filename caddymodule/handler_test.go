@@ -818,7 +818,7 @@ func TestPinnedErrors(t *testing.T) {
 func streamsOf(tbl *Table, id string) int32 {
 	tbl.mu.Lock()
 	defer tbl.mu.Unlock()
-	e, _ := tbl.lru.Peek(id)
+	e, _, _ := tbl.peek(id)
 	return e.streams
 }
 

@@ -13,6 +13,8 @@ var (
 		"Sessions the table pins to the upstream.", []string{"table", "upstream"}, nil)
 	descDraining = prometheus.NewDesc("caddy_mcp_upstream_draining",
 		"1 while the upstream is draining: it gets no new sessions but serves its pinned ones.", []string{"table", "upstream"}, nil)
+	descUnconfirmed = prometheus.NewDesc("caddy_mcp_sessions_unconfirmed",
+		"Sessions not used since the initialize that created them; a flood of initialize requests shows here, and never pushes out used sessions.", []string{"table"}, nil)
 	descMax = prometheus.NewDesc("caddy_mcp_sessions_max",
 		"The table's max_sessions.", []string{"table"}, nil)
 	descLearned = prometheus.NewDesc("caddy_mcp_sessions_learned_total",
@@ -68,7 +70,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 
 // Describe sends the descriptors of all the plugin's metrics.
 func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLive, descDraining, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descUnavailable, descEvicted, descRequests, descByMethod, descStreams, descFailovers,
+	for _, d := range []*prometheus.Desc{descLive, descDraining, descUnconfirmed, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descUnavailable, descEvicted, descRequests, descByMethod, descStreams, descFailovers,
 		descClusterLive, descShared, descStoreUp, descStoreErrors} {
 		ch <- d
 	}
@@ -97,6 +99,7 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 		}
 		gauge(descDraining, draining, t.name, u.dial)
 	}
+	gauge(descUnconfirmed, float64(t.Unconfirmed()), t.name)
 	gauge(descMax, float64(t.MaxSessions()), t.name)
 	s := &t.Stats
 	counter(descLearned, s.Learned(), t.name)

@@ -23,6 +23,7 @@ var metricNames = map[string]dto.MetricType{
 	"caddy_mcp_sessions_live":              dto.MetricType_GAUGE,
 	"caddy_mcp_upstream_draining":          dto.MetricType_GAUGE,
 	"caddy_mcp_sessions_max":               dto.MetricType_GAUGE,
+	"caddy_mcp_sessions_unconfirmed":       dto.MetricType_GAUGE,
 	"caddy_mcp_sessions_learned_total":     dto.MetricType_COUNTER,
 	"caddy_mcp_sessions_adopted_total":     dto.MetricType_COUNTER,
 	"caddy_mcp_requests_pinned_total":      dto.MetricType_COUNTER,
@@ -119,6 +120,7 @@ func tableSeries(name string, maxSessions int) gathered {
 	g := gathered{}
 	l := fmt.Sprintf("table=%q", name)
 	g["caddy_mcp_sessions_max{"+l+"}"] = float64(maxSessions)
+	g["caddy_mcp_sessions_unconfirmed{"+l+"}"] = 0
 	for _, n := range []string{"caddy_mcp_sessions_learned_total", "caddy_mcp_sessions_adopted_total", "caddy_mcp_requests_pinned_total", "caddy_mcp_unknown_session_total", "caddy_mcp_upstream_gone_total", "caddy_mcp_principal_mismatch_total", "caddy_mcp_upstream_unavailable_total"} {
 		g[n+"{"+l+"}"] = 0
 	}
@@ -384,17 +386,19 @@ func TestMetricsFollowPool(t *testing.T) {
 	want := tableSeries(name, 3)
 	upstreamSeries(want, name, "10.0.0.1:80", 1, false)
 	want[fmt.Sprintf("caddy_mcp_sessions_learned_total{table=%q}", name)] = 1
+	want[fmt.Sprintf("caddy_mcp_sessions_unconfirmed{table=%q}", name)] = 1
 	for _, reg := range regs {
 		got, _ := gatherPlugin(t, reg)
 		wantSeries(t, got.ofTable(name), want)
 	}
 	tbl.Configure(2, 0)
 	tbl.Learn("S2", "10.0.0.1:80")
-	tbl.Learn("S3", "10.0.0.1:80") // evicts S1: lru
+	tbl.Learn("S3", "10.0.0.1:80") // evicts S1, never used: unconfirmed
 	want[fmt.Sprintf("caddy_mcp_sessions_max{table=%q}", name)] = 2
 	upstreamSeries(want, name, "10.0.0.1:80", 2, false)
 	want[fmt.Sprintf("caddy_mcp_sessions_learned_total{table=%q}", name)] = 3
-	want[fmt.Sprintf(`caddy_mcp_sessions_evicted_total{reason="lru",table=%q}`, name)] = 1
+	want[fmt.Sprintf(`caddy_mcp_sessions_evicted_total{reason="unconfirmed",table=%q}`, name)] = 1
+	want[fmt.Sprintf("caddy_mcp_sessions_unconfirmed{table=%q}", name)] = 2
 	for _, reg := range regs {
 		got, _ := gatherPlugin(t, reg)
 		wantSeries(t, got.ofTable(name), want)

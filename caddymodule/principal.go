@@ -23,8 +23,12 @@ const DefaultBindPrincipal = "{http.auth.user.id}"
 const BindPrincipalOff = "off"
 
 // principalSum is a keyed hash of a principal, as a session stores it: the
-// first 16 bytes of HMAC-SHA256 (RFC 2104) under the table's key. The zero
-// value means "no principal": the session is unbound.
+// first 16 bytes of HMAC-SHA256 (RFC 2104) under the table's key, truncated
+// as RFC 2104 §5 allows. Nobody without the key can compute it, so a
+// client who wants to pass for another principal can only guess, one
+// request per guess. (Any sum moves a session's golang-lru list element
+// from Go's 96-byte to its 112-byte size class; 8 bytes would cost as much.)
+// The zero value means "no principal": the session is unbound.
 type principalSum [16]byte
 
 // principalKeys hashes principals under one key. Without a shared store,
@@ -69,12 +73,21 @@ func (k *principalKeys) sum(principal string) principalSum {
 // principal a session it opens is bound to, or that must match the
 // session's. Placeholders that have no value become empty; "" means none.
 func principalOf(r *http.Request, bind string) string {
-	if bind == "" || bind == BindPrincipalOff {
+	if bind == BindPrincipalOff {
+		return ""
+	}
+	return placeholderValue(r, bind)
+}
+
+// placeholderValue evaluates the placeholder template for request r;
+// placeholders without a value become empty, and so does an empty template.
+func placeholderValue(r *http.Request, template string) string {
+	if template == "" {
 		return ""
 	}
 	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if !ok {
 		return ""
 	}
-	return repl.ReplaceAll(bind, "")
+	return repl.ReplaceAll(template, "")
 }

@@ -63,7 +63,8 @@ func BenchmarkFirstRequestElsewhere(b *testing.B) {
 		if i > 0 && i%len(ids) == 0 { // every session seen: forget them here, not in Redis
 			b.StopTimer()
 			other.mu.Lock()
-			other.lru.Purge()
+			other.unconfirmed.Purge()
+			other.confirmed.Purge()
 			other.mu.Unlock()
 			b.StartTimer()
 		}

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,17 +58,29 @@ const (
 	EvictAdmin
 	// EvictRelearned: another upstream answered an initialize with the same session ID.
 	EvictRelearned
+	// EvictUnconfirmed: a session not used since its initialize, pushed out
+	// of a full table by a newer one (see [Table.LearnFrom]).
+	EvictUnconfirmed
+	// EvictClientCap: a session not used since its initialize, pushed out by
+	// a newer one of the same client at max_unconfirmed_per_client.
+	EvictClientCap
 )
 
 // evictReasonNames holds the label of each EvictReason at its value's index;
 // index 0, the zero value, is no reason.
-var evictReasonNames = [...]string{"", "ttl", "lru", "delete", "upstream_404", "upstream_gone", "admin", "relearned"}
+var evictReasonNames = [...]string{"", "ttl", "lru", "delete", "upstream_404", "upstream_gone", "admin", "relearned", "unconfirmed", "client_cap"}
 
 // evictReasons lists every valid EvictReason.
-var evictReasons = [...]EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstream404, EvictUpstreamGone, EvictAdmin, EvictRelearned}
+var evictReasons = [...]EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstream404, EvictUpstreamGone, EvictAdmin, EvictRelearned, EvictUnconfirmed, EvictClientCap}
 
 // Valid reports whether r is one of the Evict constants.
 func (r EvictReason) Valid() bool { return r > 0 && int(r) < len(evictReasonNames) }
+
+// local reports whether r is one of the table's own bounds, which forget a
+// session here but do not end it.
+func (r EvictReason) local() bool {
+	return r == EvictTTL || r == EvictLRU || r == EvictUnconfirmed || r == EvictClientCap
+}
 
 // String returns the reason's metric label, e.g. "ttl", or
 // "EvictReason(<n>)" for an invalid value.
@@ -168,6 +181,9 @@ type Origin struct {
 	// Principal is what the session is bound to: later requests must carry
 	// the same principal. Empty leaves the session unbound.
 	Principal string
+	// Client identifies the client for the cap on unconfirmed sessions per
+	// client; empty is not capped.
+	Client string
 }
 
 // SessionInfo describes one session of a table.
@@ -236,10 +252,19 @@ func (s *Stats) Requests(era Era) uint64 {
 }
 
 // Table maps MCP session IDs to the upstream that created them. It is safe
-// for concurrent use. It is bounded by a maximum number of sessions, evicting
-// the least recently used, and forgets sessions idle for longer than its TTL
-// unless a GET stream of the session is open. Tables are shared across config
-// reloads through a package-level [caddy.UsagePool] keyed by table name.
+// for concurrent use. It is bounded by a maximum number of sessions, and
+// forgets sessions idle for longer than its TTL unless a GET stream of the
+// session is open. Tables are shared across config reloads through a
+// package-level [caddy.UsagePool] keyed by table name.
+//
+// It keeps sessions in two LRU lists of golang-lru's simplelru, in the
+// spirit of its 2Q cache: a session starts unconfirmed (learned from an
+// initialize response, not used since) and is confirmed by its first
+// request. A new session pushes out the oldest unconfirmed one when the
+// table is full, never a confirmed one while any unconfirmed session is
+// left, so a flood of initialize requests cannot evict sessions in use;
+// see [Table.LearnFrom]. A session with an open GET stream is never evicted
+// to make room.
 type Table struct {
 	name  string
 	now   func() time.Time
@@ -251,10 +276,20 @@ type Table struct {
 	keys      atomic.Pointer[principalKeys]
 	bind      atomic.Pointer[string] // the bind_principal template
 
-	mu     sync.Mutex
-	lru    *simplelru.LRU[string, entry]
-	max    int         // guarded by mu
-	reason EvictReason // why the LRU's eviction callback is being called; guarded by mu
+	// clientKey is the client_key template, read when clientCapped.
+	clientKey    atomic.Pointer[string]
+	clientCapped atomic.Bool
+
+	mu sync.Mutex
+	// unconfirmed holds the sessions not used since they were learned,
+	// confirmed the others. Their own size bounds are never reached: the
+	// table enforces max itself (admission.go).
+	unconfirmed *simplelru.LRU[string, entry]
+	confirmed   *simplelru.LRU[string, entry]
+	max         int         // the bound on both lists together; guarded by mu
+	reason      EvictReason // why an eviction callback is being called; guarded by mu
+	moving      bool        // the callback is for a session moving to confirmed; guarded by mu
+	perClient   clientCap   // guarded by mu
 
 	upMu        sync.RWMutex
 	ups         map[string]*Upstream
@@ -289,13 +324,14 @@ func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.T
 	if now == nil {
 		now = time.Now
 	}
-	t := &Table{name: name, now: now, epoch: now(), monotonic: monotonic, ups: make(map[string]*Upstream), rearm: make(chan struct{}, 1)}
-	t.keys.Store(newPrincipalKeys(nil))
-	l, err := simplelru.NewLRU(maxSessions, t.onEvict)
-	if err != nil {
+	if maxSessions < 1 {
 		return nil, fmt.Errorf("session table %q: max_sessions must be at least 1, got %d", name, maxSessions)
 	}
-	t.lru, t.max = l, maxSessions
+	t := &Table{name: name, now: now, epoch: now(), monotonic: monotonic, ups: make(map[string]*Upstream), rearm: make(chan struct{}, 1)}
+	t.keys.Store(newPrincipalKeys(nil))
+	t.unconfirmed, _ = simplelru.NewLRU(math.MaxInt, t.onEvictUnconfirmed)
+	t.confirmed, _ = simplelru.NewLRU(math.MaxInt, t.onEvict)
+	t.max = maxSessions
 	t.ttl.Store(int64(ttl))
 	t.upstreamTTL.Store(int64(DefaultUpstreamTTL))
 	return t, nil
@@ -304,8 +340,10 @@ func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.T
 // Name returns the table's name.
 func (t *Table) Name() string { return t.name }
 
-// Configure changes the table's bounds in place. Shrinking evicts the least
-// recently used sessions (reason lru). A ttl of 0 or less leaves the TTL as is.
+// Configure changes the table's bounds in place. Shrinking evicts
+// unconfirmed sessions first, oldest first (reason unconfirmed), then the
+// least recently used confirmed ones without an open GET stream (reason
+// lru). A ttl of 0 or less leaves the TTL as is.
 // See also [Table.SetUpstreamTTL].
 func (t *Table) Configure(maxSessions int, ttl time.Duration) {
 	if ttl > 0 {
@@ -314,9 +352,8 @@ func (t *Table) Configure(maxSessions int, ttl time.Duration) {
 	}
 	if maxSessions > 0 {
 		t.mu.Lock()
-		t.reason = EvictLRU
-		t.lru.Resize(maxSessions)
 		t.max = maxSessions
+		t.makeRoom(0, "")
 		t.mu.Unlock()
 	}
 }
@@ -394,13 +431,13 @@ func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch, touc
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e, ok := t.lru.Peek(id)
+	e, list, ok := t.peek(id)
 	if !ok {
 		return entry{}, false, false
 	}
 	if t.expired(e, now) {
 		t.reason = EvictTTL
-		t.lru.Remove(id)
+		list.Remove(id)
 		return entry{}, false, false
 	}
 	if t.refused(e.principal, sum) {
@@ -410,7 +447,7 @@ func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch, touc
 	// its TTL never expires, however short the TTL.
 	touch = t.store.Load() != nil && crossed(e.lastUsed, now, touchInterval(t.TTL()))
 	e.lastUsed = now
-	t.lru.Add(id, e)
+	t.use(id, e, list)
 	return e, false, touch
 }
 
@@ -429,20 +466,17 @@ func crossed(last, now int64, interval time.Duration) bool {
 // adoptShared puts session id, owned by dial and bound to bound according to the
 // shared store, in the table, and returns its upstream for a request with
 // principal sum; nil when dial is empty, or, with mismatch, when the
-// principal may not use the session.
+// principal may not use the session. The session enters confirmed (see
+// [Table.adoptHere]).
 func (t *Table) adoptShared(id, dial string, bound, sum principalSum) (*Upstream, bool) {
 	if dial == "" {
 		return nil, false
 	}
-	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e, ok := t.lru.Peek(id)
+	e, _, ok := t.peek(id)
 	if !ok { // else learned meanwhile
-		e = entry{up: t.upstream(dial), lastUsed: now, created: uint32(now / int64(time.Second)), principal: bound}
-		t.reason = EvictLRU
-		t.lru.Add(id, e)
-		e.up.live.Add(1)
+		e = t.adoptHere(id, t.upstream(dial), bound)
 		t.Stats.shared.Add(1)
 	}
 	if t.refused(e.principal, sum) {
@@ -459,12 +493,20 @@ func (t *Table) Learn(id, dial string) bool { return t.LearnFrom(id, dial, Origi
 // and reports whether the table changed. Learning is for responses to
 // requests without a session (initialize): when such a response names a
 // session the table already holds for another upstream or principal, the
-// newer answer wins. A full table evicts its least recently used session
-// to make room. With a shared store, LearnFrom returns once the store has
-// the session too, or failed to take it in time.
+// newer answer wins. With a shared store, LearnFrom returns once the store
+// has the session too, or failed to take it in time.
+//
+// The session starts unconfirmed. To make room it pushes out, in order:
+// the oldest unconfirmed session of the same client when that client is at
+// its cap (reason client_cap); when the table is full, the oldest
+// unconfirmed session (reason unconfirmed); only when no unconfirmed
+// session is left, the least recently used confirmed session without an
+// open GET stream (reason lru). When every session has an open GET stream
+// there is no room: the new session is counted as learned and evicted
+// (reason lru) at once, and LearnFrom returns false.
 func (t *Table) LearnFrom(id, dial string, origin Origin) bool {
 	sum := t.keys.Load().sum(origin.Principal)
-	up, changed := t.learnHere(id, dial, sum)
+	up, changed := t.learnHere(id, dial, sum, origin.Client)
 	if c := t.store.Load(); c != nil && changed {
 		up.cluster.Add(1)
 		c.put(id, dial, sum)
@@ -472,12 +514,12 @@ func (t *Table) LearnFrom(id, dial string, origin Origin) bool {
 	return changed
 }
 
-func (t *Table) learnHere(id, dial string, sum principalSum) (*Upstream, bool) {
+func (t *Table) learnHere(id, dial string, sum principalSum, client string) (*Upstream, bool) {
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	up := t.upstream(dial)
-	if e, ok := t.lru.Peek(id); ok {
+	if e, list, ok := t.peek(id); ok {
 		if e.up == up && e.principal == sum && !t.expired(e, now) {
 			return up, false
 		}
@@ -485,12 +527,16 @@ func (t *Table) learnHere(id, dial string, sum principalSum) (*Upstream, bool) {
 		if e.up != up || e.principal != sum {
 			t.reason = EvictRelearned
 		}
-		t.lru.Remove(id)
+		list.Remove(id)
 	}
-	t.reason = EvictLRU
-	t.lru.Add(id, entry{up: up, lastUsed: now, created: uint32(now / int64(time.Second)), principal: sum})
-	up.live.Add(1)
 	t.Stats.learned.Add(1)
+	if !t.makeRoom(1, client) {
+		t.refuse(id, up)
+		return up, false
+	}
+	t.unconfirmed.Add(id, entry{up: up, lastUsed: now, created: uint32(now / int64(time.Second)), principal: sum})
+	t.perClient.add(id, client)
+	up.live.Add(1)
 	return up, true
 }
 
@@ -498,40 +544,59 @@ func (t *Table) learnHere(id, dial string, sum principalSum) (*Upstream, bool) {
 // unless the table holds the session already, and returns the owner's
 // record. It is for sessions whose request names their upstream itself
 // (sealed session IDs) and that this table has not learned: learned on
-// another replica, before a restart, or forgotten since. A full table
-// evicts its least recently used session to make room.
+// another replica, before a restart, or forgotten since. The session
+// enters confirmed (see [Table.adoptHere]).
 func (t *Table) Adopt(id, dial string, origin Origin) *Upstream {
 	up := t.upstream(dial)
 	sum := t.keys.Load().sum(origin.Principal)
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if e, ok := t.lru.Peek(id); ok {
+	if e, list, ok := t.peek(id); ok {
 		if !t.expired(e, now) {
 			return e.up
 		}
 		t.reason = EvictTTL
-		t.lru.Remove(id)
+		list.Remove(id)
 	}
-	t.reason = EvictLRU
-	t.lru.Add(id, entry{up: up, lastUsed: now, created: uint32(now / int64(time.Second)), principal: sum})
-	up.live.Add(1)
+	t.adoptHere(id, up, sum)
 	t.Stats.adopted.Add(1)
 	return up
 }
 
+// adoptHere puts session id, owned by up and bound to sum, in the
+// confirmed list, and returns its entry; t.mu is held. An adopted session
+// is confirmed at once: the request that names it is its use, and only a
+// session someone opened can be adopted (a sealed ID is authenticated, a
+// shared store's entry was learned by an instance), so a flood of
+// initialize responses never adds to the confirmed list this way. To make
+// room it evicts like [Table.LearnFrom]; when every session has an open
+// GET stream, the session is not kept, and the request is served anyway.
+func (t *Table) adoptHere(id string, up *Upstream, sum principalSum) entry {
+	now := t.clock()
+	e := entry{up: up, lastUsed: now, created: uint32(now / int64(time.Second)), principal: sum}
+	if !t.makeRoom(1, "") {
+		t.refuse(id, up)
+		return e
+	}
+	t.confirmed.Add(id, e)
+	up.live.Add(1)
+	return e
+}
+
 // Evict removes session id for the given reason and reports whether the
 // table held it. An invalid reason evicts nothing and returns false. With a
-// shared store, a session that ended (any reason but ttl and lru, which are
-// this table's own bounds) is removed from the store and from every
-// instance's table too, even if this table did not hold it.
+// shared store, a session that ended (any reason but ttl, lru, unconfirmed
+// and client_cap, which are this table's own bounds) is removed from the
+// store and from every instance's table too, even if this table did not
+// hold it.
 func (t *Table) Evict(id string, reason EvictReason) bool {
 	if !reason.Valid() {
 		return false
 	}
 	dial, held := t.evictHere(id, reason)
 	c := t.store.Load()
-	if c == nil || reason == EvictTTL || reason == EvictLRU {
+	if c == nil || reason.local() {
 		return held
 	}
 	if !held {
@@ -551,12 +616,12 @@ func (t *Table) Evict(id string, reason EvictReason) bool {
 func (t *Table) evictHere(id string, reason EvictReason) (string, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e, ok := t.lru.Peek(id)
+	e, list, ok := t.peek(id)
 	if !ok {
 		return "", false
 	}
 	t.reason = reason
-	t.lru.Remove(id)
+	list.Remove(id)
 	return e.up.dial, true
 }
 
@@ -588,10 +653,12 @@ func (t *Table) evictUpstreamHere(dial string, reason EvictReason) int {
 	defer t.mu.Unlock()
 	t.reason = reason
 	n := 0
-	for _, id := range t.lru.Keys() {
-		if e, ok := t.lru.Peek(id); ok && e.up == u {
-			t.lru.Remove(id)
-			n++
+	for _, list := range t.lists() {
+		for _, id := range list.Keys() {
+			if e, ok := list.Peek(id); ok && e.up == u {
+				list.Remove(id)
+				n++
+			}
 		}
 	}
 	return n
@@ -608,13 +675,13 @@ func (t *Table) addStreams(id string, delta int32) {
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e, ok := t.lru.Peek(id)
+	e, list, ok := t.peek(id)
 	if !ok {
 		return
 	}
 	e.streams = max(e.streams+delta, 0)
 	e.lastUsed = now
-	t.lru.Add(id, e)
+	t.use(id, e, list) // a stream is use
 	if c := t.store.Load(); c != nil {
 		c.streaming(id, e.up.dial, e.principal, e.streams > 0)
 	}
@@ -624,7 +691,14 @@ func (t *Table) addStreams(id string, delta int32) {
 func (t *Table) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.lru.Len()
+	return t.len()
+}
+
+// Unconfirmed returns the number of sessions not used since they were learned.
+func (t *Table) Unconfirmed() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.unconfirmed.Len()
 }
 
 // Upstreams returns the table's upstream records, in no particular order.
@@ -704,7 +778,7 @@ func (t *Table) AnyDraining() bool { return t.draining.Load() > 0 }
 func (t *Table) Info(id string) (SessionInfo, bool) {
 	now := t.clock()
 	t.mu.Lock()
-	e, ok := t.lru.Peek(id)
+	e, _, ok := t.peek(id)
 	t.mu.Unlock()
 	if !ok || t.expired(e, now) {
 		return t.infoShared(id)
@@ -731,7 +805,17 @@ func (t *Table) TTL() time.Duration { return time.Duration(t.ttl.Load()) }
 // SetLogger sets the logger that gets a debug line per eviction.
 func (t *Table) SetLogger(l *zap.Logger) { t.logger.Store(l) }
 
-// onEvict is the LRU's eviction callback; it runs with t.mu held.
+// onEvictUnconfirmed is the unconfirmed list's eviction callback; it runs
+// with t.mu held. A session moving to the confirmed list is not leaving.
+func (t *Table) onEvictUnconfirmed(id string, e entry) {
+	t.perClient.remove(id)
+	if !t.moving {
+		t.onEvict(id, e)
+	}
+}
+
+// onEvict is the eviction callback of the confirmed list, and of the
+// unconfirmed one for sessions leaving the table; it runs with t.mu held.
 func (t *Table) onEvict(id string, e entry) {
 	if l := t.logger.Load(); l != nil {
 		if c := l.Check(zapcore.DebugLevel, "evicted"); c != nil {
@@ -751,32 +835,35 @@ func (t *Table) onEvict(id string, e entry) {
 // a time.
 func (t *Table) Sweep() int {
 	removed := 0
-	for {
-		n, more := t.sweepBatch()
-		removed += n
-		if !more {
-			t.sweepUpstreams()
-			return removed
+	for _, list := range t.lists() {
+		for {
+			n, more := t.sweepBatch(list)
+			removed += n
+			if !more {
+				break
+			}
 		}
 	}
+	t.sweepUpstreams()
+	return removed
 }
 
-func (t *Table) sweepBatch() (removed int, more bool) {
+func (t *Table) sweepBatch(list *simplelru.LRU[string, entry]) (removed int, more bool) {
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for range sweepBatch {
-		id, e, ok := t.lru.GetOldest()
+		id, e, ok := list.GetOldest()
 		if !ok || now-e.lastUsed <= t.ttl.Load() {
 			return removed, false
 		}
 		if e.streams > 0 {
 			e.lastUsed = now // in use: move it to the front
-			t.lru.Add(id, e)
+			list.Add(id, e)
 			continue
 		}
 		t.reason = EvictTTL
-		t.lru.RemoveOldest()
+		list.RemoveOldest()
 		removed++
 	}
 	return removed, true

@@ -45,7 +45,7 @@ func newTestTable(t testing.TB, maxSessions int, ttl time.Duration) (*Table, *fa
 
 // allReasons lists every eviction reason, for checking that only the
 // expected counter moved.
-var allReasons = []EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstream404, EvictUpstreamGone, EvictAdmin, EvictRelearned}
+var allReasons = []EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstream404, EvictUpstreamGone, EvictAdmin, EvictRelearned, EvictUnconfirmed, EvictClientCap}
 
 // wantEvictions checks every eviction counter: those in want must have the
 // given values, all others 0.
@@ -430,7 +430,8 @@ func TestTableLRU(t *testing.T) {
 		tbl.Learn(id, "up:"+id)
 		clk.Advance(time.Second)
 	}
-	// "a" is the oldest learned but the most recently used: "b" must go.
+	// "a" is the oldest learned but the only one used: "b", the oldest
+	// never used, must go.
 	if lookupDial(tbl, "a") != "up:a" {
 		t.Fatal("a not found")
 	}
@@ -442,8 +443,8 @@ func TestTableLRU(t *testing.T) {
 			t.Errorf("Lookup(%q) = %q, want %q", tc.id, got, tc.want)
 		}
 	}
-	// The lookups above ran in order a, b, c, d: "a" is now the least
-	// recently used, even though no time passed.
+	// The lookups above ran in order a, b, c, d: every session is used and
+	// "a" is the least recently used, even though no time passed.
 	tbl.Learn("e", "up:e")
 	if tbl.Lookup("a") != nil {
 		t.Error("a survived, want it evicted as least recently used")
@@ -451,7 +452,7 @@ func TestTableLRU(t *testing.T) {
 	if tbl.Len() != 3 {
 		t.Errorf("Len() = %d, want 3", tbl.Len())
 	}
-	wantEvictions(t, tbl, map[EvictReason]uint64{EvictLRU: 2})
+	wantEvictions(t, tbl, map[EvictReason]uint64{EvictUnconfirmed: 1, EvictLRU: 1})
 	if got := liveSessions(tbl); got["up:a"] != 0 || got["up:b"] != 0 || got["up:c"] != 1 || got["up:d"] != 1 || got["up:e"] != 1 {
 		t.Errorf("LiveSessions = %v", got)
 	}
@@ -476,7 +477,7 @@ func TestTableConfigure(t *testing.T) {
 			t.Errorf("%s present = %v after shrinking, want %v", tc.id, got, tc.want)
 		}
 	}
-	wantEvictions(t, tbl, map[EvictReason]uint64{EvictLRU: 3})
+	wantEvictions(t, tbl, map[EvictReason]uint64{EvictUnconfirmed: 3}) // never used: they go first
 	if got := liveSessions(tbl)["a:1"]; got != 2 {
 		t.Errorf("LiveSessions = %d, want 2", got)
 	}
@@ -492,15 +493,16 @@ func TestTableConfigure(t *testing.T) {
 	tbl.Learn("x", "a:1")
 	tbl.Learn("y", "a:1")
 	tbl.Learn("z", "a:1") // max is still 2
-	if tbl.Len() != 2 || tbl.Evictions(EvictLRU) != 4 {
-		t.Errorf("Len() = %d, lru evictions = %d; want 2, 4", tbl.Len(), tbl.Evictions(EvictLRU))
+	if tbl.Len() != 2 || tbl.Evictions(EvictUnconfirmed) != 4 {
+		t.Errorf("Len() = %d, unconfirmed evictions = %d; want 2, 4", tbl.Len(), tbl.Evictions(EvictUnconfirmed))
 	}
 	tbl.Configure(100, 0)
 	for i := range 50 {
 		tbl.Learn(fmt.Sprintf("n%d", i), "a:1")
 	}
-	if tbl.Len() != 52 || tbl.Evictions(EvictLRU) != 4 {
-		t.Errorf("Len() = %d, lru evictions = %d after growing; want 52, 4", tbl.Len(), tbl.Evictions(EvictLRU))
+	if tbl.Len() != 52 || tbl.Evictions(EvictUnconfirmed) != 4 || tbl.Evictions(EvictLRU) != 0 {
+		t.Errorf("Len() = %d, unconfirmed and lru evictions = %d, %d after growing; want 52, 4, 0",
+			tbl.Len(), tbl.Evictions(EvictUnconfirmed), tbl.Evictions(EvictLRU))
 	}
 	clk.Advance(59 * time.Second)
 	if n := tbl.Sweep(); n != 0 {
@@ -525,8 +527,8 @@ func TestTableEvictionPaths(t *testing.T) {
 			tbl.Evict("s", EvictAdmin)
 		}, EvictTTL},
 		{"relearned", func(tbl *Table, _ *fakeClock) { tbl.Learn("s", "b:1"); tbl.Evict("s", EvictAdmin) }, EvictRelearned},
-		{"lru via learn", func(tbl *Table, _ *fakeClock) { tbl.Learn("t", "b:1"); tbl.Learn("u", "b:1") }, EvictLRU},
-		{"lru via configure", func(tbl *Table, _ *fakeClock) { tbl.Learn("t", "b:1"); tbl.Configure(1, 0) }, EvictLRU},
+		{"lru via learn", func(tbl *Table, _ *fakeClock) { tbl.Learn("t", "b:1"); tbl.Lookup("t"); tbl.Learn("u", "b:1") }, EvictLRU},
+		{"lru via configure", func(tbl *Table, _ *fakeClock) { tbl.Learn("t", "b:1"); tbl.Lookup("t"); tbl.Configure(1, 0) }, EvictLRU},
 		{"delete", func(tbl *Table, _ *fakeClock) { tbl.Evict("s", EvictDelete) }, EvictDelete},
 		{"upstream_404", func(tbl *Table, _ *fakeClock) { tbl.Evict("s", EvictUpstream404) }, EvictUpstream404},
 		{"upstream_gone", func(tbl *Table, _ *fakeClock) { tbl.Evict("s", EvictUpstreamGone) }, EvictUpstreamGone},

@@ -136,12 +136,12 @@ func (t *Table) failoverSettings() failoverSettings {
 func (t *Table) keepInit(id string, init *sessionInit) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e, ok := t.lru.Peek(id)
+	e, list, ok := t.peek(id)
 	if !ok {
 		return false
 	}
 	e.init = init
-	t.lru.Add(id, e)
+	list.Add(id, e) // not a use: an unconfirmed session stays so
 	return true
 }
 
@@ -150,7 +150,7 @@ func (t *Table) keepInit(id string, init *sessionInit) bool {
 func (t *Table) initOf(id string) (*Upstream, *sessionInit) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e, ok := t.lru.Peek(id)
+	e, _, ok := t.peek(id)
 	if !ok {
 		return nil, nil
 	}
@@ -163,7 +163,7 @@ func (t *Table) moveSession(id string, to *Upstream, init *sessionInit) bool {
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e, ok := t.lru.Peek(id)
+	e, list, ok := t.peek(id)
 	if !ok {
 		return false
 	}
@@ -173,7 +173,7 @@ func (t *Table) moveSession(id string, to *Upstream, init *sessionInit) bool {
 		e.up = to
 	}
 	e.init, e.lastUsed = init, now
-	t.lru.Add(id, e)
+	t.use(id, e, list) // a request of the session moves it
 	return true
 }
 

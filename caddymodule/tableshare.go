@@ -142,10 +142,12 @@ type sessionDial struct {
 func (t *Table) snapshot() []sessionDial {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]sessionDial, 0, t.lru.Len())
-	for _, id := range t.lru.Keys() {
-		if e, ok := t.lru.Peek(id); ok {
-			out = append(out, sessionDial{id, e.up.dial, e.principal})
+	out := make([]sessionDial, 0, t.len())
+	for _, list := range t.lists() {
+		for _, id := range list.Keys() {
+			if e, ok := list.Peek(id); ok {
+				out = append(out, sessionDial{id, e.up.dial, e.principal})
+			}
 		}
 	}
 	return out

@@ -37,7 +37,16 @@ func openSessions(ctx context.Context, t testing.TB, url string, hc *http.Client
 	t.Helper()
 	css := make([]*liveSession, n)
 	for i := range css {
-		css[i] = openLiveSession(ctx, t, url, hc)
+		cs, err := connectNoStream(ctx, url, hc) // a GET stream would keep it from eviction
+		if err != nil {
+			t.Fatalf("connect: %v", err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		id, err := whoami(ctx, cs)
+		if err != nil {
+			t.Fatalf("first call: %v", err)
+		}
+		css[i] = &liveSession{cs: cs, server: id.Server}
 	}
 	return css
 }

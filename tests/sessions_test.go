@@ -25,6 +25,14 @@ func connect(ctx context.Context, url string, hc *http.Client, version ...string
 	return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, opts)
 }
 
+// connectNoStream is connect without the standalone GET (SSE) stream that
+// the go-sdk client opens by default: an open stream keeps a session from
+// expiring or being evicted, so tests of those use sessions without one.
+func connectNoStream(ctx context.Context, url string, hc *http.Client) (*mcp.ClientSession, error) {
+	client := mcp.NewClient(&mcp.Implementation{Name: "affinity-test", Version: "v0"}, nil)
+	return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1, DisableStandaloneSSE: true}, nil)
+}
+
 // identity is the whoami tool's answer: the server that handled the call
 // (the name it also gives as serverInfo.name) and the session ID it saw.
 type identity struct {

@@ -32,7 +32,7 @@ type Config struct {
 
 // Main runs a whoami server configured by args (without the program name)
 // until SIGINT or SIGTERM. Flags: -listen, -name, -json, -era, -addr-file,
-// -down-file. It returns Run's errors.
+// -down-file, -session-timeout. It returns Run's errors.
 func Main(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -74,6 +74,7 @@ func ParseFlags(args []string) (Config, error) {
 	fs.StringVar(&cfg.Options.Era, "era", EraLegacy, "protocol eras served: legacy (sessions), modern (2026-07-28, no sessions) or dual")
 	fs.StringVar(&cfg.AddrFile, "addr-file", "", "write the actual listen address to this `file` once listening")
 	fs.StringVar(&cfg.Options.DownFile, "down-file", "", "GET /healthz answers 503 while this `file` exists")
+	fs.DurationVar(&cfg.Options.SessionTimeout, "session-timeout", 0, "close sessions idle for this `duration` (0: keep them until DELETE)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}

@@ -58,6 +58,9 @@ type Options struct {
 	// endpoint, GET /healthz, answer 503: a maintenance switch for health
 	// checks. The MCP endpoint keeps serving.
 	DownFile string
+	// SessionTimeout closes a session idle for this long (go-sdk
+	// StreamableHTTPOptions.SessionTimeout); 0 keeps sessions until DELETE.
+	SessionTimeout time.Duration
 }
 
 // Values of Options.Era.
@@ -111,8 +114,9 @@ func mcpHandler(opts Options) http.Handler {
 	getServer := func(*http.Request) *mcp.Server { return server }
 	handler := func(stateless bool) http.Handler {
 		return mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
-			JSONResponse: opts.JSONResponse,
-			Stateless:    stateless,
+			JSONResponse:   opts.JSONResponse,
+			Stateless:      stateless,
+			SessionTimeout: opts.SessionTimeout,
 		})
 	}
 	switch opts.Era {

@@ -186,12 +186,15 @@ func TestRunWritesAddrFile(t *testing.T) {
 
 func TestParseFlags(t *testing.T) {
 	cfg, err := ParseFlags(nil)
-	if err != nil || cfg.Listen != "127.0.0.1:0" || cfg.Options.Name != "whoami" || cfg.Options.JSONResponse {
+	if err != nil || cfg.Listen != "127.0.0.1:0" || cfg.Options.Name != "whoami" || cfg.Options.JSONResponse || cfg.Options.SessionTimeout != 0 {
 		t.Errorf("defaults: %+v, %v", cfg, err)
 	}
 	cfg, err = ParseFlags([]string{"-json", "-name", "a", "-listen", "127.0.0.1:1", "-addr-file", "f"})
 	if err != nil || !cfg.Options.JSONResponse || cfg.Options.Name != "a" || cfg.Listen != "127.0.0.1:1" || cfg.AddrFile != "f" {
 		t.Errorf("flags: %+v, %v", cfg, err)
+	}
+	if cfg, err := ParseFlags([]string{"-session-timeout", "5s"}); err != nil || cfg.Options.SessionTimeout != 5*time.Second {
+		t.Errorf("-session-timeout 5s: %+v, %v", cfg, err)
 	}
 	if _, err := ParseFlags([]string{"extra"}); err == nil {
 		t.Error("extra argument accepted")

@@ -1,0 +1,180 @@
+package caddymodule
+
+import (
+	"slices"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+// Admission: which session leaves when a new one arrives. Every method
+// here runs with t.mu held.
+
+// peek returns session id's entry and the list that holds it, without
+// counting it as use.
+func (t *Table) peek(id string) (entry, *simplelru.LRU[string, entry], bool) {
+	if e, ok := t.confirmed.Peek(id); ok {
+		return e, t.confirmed, true
+	}
+	e, ok := t.unconfirmed.Peek(id)
+	return e, t.unconfirmed, ok
+}
+
+// len returns the number of sessions in both lists.
+func (t *Table) len() int { return t.unconfirmed.Len() + t.confirmed.Len() }
+
+// lists returns both lists, unconfirmed first.
+func (t *Table) lists() [2]*simplelru.LRU[string, entry] {
+	return [2]*simplelru.LRU[string, entry]{t.unconfirmed, t.confirmed}
+}
+
+// use stores e, just used, back as session id's entry at the front of the
+// confirmed list; list is the list that held it.
+func (t *Table) use(id string, e entry, list *simplelru.LRU[string, entry]) {
+	if list == t.unconfirmed {
+		t.confirm(id, e)
+		return
+	}
+	list.Add(id, e)
+}
+
+// confirm moves session id, at its first use since it was learned, to the
+// front of the confirmed list. The number of sessions does not change.
+func (t *Table) confirm(id string, e entry) {
+	t.moving = true
+	t.unconfirmed.Remove(id)
+	t.moving = false
+	t.confirmed.Add(id, e)
+}
+
+// makeRoom evicts sessions until n more fit in the table, and reports
+// whether they do. client, when not empty, is the client of the session to
+// come: at its cap, its own oldest unconfirmed session goes first.
+// Unconfirmed sessions go before confirmed ones, and a session with an
+// open GET stream never goes.
+func (t *Table) makeRoom(n int, client string) bool {
+	if victim := t.perClient.oldestOver(client); victim != "" {
+		t.reason = EvictClientCap
+		t.unconfirmed.Remove(victim)
+	}
+	for t.len()+n > t.max {
+		if t.unconfirmed.Len() > 0 {
+			t.reason = EvictUnconfirmed
+			t.unconfirmed.RemoveOldest()
+			continue
+		}
+		if !t.evictConfirmedLRU() {
+			return false
+		}
+	}
+	return true
+}
+
+// evictConfirmedLRU evicts the least recently used confirmed session that
+// has no open GET stream, and reports whether there was one. Sessions with
+// an open stream that it passes are in use: they move to the front.
+func (t *Table) evictConfirmedLRU() bool {
+	now := t.clock()
+	for range t.confirmed.Len() {
+		id, e, _ := t.confirmed.GetOldest()
+		if e.streams == 0 {
+			t.reason = EvictLRU
+			t.confirmed.RemoveOldest()
+			return true
+		}
+		e.lastUsed = now
+		t.confirmed.Add(id, e)
+	}
+	return false
+}
+
+// refuse counts session id, learned for up, as evicted at once: every
+// session of the full table has an open GET stream.
+func (t *Table) refuse(id string, up *Upstream) {
+	t.Stats.evictions[EvictLRU].Add(1)
+	if l := t.logger.Load(); l != nil {
+		if c := l.Check(zapcore.WarnLevel, "session table full of sessions with open GET streams; new session not pinned"); c != nil {
+			c.Write(zap.String("table", t.name), zap.Int("max_sessions", t.max),
+				zap.String("session", fingerprint(id)), zap.String("upstream", up.dial))
+		}
+	}
+}
+
+// SetClientCap sets the most unconfirmed sessions one client may hold
+// (max_unconfirmed_per_client; 0: no cap) and the placeholder template that
+// names a request's client (client_key). Lowering the cap applies to the
+// sessions learned from then on.
+func (t *Table) SetClientCap(limit int, key string) {
+	if key == "" || limit <= 0 {
+		key = DefaultClientKey
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.perClient.setLimit(limit)
+	t.clientKey.Store(&key)
+	t.clientCapped.Store(limit > 0)
+}
+
+// ClientKey returns the template set by [Table.SetClientCap], or "" when
+// there is no cap, so that the handler evaluates nothing.
+func (t *Table) ClientKey() string {
+	if !t.clientCapped.Load() {
+		return ""
+	}
+	return *t.clientKey.Load()
+}
+
+// DefaultClientKey names the client of a request for the cap on
+// unconfirmed sessions per client: its IP address, taken from the headers
+// of the proxies the server's `trusted_proxies` trusts, otherwise the
+// connection's remote address.
+const DefaultClientKey = "{http.request.client_ip}"
+
+// clientCap tracks, when a cap is set, the unconfirmed sessions of each
+// client, oldest first. It holds at most one entry per unconfirmed session.
+type clientCap struct {
+	limit    int
+	sessions map[string][]string // client -> its unconfirmed sessions, oldest first
+	clientOf map[string]string   // unconfirmed session -> its client
+}
+
+func (c *clientCap) setLimit(limit int) {
+	c.limit = limit
+	if limit > 0 && c.sessions == nil {
+		c.sessions, c.clientOf = map[string][]string{}, map[string]string{}
+	}
+}
+
+// oldestOver returns client's oldest unconfirmed session if the client is
+// at its cap, or "".
+func (c *clientCap) oldestOver(client string) string {
+	if c.limit <= 0 || client == "" || len(c.sessions[client]) < c.limit {
+		return ""
+	}
+	return c.sessions[client][0]
+}
+
+// add records unconfirmed session id of client.
+func (c *clientCap) add(id, client string) {
+	if c.limit <= 0 || client == "" {
+		return
+	}
+	c.sessions[client] = append(c.sessions[client], id)
+	c.clientOf[id] = client
+}
+
+// remove forgets session id, which is no longer unconfirmed.
+func (c *clientCap) remove(id string) {
+	client, ok := c.clientOf[id]
+	if !ok {
+		return
+	}
+	delete(c.clientOf, id)
+	ids := slices.DeleteFunc(c.sessions[client], func(s string) bool { return s == id })
+	if len(ids) == 0 {
+		delete(c.sessions, client)
+		return
+	}
+	c.sessions[client] = ids
+}

@@ -1,0 +1,340 @@
+package tests
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
+)
+
+// An initialize flood: many sessions opened and never used.
+
+// startFloodServer starts a go-sdk whoami server that closes sessions idle
+// for 2 s, so that it keeps little of a flood in memory: what is measured
+// is the proxy's table, not the flood's upstream.
+func startFloodServer(t testing.TB) *testproc.Proc {
+	t.Helper()
+	return launchFleet(t, 1, "flood", whoamiTimeout, func(name, addrFile string) *exec.Cmd {
+		return exec.Command(whoamiBin, "-name", name, "-listen", "127.0.0.1:0", "-addr-file", addrFile, "-json", "-session-timeout", "2s")
+	})[0]
+}
+
+// floodResult is what a flood of initialize requests got.
+type floodResult struct {
+	learned  int64 // 200 with an Mcp-Session-Id
+	failed   int64
+	firstErr atomic.Value
+	took     time.Duration
+}
+
+// flood sends n initialize requests to addr's path from workers
+// keep-alive connections of one client, with the extra header lines hdr
+// ("Name: value\r\n" each; may be empty). done, when not nil, counts the
+// requests answered so far. Requests are bytes written once and responses
+// are read with net/http's parser, which costs this process far less than
+// net/http's client.
+func flood(addr, path string, n, workers int, hdr string, done *atomic.Int64) *floodResult {
+	req := []byte(fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+
+		"Accept: application/json, text/event-stream\r\n%sContent-Length: %d\r\n\r\n%s", path, addr, hdr, len(initBody), initBody))
+	res := &floodResult{}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range workers {
+		wg.Go(func() {
+			var conn net.Conn
+			var br *bufio.Reader
+			defer func() {
+				if conn != nil {
+					conn.Close()
+				}
+			}()
+			for next.Add(1) <= int64(n) {
+				if conn == nil {
+					c, err := net.Dial("tcp", addr)
+					if err != nil {
+						res.fail(err)
+						continue
+					}
+					conn, br = c, bufio.NewReader(c)
+				}
+				if err := floodOne(conn, br, req, res); err != nil {
+					conn.Close()
+					conn = nil
+				}
+				if done != nil {
+					done.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	res.took = time.Since(start)
+	return res
+}
+
+// floodOne sends one initialize request on conn and reads its response.
+// An error means the connection is no longer usable.
+func floodOne(conn net.Conn, br *bufio.Reader, req []byte, res *floodResult) error {
+	if _, err := conn.Write(req); err != nil {
+		res.fail(err)
+		return err
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		res.fail(err)
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Mcp-Session-Id") == "" {
+		res.fail(fmt.Errorf("initialize: %s", resp.Status))
+	} else {
+		atomic.AddInt64(&res.learned, 1)
+	}
+	return err
+}
+
+func (r *floodResult) fail(err error) {
+	atomic.AddInt64(&r.failed, 1)
+	r.firstErr.CompareAndSwap(nil, err)
+}
+
+// TestInitializeFloodKeepsSessionsInUse: with max_sessions 1000, 50,000
+// initialize requests from one client, while 20 go-sdk sessions (no GET
+// stream) call a tool every 2 s and 10 go-sdk sessions hold their GET
+// stream open: 30/30 sessions survive, every call answered by the
+// session's server. The flood's sessions push out only each other. The
+// control in the same run: 5 sessions opened during the flood and not used
+// are pushed out like the flood's own, which is what an LRU table did to
+// the sessions in use.
+func TestInitializeFloodKeepsSessionsInUse(t *testing.T) {
+	const (
+		maxSessions = 1000
+		floodSize   = 50_000
+		callers     = 20
+		streamers   = 10
+	)
+	servers := startBackends(t, 2, true)
+	fl := startFloodServer(t)
+	p := startProxy(t, fmt.Sprintf("mcp_proxy /mcp %s {\n\t\ttable flood\n\t\tmax_sessions %d\n\t}\n\tmcp_proxy /flood %s {\n\t\ttable flood\n\t}",
+		upstreams(servers), maxSessions, fl.Addr()))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+
+	sessions := make([]*mcp.ClientSession, callers+streamers)
+	owners := make([]string, len(sessions))
+	for i := range sessions {
+		connectTo := connect
+		if i < callers {
+			connectTo = noStream
+		}
+		cs, err := connectTo(ctx, p.url(), hc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		id, err := whoami(ctx, cs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sessions[i], owners[i] = cs, id.Server
+	}
+	waitStreams(t, "flood", sessions[callers:])
+
+	stop := make(chan struct{})
+	errs := make(chan error, callers)
+	var calls atomic.Int64
+	for i, cs := range sessions[:callers] {
+		go func() { errs <- callEvery(ctx, cs, owners[i], 2*time.Second, stop, &calls) }()
+	}
+	var answered atomic.Int64
+	victims := make(chan []string, 1)
+	go func() { // the control: opened once the flood is under way, never used
+		for answered.Load() < 1000 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		var ids []string
+		for range 5 {
+			ids = append(ids, openUnused(hc, p.url(), nil))
+		}
+		victims <- ids
+	}()
+	gc := debug.SetGCPercent(400) // the flood allocates much and keeps little
+	cpu := processCPU()
+	res := flood(p.addr, "/flood", floodSize, 8, "", &answered)
+	cpu = processCPU() - cpu
+	debug.SetGCPercent(gc)
+	close(stop)
+	t.Logf("flood: %d initialize requests in %v (%.0f/s, %v of this process's CPU each), %d learned, %d failed (%v); %d calls of the 20 callers meanwhile",
+		floodSize, res.took.Round(time.Millisecond), float64(floodSize)/res.took.Seconds(), (cpu / floodSize).Round(time.Microsecond),
+		res.learned, res.failed, res.firstErr.Load(), calls.Load())
+	for range callers {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	for i, cs := range sessions {
+		if id, err := whoami(ctx, cs); err != nil || id.Server != owners[i] {
+			t.Errorf("session %d (%s) after the flood: %+v, %v; want it on %s", i, map[bool]string{true: "caller", false: "GET stream"}[i < callers], id, err, owners[i])
+		}
+	}
+	if res.learned < floodSize*99/100 {
+		t.Errorf("only %d of %d flood initializes were answered with a session: the flood did not flood", res.learned, floodSize)
+	}
+	families, _ := scrape(t)
+	evicted := func(reason string) float64 {
+		return metricValue(families, "caddy_mcp_sessions_evicted_total", map[string]string{"table": "flood", "reason": reason})
+	}
+	t.Logf("evictions: unconfirmed %v, lru %v", evicted("unconfirmed"), evicted("lru"))
+	if evicted("lru") != 0 || evicted("unconfirmed") < float64(res.learned-maxSessions) {
+		t.Errorf("evictions: lru %v, unconfirmed %v; want 0 and at least %d", evicted("lru"), evicted("unconfirmed"), res.learned-maxSessions)
+	}
+	for _, id := range <-victims {
+		if id == "" {
+			t.Fatal("control: a session could not be opened during the flood")
+		}
+		if ex := send(t, hc, http.MethodPost, p.url(), mcpPOSTHeaders(id), `{"jsonrpc":"2.0","method":"notifications/initialized"}`); ex.status != http.StatusNotFound {
+			t.Errorf("control: a session opened during the flood and never used got %d; want the proxy's 404 (pushed out)", ex.status)
+		}
+	}
+}
+
+// openUnused sends one initialize request to url with the extra header
+// hdr, and returns the session it opens ("" on failure), which it does not use.
+func openUnused(hc *http.Client, url string, hdr http.Header) string {
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(initBody))
+	req.Header = mcpPOSTHeaders("")
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.Header.Get("Mcp-Session-Id")
+}
+
+// processCPU returns the CPU time this process has used (user and system).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// noStream is connectNoStream with connect's signature.
+func noStream(ctx context.Context, url string, hc *http.Client, _ ...string) (*mcp.ClientSession, error) {
+	return connectNoStream(ctx, url, hc)
+}
+
+// callEvery calls whoami on cs every interval until stop, and returns the
+// first failure or call answered by another server than owner.
+func callEvery(ctx context.Context, cs *mcp.ClientSession, owner string, interval time.Duration, stop <-chan struct{}, calls *atomic.Int64) error {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return nil
+		case <-tick.C:
+		}
+		id, err := whoami(ctx, cs)
+		if err != nil || id.Server != owner {
+			return fmt.Errorf("session %s during the flood: %+v, %v; want it on %s", cs.ID(), id, err, owner)
+		}
+		calls.Add(1)
+	}
+}
+
+// waitStreams waits until each session's GET stream is open through the
+// proxy, as the admin API reports it.
+func waitStreams(t *testing.T, table string, sessions []*mcp.ClientSession) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, cs := range sessions {
+		for {
+			var st struct {
+				OpenStreams int `json:"open_streams"`
+			}
+			adminCall(t, http.MethodPost, "/mcp_sessions/lookup", map[string]string{"table": table, "session_id": cs.ID()}, &st)
+			if st.OpenStreams > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("session %s has no open GET stream through the proxy", cs.ID())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// TestClientCapKeepsNewSessionsDuringFlood: with max_unconfirmed_per_client,
+// a session that another client opens during a flood survives until its
+// first use even when that comes after many times max_sessions flood
+// initializes: the flooding client only pushes out its own sessions. The
+// control in the same run, the same table without the cap: the new
+// session is pushed out before its first use.
+func TestClientCapKeepsNewSessionsDuringFlood(t *testing.T) {
+	servers := startBackends(t, 1, true)
+	fl := startFloodServer(t)
+	const maxSessions = 200
+	site := ""
+	for _, v := range []struct{ table, cap string }{{"capped", "\n\t\tmax_unconfirmed_per_client 20\n\t\tclient_key {http.request.header.X-Client}"}, {"uncapped", ""}} {
+		site += fmt.Sprintf("mcp_proxy /%s/mcp %s {\n\t\ttable %s\n\t\tmax_sessions %d%s\n\t}\n\tmcp_proxy /%s/flood %s {\n\t\ttable %s\n\t}\n\t",
+			v.table, upstreams(servers), v.table, maxSessions, v.cap, v.table, fl.Addr(), v.table)
+	}
+	p := startProxy(t, strings.TrimSpace(site))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	for _, tc := range []struct {
+		table    string
+		survives bool
+	}{{"capped", true}, {"uncapped", false}} {
+		url := "http://" + p.addr + "/" + tc.table + "/mcp"
+		var answered atomic.Int64
+		done := make(chan *floodResult)
+		go func() {
+			done <- flood(p.addr, "/"+tc.table+"/flood", 10*maxSessions, 8, "X-Client: mallory\r\n", &answered)
+		}()
+		for answered.Load() < maxSessions {
+			time.Sleep(5 * time.Millisecond)
+		}
+		id := openUnused(hc, url, http.Header{"X-Client": {"alice"}})
+		opened := answered.Load()
+		for answered.Load() < opened+3*maxSessions {
+			time.Sleep(5 * time.Millisecond)
+		}
+		hdr := mcpPOSTHeaders(id)
+		hdr["X-Client"] = []string{"alice"}
+		used := answered.Load()
+		ex := send(t, hc, http.MethodPost, url, hdr, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+		res := <-done
+		t.Logf("%s: alice's session, first used after %d flood initializes: %d; flood %d learned, %d failed",
+			tc.table, used-opened, ex.status, res.learned, res.failed)
+		if id == "" || (ex.status == http.StatusAccepted) != tc.survives {
+			t.Errorf("%s: alice's first request got %d; want it to survive: %v", tc.table, ex.status, tc.survives)
+		}
+	}
+	families, _ := scrape(t)
+	if n := metricValue(families, "caddy_mcp_sessions_evicted_total", map[string]string{"table": "capped", "reason": "client_cap"}); n < 10*maxSessions-20-1 {
+		t.Errorf("client_cap evictions in the capped table: %v; want the flood's own, about %d", n, 10*maxSessions-20)
+	}
+}
