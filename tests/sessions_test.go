@@ -74,10 +74,14 @@ func whoamiAcrossReload(ctx context.Context, t testing.TB, hc *http.Client, cs *
 	}
 }
 
-// isConnectionError reports whether err is a client connection failure.
+// isConnectionError reports whether err is a client connection failure
+// before any answer: EOF, a reset, or a keep-alive connection the server
+// closed as the request went out on it (net/http's "server closed idle
+// connection", which it retries itself only for idempotent requests).
 func isConnectionError(err error) bool {
 	msg := err.Error()
-	return strings.HasSuffix(msg, ": EOF") || strings.Contains(msg, "connection reset by peer")
+	return strings.HasSuffix(msg, ": EOF") || strings.Contains(msg, "connection reset by peer") ||
+		strings.Contains(msg, "server closed idle connection")
 }
 
 // sessionPlan says what runSession does in one session.
