@@ -95,7 +95,9 @@ func TestSealOpenRoundTrip(t *testing.T) {
 		}
 		raw, _ := sealEncoding.DecodeString(v)
 		for _, secret := range []string{tc.dial, tc.id} {
-			if len(secret) >= 4 && strings.Contains(v, secret) || bytes.Contains(raw, []byte(secret)) {
+			// a secret shorter than 4 bytes turns up in random bytes by chance (a
+			// 1-byte one in about 1 of 5 sealed values)
+			if len(secret) >= 4 && (strings.Contains(v, secret) || bytes.Contains(raw, []byte(secret))) {
 				t.Errorf("sealed value %q shows %q", v, secret)
 			}
 		}
