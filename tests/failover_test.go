@@ -599,3 +599,69 @@ func TestRollingDeployFailoverDeadline(t *testing.T) {
 		t.Fatalf("the rolling deploy took %v, more than %v for 3 upstreams with a %ds deadline", took, limit, deadline)
 	}
 }
+
+// TestFailoverSealed: with seal_session_ids and failover reinitialize, the
+// sessions of a killed server move to another server while their clients
+// keep their sealed ID, which the proxy gives back on every response (the
+// new upstream's own ID never reaches the client); the sessions of the
+// other servers are untouched. Over go-sdk servers, and TypeScript SDK
+// servers, which repeat Mcp-Session-Id on every response; and the same
+// over TypeScript SDK servers without sealing, where the proxy gives the
+// client back its own plain ID.
+func TestFailoverSealed(t *testing.T) {
+	t.Setenv("FO_SEAL_KEY", newSealKey(t))
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk")
+	for _, c := range []struct {
+		name   string
+		sealed bool
+		start  func() []*testproc.Proc
+	}{
+		{"go-sdk, sealed", true, func() []*testproc.Proc { return startBackends(t, 3, true) }},
+		{"typescript-sdk, sealed", true, func() []*testproc.Proc { return startTSServers(t, env, 3, "tsa") }},
+		{"typescript-sdk, plain", false, func() []*testproc.Proc { return startTSServers(t, env, 3, "tsb") }},
+	} {
+		t.Run(c.name, func(t *testing.T) { failoverKeepsClientID(t, c.start(), c.sealed) })
+	}
+}
+
+// failoverKeepsClientID is one run of TestFailoverSealed.
+func failoverKeepsClientID(t *testing.T, srv []*testproc.Proc, sealed bool) {
+	seal := ""
+	if sealed {
+		seal = "\n\t\tseal_session_ids {env.FO_SEAL_KEY}"
+	}
+	p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\ttable fo%s%v%s\n\t\tfailover reinitialize\n\t}", upstreams(srv), srv[0].Name(), sealed, seal))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	vs := openVSSessions(t, hc, p.url(), 12)
+	seen := map[string]string{} // client ID -> the session ID its creator saw
+	for _, v := range vs {
+		_, who := rawWhoami(t, hc, p.url(), v.id)
+		seen[v.id] = who.Session
+	}
+	srv[1].Kill()
+	<-srv[1].Done()
+	moved, others, leaked, echoed := 0, 0, 0, 0
+	for _, v := range vs {
+		v.resume(t, hc, p.url())
+		ex := mcpPost(t, hc, p.url(), v.id, tsWhoamiCall)
+		who, _ := tsWhoamiResult(ex.body)
+		if got := ex.header.Values("Mcp-Session-Id"); len(got) > 1 || len(got) == 1 && got[0] != v.id {
+			leaked++
+		} else if len(got) == 1 {
+			echoed++
+		}
+		switch {
+		case v.creator == srv[1].Name() && who.Server != srv[1].Name() && who.Session != seen[v.id] && !strings.Contains(v.id, who.Session):
+			moved++
+		case v.creator != srv[1].Name() && who.Server == v.creator && who.Session == seen[v.id]:
+			others++
+		}
+	}
+	onDead, deadOK, nOthers, othersOK := vsSummary(vs, srv[1].Name())
+	t.Logf("%d sessions on the killed server, %d moved (%d ok through GET and POSTs); %d/%d others untouched (%d ok); responses carrying the client's own Mcp-Session-Id %d, another one %d",
+		onDead, moved, deadOK, others, nOthers, othersOK, echoed, leaked)
+	if onDead == 0 || moved != onDead || deadOK != onDead || others != nOthers || othersOK != nOthers || leaked != 0 {
+		t.Fatal("want every session of the killed server moved under its sealed ID, the others untouched, no other ID given to a client")
+	}
+}
