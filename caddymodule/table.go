@@ -157,7 +157,7 @@ func (u *Upstream) LiveSessions() int64 { return u.live.Load() }
 // sessions but keeps serving its pinned ones.
 func (u *Upstream) Draining() bool { return u.draining.Load() }
 
-// entry is the table's value for one session. It is kept small (48 bytes):
+// entry is the table's value for one session. It is kept small (40 bytes):
 // it is stored inline in the LRU's list element, one per live session.
 type entry struct {
 	up *Upstream
@@ -170,9 +170,6 @@ type entry struct {
 	// principal is the keyed hash of the principal the session is bound
 	// to; zero when it is unbound.
 	principal principalSum
-	// init is the session's initialize request, kept for failover; nil
-	// unless the table fails sessions over (tablefailover.go).
-	init *sessionInit
 }
 
 // Origin says who opened a session, as the handler evaluates its
@@ -300,6 +297,7 @@ type Table struct {
 	// session fail it over while the others wait (tablefailover.go).
 	failover atomic.Pointer[failoverSettings]
 	flights  singleflight.Group
+	inits    map[string]*sessionInit // by session; guarded by mu; nil until one is kept
 
 	// store is the table's connection to a shared store; nil keeps the
 	// sessions in this process only.
@@ -823,6 +821,7 @@ func (t *Table) onEvict(id string, e entry) {
 		}
 	}
 	e.up.live.Add(-1)
+	delete(t.inits, id)
 	t.Stats.evictions[t.reason].Add(1) // valid: only the table's own code and Evict's checked reasons set it
 	if c := t.store.Load(); c != nil {
 		c.forget(id)

@@ -132,16 +132,19 @@ func (t *Table) failoverSettings() failoverSettings {
 }
 
 // keepInit records the initialize request of session id, which the table
-// holds, for failover. It reports whether the table held the session.
+// holds, for failover. It reports whether the table held the session. The
+// kept requests live beside the LRU, not in its entries, so that tables
+// without failover pay nothing for them; the eviction callback drops them.
 func (t *Table) keepInit(id string, init *sessionInit) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e, list, ok := t.peek(id)
-	if !ok {
+	if _, _, ok := t.peek(id); !ok {
 		return false
 	}
-	e.init = init
-	list.Add(id, e) // not a use: an unconfirmed session stays so
+	if t.inits == nil {
+		t.inits = map[string]*sessionInit{}
+	}
+	t.inits[id] = init
 	return true
 }
 
@@ -154,7 +157,7 @@ func (t *Table) initOf(id string) (*Upstream, *sessionInit) {
 	if !ok {
 		return nil, nil
 	}
-	return e.up, e.init
+	return e.up, t.inits[id]
 }
 
 // moveSession pins session id to upstream to, which knows it by init's
@@ -172,8 +175,9 @@ func (t *Table) moveSession(id string, to *Upstream, init *sessionInit) bool {
 		to.live.Add(1)
 		e.up = to
 	}
-	e.init, e.lastUsed = init, now
+	e.lastUsed = now
 	t.use(id, e, list) // a request of the session moves it
+	t.inits[id] = init
 	return true
 }
 

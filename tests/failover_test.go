@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -463,16 +464,41 @@ func drainDeadline(t testing.TB, table, upstream, deadline string) caddymodule.U
 // whoamiAll calls whoami once in every session and returns who answered
 // each, and how many calls failed.
 func whoamiAll(ctx context.Context, css []*mcp.ClientSession) ([]identity, int) {
+	ids, failed, _ := timedWhoamiAll(ctx, css)
+	return ids, failed
+}
+
+// timedWhoamiAll is whoamiAll that also returns how long each call took.
+func timedWhoamiAll(ctx context.Context, css []*mcp.ClientSession) ([]identity, int, []time.Duration) {
 	ids := make([]identity, len(css))
+	took := make([]time.Duration, len(css))
 	failed := 0
 	for i, cs := range css {
+		start := time.Now()
 		id, err := whoami(ctx, cs)
+		took[i] = time.Since(start)
 		if err != nil {
 			failed++
 		}
 		ids[i] = id
 	}
-	return ids, failed
+	return ids, failed, took
+}
+
+// medianOn returns the median of the durations of the calls answered
+// before by server (on) or by another server (!on).
+func medianOn(took []time.Duration, before []identity, server string, on bool) time.Duration {
+	var ds []time.Duration
+	for i, d := range took {
+		if (before[i].Server == server) == on {
+			ds = append(ds, d)
+		}
+	}
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
 }
 
 // TestFailoverDrainDeadline: an upstream drained with a deadline keeps its
@@ -523,9 +549,11 @@ func TestFailoverDrainDeadline(t *testing.T) {
 		t.Fatalf("within the deadline: %d sessions answered by the drained %s, want the %d it had (and more than 0)", onVictim(within), victim.Name(), k)
 	}
 	time.Sleep(1200 * time.Millisecond)
-	past, failed := whoamiAll(ctx, css["dd"])
+	past, failed, took := timedWhoamiAll(ctx, css["dd"])
 	live := mustUpstream(t, "dd", victim.Addr()).LiveSessions
 	t.Logf("failover reinitialize, past the deadline: %d of %d sessions on %s moved (%d calls failed), live_sessions %d", k-onVictim(past), k, victim.Name(), failed, live)
+	t.Logf("median call that failed its session over: %v; median call pinned as usual, in the same loop: %v",
+		medianOn(took, within, victim.Name(), true), medianOn(took, within, victim.Name(), false))
 	if onVictim(past) != 0 || failed != 0 || live != 0 {
 		t.Fatalf("past the deadline: %d sessions still on %s, %d calls failed, live_sessions %d; want 0, 0, 0", onVictim(past), victim.Name(), failed, live)
 	}
