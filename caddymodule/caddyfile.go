@@ -44,14 +44,11 @@ const (
 	// neither Go nor Caddy may retry it: the upstream may have read a POST.
 	// Caddy's own default is 2 minutes.
 	proxyIdleConnTimeout = time.Second
-	// proxyHostHeader makes the upstream see its own host:port as Host, which
-	// the DNS-rebinding protection of MCP SDK servers bound to loopback requires.
-	proxyHostHeader = "{http.reverse_proxy.upstream.hostport}"
-	// proxyUnixHostHeader is the Host sent to unix socket upstreams, which
-	// have no host:port (Go sends an empty Host for a socket path): a
-	// loopback name with a port, which the Python SDK's host check
-	// (`localhost:*`) and the Go SDK's accept.
-	proxyUnixHostHeader = "localhost:80"
+	// proxyHostHeader sends upstreams on this machine their own host:port
+	// as Host, which the DNS-rebinding protection of MCP SDK servers on
+	// loopback requires, and every other upstream the client's Host (see
+	// hostForUpstream).
+	proxyHostHeader = "{mcp.host_for_upstream}"
 )
 
 // parseMCPSession sets up the handler from Caddyfile tokens.
@@ -324,8 +321,9 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	}
 //
 // Defaults that differ from reverse_proxy's, each overridable in the block:
-// `lb_retries 2`, `fail_duration 10s`, `header_up Host {upstream_hostport}`,
-// and for the http transport `keepalive 1s`.
+// `lb_retries 2`, `fail_duration 10s`, `header_up Host {mcp.host_for_upstream}`
+// (except to HTTPS upstreams, which get Caddy's own default), and for the
+// http transport `keepalive 1s`.
 func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 	if !h.Next() {
 		return nil, h.ArgErr()
@@ -351,7 +349,7 @@ func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) 
 	if err := rp.FinalizeUnmarshalCaddyfile(h); err != nil {
 		return nil, err
 	}
-	adjustHostForUnixSockets(rp)
+	adjustHostForTLS(rp)
 	adjustForSocketSource(rp, used)
 	if rp.TransportRaw, err = withIdleConnTimeout(rp.TransportRaw); err != nil {
 		return nil, h.Errf("transport: %v", err)
@@ -460,32 +458,32 @@ func subdirectives(d *caddyfile.Dispenser) map[string]bool {
 	return used
 }
 
-// adjustHostForUnixSockets replaces the default Host of an mcp_proxy whose
-// upstreams are all unix sockets, unless the user set Host themselves.
-func adjustHostForUnixSockets(rp *reverseproxy.Handler) {
-	if !onlyUnixSockets(rp) || rp.Headers == nil || rp.Headers.Request == nil {
+// adjustHostForTLS removes mcp_proxy's default Host from a proxy to HTTPS
+// upstreams, unless the user set Host themselves: reverse_proxy then
+// sends the upstream's own host:port, which its certificate and virtual
+// hosts expect, whatever the upstream's address.
+func adjustHostForTLS(rp *reverseproxy.Handler) {
+	if !tlsTransport(rp.TransportRaw) || rp.Headers == nil || rp.Headers.Request == nil {
 		return
 	}
-	host := rp.Headers.Request.Set["Host"]
-	if len(host) != 1 || host[0] != proxyHostHeader {
+	ops := rp.Headers.Request
+	if host := ops.Set["Host"]; len(host) != 1 || host[0] != proxyHostHeader {
 		return
 	}
-	rp.Headers.Request.Set["Host"] = []string{proxyUnixHostHeader}
+	delete(ops.Set, "Host")
+	if len(ops.Set)+len(ops.Add)+len(ops.Delete)+len(ops.Replace) == 0 && rp.Headers.Response == nil {
+		rp.Headers = nil
+	}
 }
 
-// onlyUnixSockets reports whether every upstream of rp is a unix socket:
-// its upstreams come from the unix_sockets source, or it has static
-// upstreams and all are sockets.
-func onlyUnixSockets(rp *reverseproxy.Handler) bool {
-	if rp.DynamicUpstreamsRaw != nil {
-		return isUnixSocketsSource(rp.DynamicUpstreamsRaw)
+// tlsTransport reports whether raw, a reverse_proxy transport, is the http
+// transport with TLS to the upstreams.
+func tlsTransport(raw json.RawMessage) bool {
+	var t struct {
+		Protocol string          `json:"protocol"`
+		TLS      json.RawMessage `json:"tls"`
 	}
-	for _, u := range rp.Upstreams {
-		if !strings.HasPrefix(u.Dial, "unix/") {
-			return false
-		}
-	}
-	return len(rp.Upstreams) > 0
+	return json.Unmarshal(raw, &t) == nil && t.Protocol == "http" && t.TLS != nil
 }
 
 // withIdleConnTimeout gives the transport of an mcp_proxy the default idle

@@ -51,11 +51,11 @@ type exchange struct {
 	body      *rpcHead // what the body says, nil if it was unreadable
 	bodyFault *fault   // why the body was unreadable
 
-	providing bool // the placeholders are registered with the replacer
-	serving   bool // an mcp_session handler is serving the request
-	status    int  // the final status written through the handler, 0 before
-	decision  decision
-	pinned    string // dial address of the session's upstream
+	repl     *caddy.Replacer // the request's replacer, once the placeholders are registered with it
+	serving  bool            // an mcp_session handler is serving the request
+	status   int             // the final status written through the handler, 0 before
+	decision decision
+	pinned   string // dial address of the session's upstream
 }
 
 // exchangeOf returns the request's exchange, creating it on first use.
@@ -169,10 +169,10 @@ func namedMethod(method string) bool {
 // replacer, once. The replacer calls back only when a placeholder is used.
 func (ex *exchange) provide(r *http.Request) {
 	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if !ok || ex.providing {
+	if !ok || ex.repl != nil {
 		return
 	}
-	ex.providing = true
+	ex.repl = repl
 	repl.Map(ex.placeholder)
 }
 

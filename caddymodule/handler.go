@@ -97,6 +97,7 @@ const (
 // `{mcp.session_fingerprint}` | The first 12 hex digits of the SHA-256 of `Mcp-Session-Id`, never the ID itself; empty without a session
 // `{mcp.pinned_upstream}` | The dial address of the upstream the session is pinned to: for `pinned` and `gone` the session's, for `learned` the one that created it; empty otherwise
 // `{mcp.decision}` | `balanced` (no session), `learned`, `pinned`, `unknown` (session not in the table), `gone` (its upstream is gone), `rejected` (answered 4xx by the proxy)
+// `{mcp.host_for_upstream}` | In `reverse_proxy`, once it has selected an upstream: the upstream's own host:port if it is on this machine (a loopback or unspecified address, `localhost`), `localhost:80` for a unix socket, and otherwise the client's Host unchanged; `mcp_proxy` sends it as `Host`
 //
 // An `mcp` matcher that ran before the handler sets the same placeholders;
 // `decision` and `pinned_upstream` are then empty until the handler runs.

@@ -56,6 +56,8 @@ func (ex *exchange) placeholder(key string) (any, bool) {
 		return ex.pinned, true
 	case "decision":
 		return string(ex.decision), true
+	case "host_for_upstream":
+		return hostForUpstream(ex.repl), true
 	}
 	return nil, false
 }
