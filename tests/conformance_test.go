@@ -197,7 +197,8 @@ func startConformanceGoServers(t *testing.T, n int) []*testproc.Proc {
 // It also runs the suite through `mcp_proxy { header_up Host {host} }`,
 // which passes the client's Host as stock reverse_proxy does, and requires
 // every check to come out as direct there too. The two runs differ only in
-// mcp_proxy's default `header_up Host {upstream_hostport}`: when the
+// mcp_proxy's default Host, the upstream's own host:port for these loopback
+// upstreams (`header_up Host {mcp.host_for_upstream}`): when the
 // default run differs from direct and this one does not, the difference
 // comes from the Host rewrite (see the dns-rebinding-protection scenario).
 func TestInteropConformanceGoSDK(t *testing.T) {
@@ -230,7 +231,7 @@ func TestInteropConformanceGoSDK(t *testing.T) {
 		t.Errorf("through mcp_proxy with header_up Host {host}, %d checks differ from direct (direct vs proxy):\n  %s",
 			len(d), strings.Join(d, "\n  "))
 	} else if len(diffDefault) > 0 {
-		t.Errorf("the difference through mcp_proxy comes from its default header_up Host {upstream_hostport}: " +
+		t.Errorf("the difference through mcp_proxy comes from its default Host for loopback upstreams, their own host:port: " +
 			"the upstream sees its own address instead of the client's Host, so its DNS-rebinding protection " +
 			"(reject a non-localhost Host) never fires, and the proxy accepts what the server alone rejects")
 	}

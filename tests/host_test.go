@@ -2,11 +2,14 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // The Host header (README, `header_up Host` and `localhost_protection`) and
@@ -42,11 +45,15 @@ func (h hostRewriter) RoundTrip(r *http.Request) (*http.Response, error) {
 // trusted proxy or tunnel on the same machine reaches with public hostnames.
 const behindTunnel = "\n\t\tlocalhost_protection off"
 
-// TestUpstreamSeesItsOwnHost: by default mcp_proxy sends each upstream its
-// own host:port as Host, whatever Host the client sent, and carries the
-// client's Host in X-Forwarded-Host; with `header_up Host {host}` (the
-// control) the client's Host reaches the upstream. The proxy listens on
-// loopback, so public hostnames need localhost_protection off.
+// TestUpstreamSeesItsOwnHost: by default mcp_proxy sends an upstream on
+// loopback its own host:port as Host, whatever Host the client sent, and
+// carries the client's Host and scheme in X-Forwarded-Host and
+// X-Forwarded-Proto, once each (reverse_proxy sets them; mcp_proxy adds
+// none); with `header_up Host {host}` (the control) the client's Host
+// reaches the upstream. The proxy listens on loopback, so public hostnames
+// need localhost_protection off. (Upstreams not on loopback get the
+// client's Host: TestHostForUpstream in caddymodule, since every test
+// server here listens on loopback.)
 func TestUpstreamSeesItsOwnHost(t *testing.T) {
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
@@ -75,6 +82,9 @@ func TestUpstreamSeesItsOwnHost(t *testing.T) {
 			}
 			if got := r.header.Values("X-Forwarded-Host"); len(got) != 1 || got[0] != clientHost {
 				t.Errorf("request %d: X-Forwarded-Host = %q; want [%q]", i+1, got, clientHost)
+			}
+			if got := r.header.Values("X-Forwarded-Proto"); len(got) != 1 || got[0] != "http" {
+				t.Errorf("request %d: X-Forwarded-Proto = %q; want [http]", i+1, got)
 			}
 		}
 	})
@@ -289,5 +299,143 @@ func TestCORSThroughProxy(t *testing.T) {
 		if d != owner && d.sawSession(id) != 0 {
 			t.Errorf("%s, not the owner, saw the session", d.name)
 		}
+	}
+}
+
+// bearerToken is the token the OAuth-protected whoami servers accept.
+const bearerToken = "t0ken-for-tests"
+
+// withBearer is a RoundTripper that sends every request with
+// `Authorization: Bearer <bearerToken>`.
+type withBearer struct{ next http.RoundTripper }
+
+func (b withBearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+bearerToken)
+	return b.next.RoundTrip(r)
+}
+
+// resourceMetadataURL returns the URL a 401's `WWW-Authenticate: Bearer
+// resource_metadata="..."` names (RFC 9728 §5.1), or "".
+func resourceMetadataURL(ex exchange) string {
+	_, v, ok := strings.Cut(ex.header.Get("Www-Authenticate"), `resource_metadata="`)
+	if !ok {
+		return ""
+	}
+	v, _, _ = strings.Cut(v, `"`)
+	return v
+}
+
+// TestResourceMetadataNamesPublicHost: a go-sdk server that builds its
+// OAuth protected-resource metadata URL from the request's Host (go-sdk's
+// auth.RequireBearerToken and auth.ProtectedResourceMetadataHandler, the
+// URL built per request) advertises the public name through mcp_proxy in
+// the README's setup for such servers on loopback: `header_up Host
+// {hostport}` and the server accepting that Host (go-sdk:
+// DisableLocalhostProtection). The client follows the 401's
+// resource_metadata URL, through the proxy, to a document whose `resource`
+// is the public URL, then works with its token. Negative controls: with
+// the default Host (the upstream's own host:port, what mcp_proxy sends to
+// every loopback upstream and used to send to every upstream) the URLs
+// name 127.0.0.1:<upstream port>; with the client's Host but the server's
+// DNS-rebinding protection on, the server refuses it with 403.
+func TestResourceMetadataNamesPublicHost(t *testing.T) {
+	open := startBackendsWith(t, 2, false, func(string) []string { return []string{"-bearer-token", bearerToken, "-any-host"} })
+	guarded := startBackendsWith(t, 1, false, func(string) []string { return []string{"-bearer-token", bearerToken} })
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	public := &http.Client{Transport: hostRewriter{host: publicHost, next: hc.Transport}}
+	const passHost = "\n\t\theader_up Host {hostport}"
+
+	// discover sends initialize without a token, then follows the 401's
+	// resource_metadata URL through the proxy; it returns both URLs.
+	discover := func(t *testing.T, p proxy) (metadataURL, resource string) {
+		t.Helper()
+		ex := sendWithHost(t, hc, http.MethodPost, p.url(), publicHost, mcpPOSTHeaders(""), initBody)
+		metadataURL = resourceMetadataURL(ex)
+		if ex.status != http.StatusUnauthorized || metadataURL == "" {
+			t.Fatalf("initialize without a token: %d, WWW-Authenticate %q; want 401 naming resource_metadata", ex.status, ex.header.Get("Www-Authenticate"))
+		}
+		path := metadataURL[strings.Index(metadataURL[len("http://"):], "/")+len("http://"):]
+		meta := sendWithHost(t, hc, http.MethodGet, "http://"+p.addr+path, publicHost, nil, "")
+		var doc struct{ Resource string }
+		if meta.status != http.StatusOK || json.Unmarshal([]byte(meta.body), &doc) != nil {
+			t.Fatalf("GET %s through the proxy: %d %q", path, meta.status, meta.body)
+		}
+		return metadataURL, doc.Resource
+	}
+
+	t.Run("header_up Host {hostport}", func(t *testing.T) {
+		p := startProxy(t, "mcp_proxy "+upstreams(open)+" {"+passHost+behindTunnel+"\n\t}")
+		metadataURL, resource := discover(t, p)
+		if want := "http://" + publicHost + "/.well-known/oauth-protected-resource/mcp"; metadataURL != want {
+			t.Errorf("resource_metadata = %q, want %q", metadataURL, want)
+		}
+		if want := "http://" + publicHost + "/mcp"; resource != want {
+			t.Errorf("resource = %q, want %q", resource, want)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		withToken := &http.Client{Transport: withBearer{next: public.Transport}}
+		for i := range 4 {
+			if rep := runSession(ctx, p.url(), withToken, sessionPlan{calls: 3}); !rep.ok() || rep.onCreator != 3 {
+				t.Fatalf("session %d with the token: %d of 3 calls on its server, %v", i+1, rep.onCreator, rep.err)
+			}
+		}
+	})
+
+	t.Run("default Host", func(t *testing.T) {
+		p := startProxy(t, "mcp_proxy "+upstreams(open)+" {"+behindTunnel+"\n\t}")
+		metadataURL, resource := discover(t, p)
+		if !strings.HasPrefix(metadataURL, "http://127.0.0.1:") || !strings.HasPrefix(resource, "http://127.0.0.1:") {
+			t.Errorf("with the upstream's own Host, resource_metadata = %q and resource = %q; want both on 127.0.0.1 (the control shows nothing)", metadataURL, resource)
+		}
+	})
+
+	t.Run("server refuses the public Host", func(t *testing.T) {
+		p := startProxy(t, "mcp_proxy "+upstreams(guarded)+" {"+passHost+behindTunnel+"\n\t}")
+		hdr := mcpPOSTHeaders("")
+		hdr["Authorization"] = []string{"Bearer " + bearerToken}
+		if ex := sendWithHost(t, hc, http.MethodPost, p.url(), publicHost, hdr, initBody); ex.status != http.StatusForbidden || !strings.Contains(ex.body, "invalid Host") {
+			t.Errorf("initialize with the token and Host %s to a server with DNS-rebinding protection: %d %q; want its 403", publicHost, ex.status, ex.body)
+		}
+	})
+}
+
+// TestTSServerNamesPublicHost measures the Host choices with a TypeScript
+// SDK server on loopback (createMcpExpressApp, whose DNS-rebinding check
+// allows localhost, 127.0.0.1 and [::1] unless given allowedHosts) whose
+// 401 names resource_metadata from Express's req.protocol and req.host,
+// which honour X-Forwarded-Proto and X-Forwarded-Host from a trusted proxy
+// (`trust proxy`). Through the default mcp_proxy the URL names the public
+// host by X-Forwarded-Host; without that header (the control) it names the
+// upstream. With `header_up Host {hostport}` the server must allow the
+// public name (allowedHosts), else it refuses it with 403.
+func TestTSServerNamesPublicHost(t *testing.T) {
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod", "express")
+	plain := startTSServers(t, env, 1, "f", "--express")
+	allowing := startTSServers(t, env, 1, "a", "--express", "--allowed-hosts", publicHost+",localhost,127.0.0.1")
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	public := "http://" + publicHost + "/.well-known/oauth-protected-resource"
+	for _, tc := range []struct {
+		name, block, want string
+		server            *testproc.Proc
+		status            int
+	}{
+		{"default Host, X-Forwarded-Host", "", public, plain[0], http.StatusUnauthorized},
+		{"default Host, no X-Forwarded-Host", "\n\t\theader_up -X-Forwarded-Host", "http://" + plain[0].Addr() + "/.well-known/oauth-protected-resource", plain[0], http.StatusUnauthorized},
+		{"header_up Host {hostport}, allowedHosts", "\n\t\theader_up Host {hostport}", public, allowing[0], http.StatusUnauthorized},
+		{"header_up Host {hostport}, default allowedHosts", "\n\t\theader_up Host {hostport}", "", plain[0], http.StatusForbidden},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startProxy(t, "mcp_proxy "+tc.server.Addr()+" {"+tc.block+behindTunnel+"\n\t}")
+			hdr := mcpPOSTHeaders("")
+			hdr["X-Test-Auth"] = []string{"deny"}
+			ex := sendWithHost(t, hc, http.MethodPost, p.url(), publicHost, hdr, initBody)
+			if got := resourceMetadataURL(ex); ex.status != tc.status || got != tc.want {
+				t.Errorf("initialize: %d, resource_metadata %q (body %q); want %d, %q", ex.status, got, firstLine(ex.body), tc.status, tc.want)
+			}
+		})
 	}
 }

@@ -173,11 +173,12 @@ func TestInteropGunicornSharedSocket(t *testing.T) {
 // 127.0.0.1): it needs a loopback host with a port, and refuses a missing or
 // empty Host with 421.
 //
-// mcp_proxy's default `header_up Host {upstream_hostport}` is the socket's
-// path for a unix upstream, not a valid Host; Go's HTTP client then sends an
-// empty Host (net/http, go.dev/issue/61431), and the upstream refuses every
-// request with 421. The test first checks that an explicit
-// `header_up Host localhost:80` works, then the plain directive.
+// `header_up Host {upstream_hostport}` is the socket's path for a unix
+// upstream, not a valid Host; Go's HTTP client then sends an empty Host
+// (net/http, go.dev/issue/61431), and the upstream refuses every request
+// with 421. mcp_proxy's default sends a socket `localhost:80`. The test
+// first checks that an explicit `header_up Host localhost:80` works, then
+// the plain directive.
 func TestInteropGunicornUnixSockets(t *testing.T) {
 	peer := findGunicorn(t)
 	// Socket paths must stay under 108 bytes: a short directory of its own.

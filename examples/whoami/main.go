@@ -75,6 +75,8 @@ func ParseFlags(args []string) (Config, error) {
 	fs.StringVar(&cfg.AddrFile, "addr-file", "", "write the actual listen address to this `file` once listening")
 	fs.StringVar(&cfg.Options.DownFile, "down-file", "", "GET /healthz answers 503 while this `file` exists")
 	fs.DurationVar(&cfg.Options.SessionTimeout, "session-timeout", 0, "close sessions idle for this `duration` (0: keep them until DELETE)")
+	fs.StringVar(&cfg.Options.BearerToken, "bearer-token", "", "require this bearer `token`; the 401 names OAuth resource metadata at a URL built from the request's Host")
+	fs.BoolVar(&cfg.Options.AnyHost, "any-host", false, "accept any Host on loopback (turn off go-sdk's DNS-rebinding protection)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}

@@ -61,6 +61,13 @@ type Options struct {
 	// SessionTimeout closes a session idle for this long (go-sdk
 	// StreamableHTTPOptions.SessionTimeout); 0 keeps sessions until DELETE.
 	SessionTimeout time.Duration
+	// BearerToken, if set, makes the MCP endpoint an OAuth protected
+	// resource that accepts this one bearer token (see ProtectedByHost).
+	BearerToken string
+	// AnyHost turns off go-sdk's DNS-rebinding protection
+	// (StreamableHTTPOptions.DisableLocalhostProtection), which refuses a
+	// request that arrived on loopback with a Host that is not loopback.
+	AnyHost bool
 }
 
 // Values of Options.Era.
@@ -99,12 +106,17 @@ type SlowInput struct {
 // NewHandler returns an http.Handler serving the whoami MCP server over
 // Streamable HTTP at any path but /healthz, its health endpoint for a
 // proxy's active health checks (see HealthHandler). Sessions are kept in
-// memory. DNS-rebinding protection stays on: requests arriving on a
-// loopback address must carry a loopback Host header.
+// memory. DNS-rebinding protection stays on unless opts.AnyHost: requests
+// arriving on a loopback address must carry a loopback Host header.
 func NewHandler(opts Options) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /healthz", HealthHandler(opts.DownFile))
-	mux.Handle("/", mcpHandler(opts))
+	if opts.BearerToken == "" {
+		mux.Handle("/", mcpHandler(opts))
+		return mux
+	}
+	mux.Handle("GET "+ResourceMetadataPrefix+"/", ResourceMetadataHandler())
+	mux.Handle("/", ProtectedByHost(opts.BearerToken, mcpHandler(opts)))
 	return mux
 }
 
@@ -114,9 +126,10 @@ func mcpHandler(opts Options) http.Handler {
 	getServer := func(*http.Request) *mcp.Server { return server }
 	handler := func(stateless bool) http.Handler {
 		return mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
-			JSONResponse:   opts.JSONResponse,
-			Stateless:      stateless,
-			SessionTimeout: opts.SessionTimeout,
+			JSONResponse:               opts.JSONResponse,
+			Stateless:                  stateless,
+			SessionTimeout:             opts.SessionTimeout,
+			DisableLocalhostProtection: opts.AnyHost,
 		})
 	}
 	switch opts.Era {
