@@ -96,7 +96,7 @@ const (
 // `{mcp.protocol_version}` | The `MCP-Protocol-Version` header, if sent once
 // `{mcp.session_fingerprint}` | The first 12 hex digits of the SHA-256 of `Mcp-Session-Id`, never the ID itself; empty without a session
 // `{mcp.pinned_upstream}` | The dial address of the upstream the session is pinned to: for `pinned` and `gone` the session's, for `learned` the one that created it; empty otherwise
-// `{mcp.decision}` | `balanced` (no session), `learned`, `pinned`, `unknown` (session not in the table), `gone` (its upstream is gone), `rejected` (answered 4xx by the proxy)
+// `{mcp.decision}` | `balanced` (no session), `learned`, `pinned`, `unknown` (session not in the table, or bound to another principal), `gone` (its upstream is gone), `rejected` (answered 4xx by the proxy)
 // `{mcp.host_for_upstream}` | In `reverse_proxy`, once it has selected an upstream: the upstream's own host:port if it is on this machine (a loopback or unspecified address, `localhost`), `localhost:80` for a unix socket, and otherwise the client's Host unchanged; `mcp_proxy` sends it as `Host`
 //
 // An `mcp` matcher that ran before the handler sets the same placeholders;
@@ -313,7 +313,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	}
 	up, mismatch := h.table.LookupAs(id, principalOf(r, h.table.BindPrincipal()))
 	if mismatch {
-		return h.serveMismatch(w, id)
+		return h.serveMismatch(w, r, id)
 	}
 	if up == nil {
 		return h.serveUnknown(w, r, next, id)
@@ -349,9 +349,11 @@ func (h *Handler) serveUnknown(w http.ResponseWriter, r *http.Request, next cadd
 // principal exactly as an unknown session is answered with `unknown_session
 // reject`, so that a client cannot tell the two apart. It is never
 // forwarded, even with `unknown_session forward`: the session's upstream
-// would serve it.
-func (h *Handler) serveMismatch(w http.ResponseWriter, id string) error {
+// would serve it. Its decision is `unknown` too; the principal mismatch
+// metric and the debug log tell the two apart.
+func (h *Handler) serveMismatch(w http.ResponseWriter, r *http.Request, id string) error {
 	h.table.Stats.mismatch.Add(1)
+	decide(r, decisionUnknown, "")
 	h.debug("principal_mismatch", id, "")
 	return writeSessionNotFound(w, "Session not found")
 }

@@ -58,8 +58,10 @@ func writeBadSession(w http.ResponseWriter, reason string) error {
 }
 
 // fingerprint returns a short, non-reversible name for a session ID, for
-// logs: the first 12 hex digits of its SHA-256.
+// logs: the first 12 hex digits of its SHA-256. A sealed session's table
+// key gets the fingerprint of the sealed value the client holds, so that
+// the debug log, the admin API and {mcp.session_fingerprint} agree.
 func fingerprint(id string) string {
-	sum := sha256.Sum256([]byte(id))
+	sum := sha256.Sum256([]byte(clientID(id)))
 	return hex.EncodeToString(sum[:6])
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -140,3 +141,67 @@ func TestMethodMetrics(t *testing.T) {
 type handlerFunc func(http.ResponseWriter, *http.Request) error
 
 func (f handlerFunc) ServeHTTP(w http.ResponseWriter, r *http.Request) error { return f(w, r) }
+
+// TestSealedPlaceholders: with seal_session_ids, the placeholders of a
+// request carrying a sealed ID say what was decided, as for plain IDs: the
+// fingerprint is the client's sealed value's (never the upstream's ID),
+// pinned_upstream the upstream it opens to, and the decision learned,
+// pinned (also when another replica adopts the session), unknown (a value
+// that does not open), gone, or, for another principal, the unknown
+// session's.
+func TestSealedPlaceholders(t *testing.T) {
+	key := newKey(t)
+	a := newSealedFixture(t, "placeholders/sealed-a", key)
+	b := newSealedFixture(t, "placeholders/sealed-b", key)
+	for _, f := range []*affinityFixture{a, b} {
+		f.h.table.SetBindPrincipal("{http.request.header.Authorization}")
+	}
+	serve := func(f *affinityFixture, respond func(http.ResponseWriter, *http.Request, *reverseproxy.Upstream), auth string, ids ...string) (*httptest.ResponseRecorder, map[string]string) {
+		t.Helper()
+		r := newRequest(http.MethodPost, ids...)
+		r.Header.Set("Authorization", auth)
+		caddyhttp.NewTestReplacer(r)
+		rec := f.serve(t, r, respond)
+		return rec, placeholders(r)
+	}
+	rec, got := serve(a, answer(200, testSessionID), "Bearer alice")
+	sealed, owner := rec.Header().Get(HeaderSessionID), a.proxy.last().Dial
+	if got["decision"] != "learned" || got["pinned_upstream"] != owner {
+		t.Errorf("initialize: %v; want learned on %s", got, owner)
+	}
+	if fingerprint(a.h.tableKey(sealed)) != fingerprint(sealed) {
+		t.Errorf("the debug log and admin API fingerprint a sealed session as %s, {mcp.session_fingerprint} as %s",
+			fingerprint(a.h.tableKey(sealed)), fingerprint(sealed))
+	}
+	forged := sealed[:len(sealed)-2] + "AA"
+	for _, tc := range []struct {
+		name string
+		f    *affinityFixture
+		auth string
+		id   string
+		want map[string]string
+	}{
+		{"pinned", a, "Bearer alice", sealed, map[string]string{"decision": "pinned", "pinned_upstream": owner}},
+		{"adopted by another replica", b, "Bearer alice", sealed, map[string]string{"decision": "pinned", "pinned_upstream": owner}},
+		{"does not open", a, "Bearer alice", forged, map[string]string{"decision": "unknown", "pinned_upstream": ""}},
+		{"another principal, the replica that learned it", a, "Bearer mallory", sealed, map[string]string{"decision": "unknown", "pinned_upstream": ""}},
+		{"another principal, another replica", b, "Bearer mallory", sealed, map[string]string{"decision": "unknown", "pinned_upstream": ""}},
+	} {
+		_, got := serve(tc.f, answer(200), tc.auth, tc.id)
+		tc.want["era"], tc.want["session_fingerprint"] = "legacy_session", fingerprint(tc.id)
+		for k, v := range tc.want {
+			if got[k] != v {
+				t.Errorf("%s: {mcp.%s} = %q, want %q", tc.name, k, got[k], v)
+			}
+		}
+		for k, v := range got {
+			if strings.Contains(v, testSessionID) {
+				t.Errorf("%s: {mcp.%s} = %q carries the upstream's session ID", tc.name, k, v)
+			}
+		}
+	}
+	a.proxy.pool = reverseproxy.UpstreamPool{{Dial: "192.0.2.1:1"}}
+	if _, got := serve(a, answer(200), "Bearer alice", sealed); got["decision"] != "gone" || got["pinned_upstream"] != owner {
+		t.Errorf("upstream removed: %v; want gone, pinned_upstream %s", got, owner)
+	}
+}

@@ -303,11 +303,11 @@ func (h *Handler) serveSealed(w http.ResponseWriter, r *http.Request, next caddy
 	bind := h.table.BindPrincipal()
 	principal := principalOf(r, bind)
 	if ss.bound != "" && bind != BindPrincipalOff && ss.bound != principalDigest(principal) {
-		return h.serveMismatch(w, key)
+		return h.serveMismatch(w, r, key)
 	}
 	up, mismatch := h.table.LookupAs(key, principal)
 	if mismatch {
-		return h.serveMismatch(w, key)
+		return h.serveMismatch(w, r, key)
 	}
 	if up == nil {
 		origin := Origin{}

@@ -3,7 +3,11 @@ package tests
 import (
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestPlaceholdersInRoutes uses the {mcp.*} placeholders the way the README
@@ -70,5 +74,73 @@ func TestPlaceholdersInRoutes(t *testing.T) {
 				t.Errorf("request %d: %s = %q, want %q", i+1, k, got, w[k])
 			}
 		}
+	}
+}
+
+// TestSealedRequestsInAccessLog: with seal_session_ids, the access log's
+// {mcp.*} placeholders say what the proxy decided about requests carrying
+// sealed IDs, as for plain ones: learned, pinned to the go-sdk server the
+// sealed value opens to, and unknown for another principal (bind_principal)
+// and for a value that does not open. The fingerprint is the sealed
+// value's, the one the admin API gives; neither the sealed value nor the
+// server's own session ID appears in the log.
+func TestSealedRequestsInAccessLog(t *testing.T) {
+	key := newSealKey(t)
+	bs := startBackends(t, 1, true)
+	logFile := filepath.Join(t.TempDir(), "access.log")
+	p := startProxy(t, accessLog(logFile)+fmt.Sprintf(`	mcp_proxy %s {
+		table sealed-log
+		seal_session_ids %s
+		bind_principal {http.request.header.Authorization}
+	}`, bs[0].Addr(), key))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	as := func(who, session string) http.Header {
+		h := mcpPOSTHeaders(session)
+		h.Set("Authorization", "Bearer "+who)
+		return h
+	}
+	const ping = `{"jsonrpc":"2.0","id":2,"method":"ping"}`
+	init := send(t, hc, http.MethodPost, p.url(), as("alice", ""), initBody)
+	sealed := init.header.Get("Mcp-Session-Id")
+	_, upstreamID, ok := sealerOf(t, key).Open(sealed)
+	if init.status != http.StatusOK || !ok {
+		t.Fatalf("initialize: %d, Mcp-Session-Id %q (opens: %v)", init.status, sealed, ok)
+	}
+	forged := sealed[:len(sealed)-2] + "AA"
+	for _, r := range []struct {
+		who, id string
+		status  int
+	}{{"alice", sealed, 200}, {"mallory", sealed, 404}, {"alice", forged, 404}} {
+		if ex := send(t, hc, http.MethodPost, p.url(), as(r.who, r.id), ping); ex.status != r.status {
+			t.Errorf("ping as %s: %d %q, want %d", r.who, ex.status, ex.body, r.status)
+		}
+	}
+	want := []map[string]string{
+		{"mcp_decision": "learned", "mcp_session": "", "mcp_pinned_upstream": bs[0].Addr()},
+		{"mcp_decision": "pinned", "mcp_session": sessionFingerprint(sealed), "mcp_pinned_upstream": bs[0].Addr()},
+		{"mcp_decision": "unknown", "mcp_session": sessionFingerprint(sealed), "mcp_pinned_upstream": ""},
+		{"mcp_decision": "unknown", "mcp_session": sessionFingerprint(forged), "mcp_pinned_upstream": ""},
+	}
+	var lines []map[string]any
+	waitFor(5*time.Second, func() bool { lines = readLogLines(t, logFile); return len(lines) >= len(want) })
+	if len(lines) != len(want) {
+		t.Fatalf("%d access log lines, want %d: %v", len(lines), len(want), lines)
+	}
+	for i, w := range want {
+		f := logFields(lines[i])
+		for k, v := range w {
+			if f[k] != v {
+				t.Errorf("line %d: %s = %q, want %q (line: %v)", i+1, k, f[k], v, f)
+			}
+		}
+	}
+	raw, _ := os.ReadFile(logFile)
+	if strings.Contains(string(raw), upstreamID) || strings.Contains(string(raw), sealed) {
+		t.Errorf("the access log carries the server's session ID or the sealed value")
+	}
+	var sess struct{ Fingerprint string }
+	if st := adminCall(t, http.MethodPost, "/mcp_sessions/lookup", map[string]string{"table": "sealed-log", "session_id": sealed}, &sess); st != http.StatusOK || sess.Fingerprint != sessionFingerprint(sealed) {
+		t.Errorf("admin lookup: %d, fingerprint %q; want the access log's %q", st, sess.Fingerprint, sessionFingerprint(sealed))
 	}
 }
