@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -223,4 +224,42 @@ func mustConnect(t *testing.T, f *healthFleet) *mcp.ClientSession {
 	}
 	t.Cleanup(func() { cs.Close() })
 	return cs
+}
+
+// TestHealthURIOnMCPEndpointWarns: active health checks that probe the MCP
+// endpoint (`health_uri /mcp`, a natural first guess) fail on every MCP
+// server, which answers a GET without a session there with 400 or 405, so
+// every upstream is unhealthy and every new session gets 503. Caddy warns
+// when it loads such a config (`caddy adapt` shows it); with a health
+// endpoint (`/healthz`, the control) there is no warning and initialize
+// works.
+func TestHealthURIOnMCPEndpointWarns(t *testing.T) {
+	bs := startBackends(t, 2, true)
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	if ex := send(t, hc, http.MethodGet, bs[0].URL(), nil, ""); ex.status < 400 || ex.status >= 500 {
+		t.Fatalf("the server answered a GET of /mcp without a session %d; want 4xx", ex.status)
+	}
+	for _, tc := range []struct {
+		uri    string
+		warn   bool
+		status int
+	}{{"/mcp", true, http.StatusServiceUnavailable}, {"/healthz", false, http.StatusOK}} {
+		t.Run(tc.uri, func(t *testing.T) {
+			site := fmt.Sprintf("mcp_proxy %s {\n\t\thealth_uri %s\n\t\thealth_interval 200ms\n\t}", upstreams(bs), tc.uri)
+			file := filepath.Join(t.TempDir(), "Caddyfile")
+			if err := os.WriteFile(file, []byte(":8000 {\n\t"+site+"\n}\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(caddyBinary(t), "adapt", "--config", file, "--adapter", "caddyfile").CombinedOutput()
+			if warned := strings.Contains(string(out), "health_uri "+tc.uri+" is the MCP endpoint"); err != nil || warned != tc.warn {
+				t.Errorf("caddy adapt: %v, warned %v, want %v:\n%s", err, warned, tc.warn, out)
+			}
+			p := startProxy(t, site)
+			time.Sleep(time.Second) // several health checks
+			if ex := send(t, hc, http.MethodPost, p.url(), mcpPOSTHeaders(""), initBody); ex.status != tc.status {
+				t.Errorf("initialize: %d %q; want %d", ex.status, firstLine(ex.body), tc.status)
+			}
+		})
+	}
 }
