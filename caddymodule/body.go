@@ -43,6 +43,9 @@ func (ex *exchange) readBody(r *http.Request, limit int64) (*rpcHead, *fault) {
 	if !ex.bodyRead {
 		ex.bodyRead = true
 		ex.body, ex.bodyFault = readRPC(r, limit)
+		if rb, ok := r.Body.(*replayBody); ok && ex.bodyFault == nil {
+			ex.raw = rb.buf // the whole body, before anything reads it
+		}
 	}
 	return ex.body, ex.bodyFault
 }

@@ -73,6 +73,8 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    max_initialize_size   <bytes>
 //	    max_unconfirmed_per_client <count>
 //	    client_key            <placeholder template>
+//	    initialize_timeout    <duration>|off
+//	    pinned_timeout        <duration>|off
 //	}
 //
 // It returns a Caddyfile error, naming the line, for an unknown option, a
@@ -139,6 +141,10 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxUnconfirmedPerClient) }
 	case "client_key":
 		set = func(v string) error { h.ClientKey = v; return nil }
+	case "initialize_timeout":
+		set = func(v string) error { return parseTimeout(d, name, v, -1, &h.InitializeTimeout) }
+	case "pinned_timeout":
+		set = func(v string) error { return parseTimeout(d, name, v, 0, &h.PinnedTimeout) }
 	case "localhost_protection":
 		set = func(v string) error {
 			if v != "on" && v != "off" {
@@ -185,6 +191,21 @@ func (h *Handler) unmarshalSealKeys(d *caddyfile.Dispenser, seen map[string]bool
 	}
 	h.SealSessionIDs = &SealedSessionIDs{Keys: keys}
 	return 1 + len(keys), nil
+}
+
+// parseTimeout parses v, a positive duration or `off`, into dst; off is
+// stored as off.
+func parseTimeout(d *caddyfile.Dispenser, name, v string, off caddy.Duration, dst *caddy.Duration) error {
+	if v == "off" {
+		*dst = off
+		return nil
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil || dur <= 0 {
+		return d.Errf("%s: '%s' is neither a positive duration such as 5s nor 'off'", name, v)
+	}
+	*dst = caddy.Duration(dur)
+	return nil
 }
 
 func parsePositiveInt(d *caddyfile.Dispenser, name, v string, dst *int) error {
@@ -314,6 +335,8 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    max_initialize_size   <bytes>
 //	    max_unconfirmed_per_client <count>
 //	    client_key            <placeholder template>
+//	    initialize_timeout    <duration>|off
+//	    pinned_timeout        <duration>|off
 //	    fallback              <policy> [<policy options...>]
 //	    unhealthy_grace       <duration>
 //

@@ -50,6 +50,7 @@ type exchange struct {
 	bodyRead  bool     // a matcher read the body
 	body      *rpcHead // what the body says, nil if it was unreadable
 	bodyFault *fault   // why the body was unreadable
+	raw       []byte   // the whole body, when it was read and parsed
 
 	repl     *caddy.Replacer // the request's replacer, once the placeholders are registered with it
 	serving  bool            // an mcp_session handler is serving the request

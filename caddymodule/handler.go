@@ -78,6 +78,8 @@ const (
 // | `Mcp-Session-Id` sent more than once, empty, longer than `max_session_id_length`, or with bytes outside 0x21-0x7E | 400 |
 // | a session the table does not hold (unless `unknown_session` is `forward`) | 404 |
 // | a session whose upstream fails active health checks, within the policy's `unhealthy_grace` | 503 with Retry-After; the session is kept |
+// | an `initialize` or `server/discover` that no upstream (of at most three tried) sends response headers for within `initialize_timeout` | 504 |
+// | a session whose upstream sends no response headers within `pinned_timeout` (off by default) | 504; the session is kept |
 // | a session whose upstream was removed, refused the connection, or failed active health checks for `unhealthy_grace` | 404, and the session is dropped |
 //
 // It drops a session when the upstream answers its POST or DELETE with 404,
@@ -90,7 +92,7 @@ const (
 //
 // Placeholder | Description
 // ------------|-------------
-// `{mcp.method}` | The JSON-RPC method: the `Mcp-Method` header of a request of protocol 2026-07-28 or later, else the body's if an `mcp` matcher with `body` read it, else empty
+// `{mcp.method}` | The JSON-RPC method: the `Mcp-Method` header of a request of protocol 2026-07-28 or later, else the body's if an `mcp` matcher with `body` read it or the request is a POST without a session (read for `initialize_timeout`), else empty
 // `{mcp.name}` | The tool or prompt name, or resource URI, of `tools/call`, `prompts/get` and `resources/read`, from the same source; empty otherwise
 // `{mcp.era}` | `legacy_session`, `modern_sessionless` or `other_sessionless`, as the `era` label of the requests metric
 // `{mcp.protocol_version}` | The `MCP-Protocol-Version` header, if sent once
@@ -201,6 +203,31 @@ type Handler struct {
 	// `client_key`. Default: `{http.request.client_ip}`.
 	ClientKey string `json:"client_key,omitempty"`
 
+	// How long a request that opens a session waits for its upstream's
+	// response headers: an `initialize` (recognised by the JSON-RPC method
+	// of its body, which the proxy reads, up to 4 MiB, before forwarding
+	// it) or a 2026-07-28 `server/discover` (by its `Mcp-Method` header).
+	// When the headers do not come in time, the upstream is stuck: it gets
+	// no new sessions for 30 s unless it answers a request meanwhile, and
+	// the request is sent to another upstream (three upstreams at most), or
+	// answered 504 with a JSON-RPC error when none is left. Sending it again
+	// is safe: an upstream that sent no headers gave the client no session
+	// ID, so a session it may have created can never be used, and
+	// `initialize` and `server/discover` change nothing else. Other
+	// requests without a session (2026-07-28 tool calls, which may be slow)
+	// are not bounded. A negative value (`off` in the Caddyfile) waits as
+	// long as the upstream takes. Default: `5s`.
+	InitializeTimeout caddy.Duration `json:"initialize_timeout,omitempty"`
+
+	// How long a request of a session waits for its upstream's response
+	// headers before the proxy answers 504 with a JSON-RPC error. The
+	// session is kept, and the upstream gets no new sessions for 30 s
+	// unless it answers a request meanwhile. A server answering in JSON
+	// mode sends no headers until a tool call finishes, so set it above the
+	// longest call. Default: 0, no bound; active health checks then find a
+	// frozen upstream (README "Frozen upstreams").
+	PinnedTimeout caddy.Duration `json:"pinned_timeout,omitempty"`
+
 	table          *Table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
 	logger         *zap.Logger
@@ -231,6 +258,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	if h.UnknownSession == "" {
 		h.UnknownSession = UnknownSessionReject
+	}
+	if h.InitializeTimeout == 0 {
+		h.InitializeTimeout = caddy.Duration(DefaultInitializeTimeout)
 	}
 	if err := h.Validate(); err != nil {
 		return err
@@ -265,6 +295,8 @@ func (h *Handler) Validate() error {
 	case h.SessionTTL != 0 && time.Duration(h.SessionTTL) < MinSessionTTL:
 		return fmt.Errorf("session_ttl %s is below the minimum of %s; sessions would be forgotten between a client's requests",
 			time.Duration(h.SessionTTL), MinSessionTTL)
+	case h.PinnedTimeout < 0:
+		return fmt.Errorf("pinned_timeout must be positive, got %s", time.Duration(h.PinnedTimeout))
 	case h.MaxSessionIDLength < 0:
 		return fmt.Errorf("max_session_id_length must be positive, got %d", h.MaxSessionIDLength)
 	case h.UnknownSession != "" && h.UnknownSession != UnknownSessionReject && h.UnknownSession != UnknownSessionForward:
@@ -327,7 +359,7 @@ func (h *Handler) serveNew(w http.ResponseWriter, r *http.Request, next caddyhtt
 	if init := h.captureInit(r); init != nil {
 		caddyhttp.SetVar(r.Context(), varInit, init)
 	}
-	return next.ServeHTTP(newSessionWriter(w, h, r, "", nil), r)
+	return h.forwardNew(w, r, next)
 }
 
 // serveUnknown answers a request whose session the table does not hold;
@@ -377,7 +409,10 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 	if pw.fo = h.failoverFor(w, r, id); pw.fo != nil && pw.fo.again && h.table.pastDrainDeadline(up) {
 		return h.serveFailover(w, r, next, id, up, pw.fo, FailoverDrainDeadline)
 	}
-	err := next.ServeHTTP(pw, r)
+	expired, err := h.forward(pw, next, time.Duration(h.PinnedTimeout))
+	if expired {
+		return h.writePinnedTimeout(w, r, id, up)
+	}
 	if cause := pw.fo.cause(r, err, pw.wroteHeader, up.Dial()); cause != 0 {
 		if staleInitialize(r, pw.fo) {
 			return h.serveAsNew(w, r, next, id, pw.fo)

@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -564,24 +565,43 @@ func TestDrainingCountConcurrent(t *testing.T) {
 	}
 }
 
-// TestWithoutDraining checks the pool filter directly.
-func TestWithoutDraining(t *testing.T) {
+// TestCandidates checks the pool filter of new sessions directly:
+// draining upstreams are left out, stuck ones too unless no other one is
+// available, and those a request already waited for in vain always.
+func TestCandidates(t *testing.T) {
 	s := provisionPolicy(t, &SessionSelection{Table: "drain/" + t.Name()})
 	pool := testPool()
-	if got := s.withoutDraining(pool); &got[0] != &pool[0] || len(got) != 3 {
-		t.Error("with nothing draining, the pool is not returned as is")
+	r := newRequest(http.MethodPost)
+	if got := s.candidates(pool, r); &got[0] != &pool[0] || len(got) != 3 {
+		t.Error("with nothing draining or stuck, the pool is not returned as is")
 	}
 	s.table.SetDraining(pool[1].Dial, true)
 	s.table.SetDraining("10.9.9.9:1", true) // not in the pool
-	got := s.withoutDraining(pool)
+	got := s.candidates(pool, r)
 	if len(got) != 2 || got[0] != pool[0] || got[1] != pool[2] {
-		t.Errorf("withoutDraining = %v, want [%v %v]", got, pool[0], pool[2])
+		t.Errorf("candidates = %v, want [%v %v]", got, pool[0], pool[2])
 	}
-	if got := s.withoutDraining(nil); len(got) != 0 {
-		t.Errorf("withoutDraining(nil) = %v", got)
+	if got := s.candidates(nil, r); len(got) != 0 {
+		t.Errorf("candidates(nil) = %v", got)
+	}
+	s.table.markStuck(pool[0].Dial)
+	if got := s.candidates(pool, r); len(got) != 1 || got[0] != pool[2] {
+		t.Errorf("with %s stuck: candidates = %v, want [%v]", pool[0].Dial, got, pool[2])
+	}
+	s.table.markStuck(pool[2].Dial)
+	if got := s.candidates(pool, r); len(got) != 2 {
+		t.Errorf("with every undrained upstream stuck: candidates = %v, want both stuck ones", got)
+	}
+	caddyhttp.SetVar(r.Context(), varTried, []string{pool[0].Dial})
+	if got := s.candidates(pool, r); len(got) != 1 || got[0] != pool[2] {
+		t.Errorf("after waiting for %s in vain: candidates = %v, want [%v]", pool[0].Dial, got, pool[2])
+	}
+	s.table.knownUpstream(pool[2].Dial).answered()
+	if s.table.stuck(s.table.knownUpstream(pool[2].Dial)) {
+		t.Error("an upstream that answered is still stuck")
 	}
 	var unprovisioned SessionSelection
-	if got := unprovisioned.withoutDraining(pool); len(got) != 3 {
+	if got := unprovisioned.candidates(pool, r); len(got) != 3 {
 		t.Errorf("without a table: %v", got)
 	}
 }

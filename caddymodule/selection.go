@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -149,7 +150,7 @@ func (s *SessionSelection) Select(pool reverseproxy.UpstreamPool, r *http.Reques
 		up = s.selectPinned(pool, r, pinned.dial)
 	} else {
 		s.notePool(pool)
-		up = s.selectNew(s.withoutDraining(pool), r, w)
+		up = s.selectNew(s.candidates(pool, r), r, w)
 	}
 	if up != nil {
 		caddyhttp.SetVar(ctx, varSelected, up)
@@ -170,16 +171,28 @@ func (s *SessionSelection) notePool(pool reverseproxy.UpstreamPool) {
 	s.lastPool.Store(&pool[0])
 }
 
-// withoutDraining returns pool without the upstreams the table drains.
-func (s *SessionSelection) withoutDraining(pool reverseproxy.UpstreamPool) reverseproxy.UpstreamPool {
-	if s.table == nil || !s.table.AnyDraining() {
+// candidates returns the upstreams of pool that may get a new session:
+// not draining, not left stuck by this request, and not stuck (see
+// frozen.go) unless no other one is available: a bounded wait beats no
+// upstream.
+func (s *SessionSelection) candidates(pool reverseproxy.UpstreamPool, r *http.Request) reverseproxy.UpstreamPool {
+	if s.table == nil || !s.table.AnyDraining() && !s.table.anyStuck() && caddyhttp.GetVar(r.Context(), varTried) == nil {
 		return pool
 	}
 	kept := make(reverseproxy.UpstreamPool, 0, len(pool))
+	var stuck reverseproxy.UpstreamPool
 	for _, u := range pool {
-		if rec := s.table.knownUpstream(u.Dial); rec == nil || !rec.Draining() {
+		rec := s.table.knownUpstream(u.Dial)
+		switch {
+		case triedBy(r, u.Dial) || rec != nil && rec.Draining():
+		case rec != nil && s.table.stuck(rec):
+			stuck = append(stuck, u)
+		default:
 			kept = append(kept, u)
 		}
+	}
+	if !slices.ContainsFunc(kept, (*reverseproxy.Upstream).Available) {
+		kept = append(kept, stuck...)
 	}
 	return kept
 }

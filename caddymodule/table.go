@@ -145,6 +145,7 @@ type Upstream struct {
 	// drainDeadline is when draining ends for the remaining sessions, which
 	// then fail over, in nanoseconds since the table's epoch; 0 for none.
 	drainDeadline atomic.Int64
+	stuckUntil    atomic.Int64 // it gets no new sessions until then (frozen.go); same unit as lastSeen
 }
 
 // Dial returns the upstream's dial address, as written in the config.
@@ -291,6 +292,7 @@ type Table struct {
 	upMu        sync.RWMutex
 	ups         map[string]*Upstream
 	draining    atomic.Int32 // how many upstreams are draining
+	stuckUntil  atomic.Int64 // the latest stuckUntil of its upstreams (frozen.go)
 	upstreamTTL atomic.Int64 // nanoseconds; see DefaultUpstreamTTL
 
 	// failover holds the failover settings; flights lets one request per

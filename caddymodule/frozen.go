@@ -1,0 +1,276 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// Bounded waits for an upstream's response headers: a frozen upstream (a
+// stopped process, a deadlocked server) accepts connections and requests
+// but never answers, so without a bound its requests hang for as long as
+// their clients wait.
+
+// DefaultInitializeTimeout is how long a request that opens a session waits
+// for its upstream's response headers by default. MCP servers answer
+// initialize in milliseconds; a few seconds leave room for a loaded one.
+const DefaultInitializeTimeout = 5 * time.Second
+
+// maxOpenAttempts is the most upstreams one request that opens a session
+// is sent to.
+const maxOpenAttempts = 3
+
+// stuckCooloff is how long an upstream that let a request wait past its
+// bound gets no new sessions, unless it answers a request meanwhile.
+const stuckCooloff = 30 * time.Second
+
+// CodeUpstreamTimeout answers a request whose upstream sent no response
+// headers within the proxy's bound (HTTP 504), in the implementation-defined
+// server error range (JSON-RPC 2.0 §5.1).
+const CodeUpstreamTimeout = -32003
+
+// errHeaderTimeout is the cause of the cancelled context of a request whose
+// upstream sent no response headers in time.
+var errHeaderTimeout = errors.New("the upstream sent no response headers in time")
+
+// varTried is the request variable holding the dial addresses of the
+// upstreams that let this request wait past its bound ([]string).
+const varTried = "mcp_session.tried"
+
+// The states of a headerWait.
+const (
+	headersAwaited int32 = iota
+	headersPassed
+	headersExpired
+)
+
+// headerWait passes a response to the writer it wraps once its headers
+// come, unless its bound expired first: then it cancels the request to the
+// upstream and drops everything written after, so that the handler may
+// answer or retry. Which comes first is decided once, atomically.
+type headerWait struct {
+	caddyhttp.ResponseWriterWrapper
+	state  atomic.Int32
+	cancel context.CancelCauseFunc
+}
+
+// expire ends the wait unless the headers came.
+func (hw *headerWait) expire() {
+	if hw.state.CompareAndSwap(headersAwaited, headersExpired) {
+		hw.cancel(errHeaderTimeout)
+	}
+}
+
+// expired reports whether the bound expired before the headers came.
+func (hw *headerWait) expired() bool { return hw.state.Load() == headersExpired }
+
+// pass reports whether the response goes to the client: its headers came
+// before the bound.
+func (hw *headerWait) pass() bool {
+	return hw.state.CompareAndSwap(headersAwaited, headersPassed) || hw.state.Load() == headersPassed
+}
+
+// WriteHeader passes a final status if the bound has not expired, and an
+// informational (1xx) one while it has not.
+func (hw *headerWait) WriteHeader(status int) {
+	if status < 200 && !hw.expired() || status >= 200 && hw.pass() {
+		hw.ResponseWriter.WriteHeader(status)
+	}
+}
+
+// Write passes b, after a 200 status if none was written, unless the bound
+// expired.
+func (hw *headerWait) Write(b []byte) (int, error) {
+	if !hw.pass() {
+		return 0, errHeaderTimeout
+	}
+	return hw.ResponseWriter.Write(b)
+}
+
+// ReadFrom copies r as the wrapped writer does, unless the bound expired.
+func (hw *headerWait) ReadFrom(r io.Reader) (int64, error) {
+	if !hw.pass() {
+		return 0, errHeaderTimeout
+	}
+	return hw.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// FlushError flushes the response, unless the bound expired.
+func (hw *headerWait) FlushError() error {
+	if !hw.pass() {
+		return errHeaderTimeout
+	}
+	return http.NewResponseController(hw.ResponseWriter).Flush()
+}
+
+// Flush implements http.Flusher on top of FlushError.
+func (hw *headerWait) Flush() { _ = hw.FlushError() }
+
+// forward sends sw's request through next once, its response observed by
+// sw. With a positive bound it waits at most that long for the response
+// headers; expired then reports that nothing reached the client and the
+// upstream was left.
+func (h *Handler) forward(sw *sessionWriter, next caddyhttp.Handler, bound time.Duration) (expired bool, err error) {
+	if bound <= 0 {
+		return false, next.ServeHTTP(sw, sw.r)
+	}
+	ctx, cancel := context.WithCancelCause(sw.r.Context())
+	defer cancel(nil)
+	hw := &headerWait{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: sw}, cancel: cancel}
+	timer := time.AfterFunc(bound, hw.expire)
+	defer timer.Stop()
+	err = next.ServeHTTP(hw, sw.r.WithContext(ctx))
+	return hw.expired(), err
+}
+
+// forwardNew forwards a request without a session. One that opens a
+// session waits at most initialize_timeout for each upstream's response
+// headers, and is sent to another upstream when one leaves it waiting (see
+// [Handler.InitializeTimeout]).
+func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	body, opens := h.opening(r)
+	if !opens {
+		return next.ServeHTTP(newSessionWriter(w, h, r, "", nil), r)
+	}
+	bound := time.Duration(h.InitializeTimeout)
+	for attempt := 1; ; attempt++ {
+		sw := newSessionWriter(w, h, r, "", nil)
+		expired, err := h.forward(sw, next, bound)
+		if !expired && (attempt == 1 || err == nil || sw.wroteHeader) {
+			return err
+		}
+		if !expired { // no other upstream to send it to
+			return h.writeTimeout(w, r, fmt.Sprintf("no upstream sent response headers within %s (initialize_timeout)", bound))
+		}
+		dial := h.leftStuck(r)
+		retry := attempt < maxOpenAttempts && body != nil
+		h.logger.Warn("upstream sent no response headers in time; it gets no new sessions for a while",
+			zap.String("upstream", dial), zap.Duration("initialize_timeout", bound), zap.Bool("retrying", retry))
+		if !retry {
+			return h.writeTimeout(w, r, fmt.Sprintf("no upstream sent response headers within %s (initialize_timeout)", bound))
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+	}
+}
+
+// opening reports whether r opens a session and its wait for response
+// headers is bounded: a POST of `initialize` (the JSON-RPC method of its
+// body, read once, at most DefaultMaxBodySize bytes) or of a 2026-07-28
+// `server/discover` (its Mcp-Method header). body is the whole request body,
+// to send to another upstream, or nil when it could not be read whole.
+func (h *Handler) opening(r *http.Request) (body []byte, opens bool) {
+	if r.Method != http.MethodPost || h.InitializeTimeout < 0 {
+		return nil, false
+	}
+	ex := exchangeOf(r)
+	if ex.fromHeaders() && ex.hdrMethod != "server/discover" {
+		return nil, false
+	}
+	head, f := ex.readBody(r, DefaultMaxBodySize)
+	if f != nil {
+		return nil, ex.fromHeaders()
+	}
+	return ex.raw, ex.fromHeaders() || head.Method == "initialize"
+}
+
+// writePinnedTimeout answers a request of session id whose upstream sent no
+// response headers within pinned_timeout: 504, the session kept.
+func (h *Handler) writePinnedTimeout(w http.ResponseWriter, r *http.Request, id string, up *Upstream) error {
+	h.leftStuck(r)
+	h.debug("upstream_timeout", id, up.Dial())
+	return h.writeTimeout(w, r, fmt.Sprintf("the session's upstream sent no response headers within %s (pinned_timeout); "+
+		"the session is kept: retry later", time.Duration(h.PinnedTimeout)))
+}
+
+// writeTimeout answers 504 with a JSON-RPC error carrying the request's
+// id when the proxy read it.
+func (h *Handler) writeTimeout(w http.ResponseWriter, r *http.Request, why string) error {
+	f := &fault{status: http.StatusGatewayTimeout, code: CodeUpstreamTimeout, message: "Gateway Timeout: " + why}
+	if ex := exchangeOf(r); ex.body != nil {
+		f.id = ex.body.ID
+	}
+	return f.write(w)
+}
+
+// leftStuck records that the upstream the request was last sent to let it
+// wait past its bound: the upstream is stuck, and this request is not sent
+// there again. It returns the upstream's dial address, "" if none was
+// selected.
+func (h *Handler) leftStuck(r *http.Request) string {
+	sel := selectedUpstream(r)
+	if sel == nil {
+		return ""
+	}
+	h.table.markStuck(sel.Dial)
+	tried, _ := caddyhttp.GetVar(r.Context(), varTried).([]string)
+	caddyhttp.SetVar(r.Context(), varTried, append(tried, sel.Dial))
+	return sel.Dial
+}
+
+// triedBy reports whether the request already waited past its bound for
+// the upstream dialed at dial.
+func triedBy(r *http.Request, dial string) bool {
+	tried, _ := caddyhttp.GetVar(r.Context(), varTried).([]string)
+	for _, d := range tried {
+		if d == dial {
+			return true
+		}
+	}
+	return false
+}
+
+// markStuck records that the upstream dialed at dial let a request wait
+// past its bound: it gets no new sessions for stuckCooloff, unless it
+// answers a request meanwhile.
+func (t *Table) markStuck(dial string) {
+	until := t.clock() + int64(stuckCooloff)
+	t.upstream(dial).stuckUntil.Store(until)
+	for {
+		last := t.stuckUntil.Load()
+		if last >= until || t.stuckUntil.CompareAndSwap(last, until) {
+			return
+		}
+	}
+}
+
+// anyStuck reports whether an upstream of the table may be stuck.
+func (t *Table) anyStuck() bool { return t.clock() < t.stuckUntil.Load() }
+
+// stuck reports whether u let a request wait past its bound within the
+// last stuckCooloff, and has answered no request since.
+func (t *Table) stuck(u *Upstream) bool { return t.clock() < u.stuckUntil.Load() }
+
+// answered records that u sent response headers: it is not stuck.
+func (u *Upstream) answered() {
+	if u.stuckUntil.Load() != 0 {
+		u.stuckUntil.Store(0)
+	}
+}
+
+// answered records that the upstream of r sent response headers: up, the
+// session's, or the one selected for a request without a session.
+func (h *Handler) answered(r *http.Request, up *Upstream) {
+	if up == nil && h.table.anyStuck() {
+		if sel := selectedUpstream(r); sel != nil {
+			up = h.table.knownUpstream(sel.Dial)
+		}
+	}
+	if up != nil {
+		up.answered()
+	}
+}
+
+// Interface guards
+var (
+	_ http.ResponseWriter = (*headerWait)(nil)
+	_ http.Flusher        = (*headerWait)(nil)
+	_ io.ReaderFrom       = (*headerWait)(nil)
+)
