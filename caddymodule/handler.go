@@ -551,6 +551,14 @@ func (h *Handler) evictAfter(r *http.Request, id string, status int) {
 
 // debug logs one decision at debug level, with a fingerprint of the session
 // instead of the session ID itself.
+//
+// Caddy's own logs print the ID, and the plugin cannot stop them: the
+// server copies each request for its error and access logs before any
+// handler runs (caddyhttp.Server.ServeHTTP clones it into a
+// LoggableHTTPRequest), reverse_proxy logs the request it sends, which must
+// carry the ID, and log encoders come only from the config's logging
+// section, which no directive or app can extend. README "Logs" gives the
+// filter that removes the ID, and TestLogRecipeRemovesSessionIDs checks it.
 func (h *Handler) debug(msg, id, upstream string, fields ...zap.Field) {
 	if c := h.logger.Check(zapcore.DebugLevel, msg); c != nil {
 		c.Write(append(fields, zap.String("session", fingerprint(id)), zap.String("upstream", upstream))...)
