@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -28,6 +29,8 @@ const (
 	DefaultRedisDialTimeout = time.Second
 	// DefaultRedisKeyPrefix starts every key the store writes.
 	DefaultRedisKeyPrefix = "caddy-mcp"
+	// DefaultRedisAddress is the Redis of a store that lists no address.
+	DefaultRedisAddress = "127.0.0.1:6379"
 	// minHashKeyLength is the shortest hash_key accepted, in bytes.
 	minHashKeyLength = 32
 )
@@ -132,21 +135,14 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	}
 	s.fingerprint = string(fp)
 	repl := caddy.NewReplacer()
-	for i, a := range s.Addresses {
-		s.Addresses[i] = repl.ReplaceKnown(a, "")
+	if err := s.replaceAddresses(repl); err != nil {
+		return err
 	}
-	if len(s.Addresses) == 0 {
-		s.Addresses = []string{"127.0.0.1:6379"}
+	if err := s.replaceHashKey(repl); err != nil {
+		return err
 	}
-	s.hashKey = []byte(repl.ReplaceKnown(s.HashKey, ""))
-	if len(s.hashKey) < minHashKeyLength {
-		return fmt.Errorf("redis store: hash_key must be at least %d bytes, the same on every Caddy instance; "+
-			"set it from an environment variable, hash_key {env.MCP_SESSIONS_HASH_KEY}, filled by `openssl rand -base64 32` (got %d bytes)",
-			minHashKeyLength, len(s.hashKey))
-	}
-	if s.KeyPrefix == "" {
-		s.KeyPrefix = DefaultRedisKeyPrefix
-	}
+	s.KeyPrefix = cmp.Or(repl.ReplaceKnown(s.KeyPrefix, ""), DefaultRedisKeyPrefix)
+	s.MasterName = repl.ReplaceKnown(s.MasterName, "")
 	s.timeout = durationOr(s.Timeout, DefaultRedisTimeout)
 	opts, err := s.options(repl)
 	if err != nil {
@@ -156,10 +152,45 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// replaceAddresses replaces the placeholders of the addresses; one that
+// ends up empty is an error, never the default address.
+func (s *RedisStore) replaceAddresses(repl *caddy.Replacer) error {
+	for i, a := range s.Addresses {
+		if s.Addresses[i] = repl.ReplaceKnown(a, ""); s.Addresses[i] == "" {
+			return fmt.Errorf("redis store: address %q is empty once its placeholders are replaced; "+
+				"set the environment variable it names, or give host:port", a)
+		}
+	}
+	if len(s.Addresses) == 0 {
+		s.Addresses = []string{DefaultRedisAddress}
+	}
+	return nil
+}
+
+// replaceHashKey replaces the placeholders of hash_key and checks its length.
+func (s *RedisStore) replaceHashKey(repl *caddy.Replacer) error {
+	s.hashKey = []byte(repl.ReplaceKnown(s.HashKey, ""))
+	switch {
+	case len(s.hashKey) >= minHashKeyLength:
+		return nil
+	case s.HashKey == "":
+		return fmt.Errorf("redis store: hash_key is required: a secret of at least %d bytes, the same on every Caddy instance; "+
+			"set it from an environment variable, hash_key {env.MCP_SESSIONS_HASH_KEY}, filled by `openssl rand -base64 32`", minHashKeyLength)
+	case len(s.hashKey) == 0:
+		return fmt.Errorf("redis store: hash_key %s is empty once its placeholders are replaced: is the environment variable set?", s.HashKey)
+	}
+	return fmt.Errorf("redis store: hash_key must be at least %d bytes, the same on every Caddy instance (got %d); "+
+		"fill it with `openssl rand -base64 32`", minHashKeyLength, len(s.hashKey))
+}
+
 // options returns the go-redis options of the store.
 func (s *RedisStore) options(repl *caddy.Replacer) (*redis.UniversalOptions, error) {
 	if s.DB < 0 {
 		return nil, fmt.Errorf("redis store: db must be 0 or more, got %d", s.DB)
+	}
+	if s.DB != 0 && s.MasterName == "" && (s.Cluster || len(s.Addresses) > 1) {
+		return nil, fmt.Errorf("redis store: db %d: a Redis Cluster has only database 0; "+
+			"db applies to a standalone Redis (one address) and to Sentinel (master_name)", s.DB)
 	}
 	o := &redis.UniversalOptions{
 		Addrs:            s.Addresses,

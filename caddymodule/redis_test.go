@@ -19,11 +19,17 @@ const testHashKey = "0123456789abcdef0123456789abcdef-test"
 // a redis store with the given timeout, as one Caddy instance has it.
 func sharedTable(t testing.TB, addr, name string, timeout time.Duration) *Table {
 	t.Helper()
+	return sharedTableKey(t, addr, name, testHashKey, timeout)
+}
+
+// sharedTableKey is sharedTable with the store's hash_key.
+func sharedTableKey(t testing.TB, addr, name, hashKey string, timeout time.Duration) *Table {
+	t.Helper()
 	tbl, err := NewTable(name, 1<<20, time.Hour, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &RedisStore{Addresses: []string{addr}, HashKey: testHashKey, Timeout: caddy.Duration(timeout)}
+	s := &RedisStore{Addresses: []string{addr}, HashKey: hashKey, Timeout: caddy.Duration(timeout)}
 	if err := s.Provision(newContext(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -207,9 +213,13 @@ func TestRedisStoreProvisionErrors(t *testing.T) {
 		s    RedisStore
 		want string
 	}{
-		{RedisStore{}, "hash_key must be at least 32 bytes"},
-		{RedisStore{HashKey: "{env.TEST_SHORT_KEY}"}, "(got 5 bytes)"},
+		{RedisStore{}, "hash_key is required"},
+		{RedisStore{HashKey: "{env.TEST_SHORT_KEY}"}, "(got 5)"},
+		{RedisStore{HashKey: "{env.TEST_UNSET_KEY}"}, "is the environment variable set?"},
+		{RedisStore{HashKey: testHashKey, Addresses: []string{"{env.TEST_UNSET_ADDR}"}}, `address "{env.TEST_UNSET_ADDR}" is empty`},
 		{RedisStore{HashKey: testHashKey, DB: -1}, "db must be 0 or more"},
+		{RedisStore{HashKey: testHashKey, DB: 3, Addresses: []string{"a:1", "b:1"}}, "a Redis Cluster has only database 0"},
+		{RedisStore{HashKey: testHashKey, DB: 3, Cluster: true}, "a Redis Cluster has only database 0"},
 		{RedisStore{HashKey: testHashKey, TLS: &RedisTLS{CAFile: "/nonexistent/ca.pem"}}, "reading tls ca_file"},
 	} {
 		s := tc.s
@@ -218,11 +228,69 @@ func TestRedisStoreProvisionErrors(t *testing.T) {
 		}
 	}
 	t.Setenv("TEST_HASH_KEY", testHashKey)
-	s := RedisStore{HashKey: "{env.TEST_HASH_KEY}", Password: "{env.TEST_HASH_KEY}"}
+	t.Setenv("TEST_PREFIX", "deployment-a")
+	s := RedisStore{HashKey: "{env.TEST_HASH_KEY}", Password: "{env.TEST_HASH_KEY}", KeyPrefix: "{env.TEST_PREFIX}", MasterName: "{env.TEST_PREFIX}", DB: 2}
 	if err := s.Provision(newContext(t)); err != nil {
 		t.Fatal(err)
 	}
-	if string(s.hashKey) != testHashKey || s.opts.Password != testHashKey || s.opts.Addrs[0] != "127.0.0.1:6379" {
-		t.Errorf("placeholders or defaults not applied: key %q, password %q, addresses %v", s.hashKey, s.opts.Password, s.opts.Addrs)
+	if string(s.hashKey) != testHashKey || s.opts.Password != testHashKey || s.opts.Addrs[0] != DefaultRedisAddress ||
+		s.KeyPrefix != "deployment-a" || s.opts.MasterName != "deployment-a" {
+		t.Errorf("placeholders or defaults not applied: key %q, password %q, addresses %v, key_prefix %q, master_name %q",
+			s.hashKey, s.opts.Password, s.opts.Addrs, s.KeyPrefix, s.opts.MasterName)
+	}
+}
+
+// TestRedisStoreHashKeyClash: instances of one table that use different
+// hash_keys cannot find each other's sessions; each notices the other's
+// key within a sync and counts it, while instances with the same key do
+// not (the control, same Redis).
+func TestRedisStoreHashKeyClash(t *testing.T) {
+	srv := redistest.Start(t)
+	a := sharedTable(t, srv.Addr, "clash", time.Second)
+	same := sharedTable(t, srv.Addr, "clash", time.Second)
+	a.Learn("s1", "10.0.0.1:80")
+	if !eventually(3*time.Second, func() bool { return same.Lookup("s1") != nil }) {
+		t.Fatal("an instance with the same hash_key does not find the session")
+	}
+	if n := a.store.Load().errors(opHashKey) + same.store.Load().errors(opHashKey); n != 0 {
+		t.Errorf("instances with the same hash_key counted %d hash_key errors", n)
+	}
+	other := sharedTableKey(t, srv.Addr, "clash", strings.Repeat("k", 32), time.Second)
+	if other.Lookup("s1") != nil {
+		t.Error("an instance with another hash_key found the session: the clash shows nothing")
+	}
+	for name, tbl := range map[string]*Table{"the first instance": a, "the other-key instance": other} {
+		c := tbl.store.Load()
+		if !eventually(3*time.Second, func() bool { return c.keyClash.Load() && c.errors(opHashKey) > 0 }) {
+			t.Errorf("%s did not notice the other hash_key", name)
+		}
+	}
+}
+
+// TestRedisMisconfigured tells errors that last until the configuration
+// changes (a wrong password, a database index Redis lacks) from outages,
+// using a real Redis's answers.
+func TestRedisMisconfigured(t *testing.T) {
+	srv := redistest.Start(t)
+	ping := func(o *redis.Options) error {
+		c := redis.NewClient(o)
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return c.Ping(ctx).Err()
+	}
+	if err := ping(&redis.Options{Addr: srv.Addr, DB: 99}); !misconfigured(err) {
+		t.Errorf("db 99: %v is not taken for a misconfiguration", err)
+	}
+	srv.Do("CONFIG", "SET", "requirepass", "right")
+	if err := ping(&redis.Options{Addr: srv.Addr, Password: "wrong"}); !misconfigured(err) {
+		t.Errorf("a wrong password: %v is not taken for a misconfiguration", err)
+	}
+	if err := ping(&redis.Options{Addr: srv.Addr}); !misconfigured(err) {
+		t.Errorf("no password: %v is not taken for a misconfiguration", err)
+	}
+	srv.Stop()
+	if err := ping(&redis.Options{Addr: srv.Addr, Password: "right"}); err == nil || misconfigured(err) {
+		t.Errorf("a stopped Redis: %v is taken for a misconfiguration", err)
 	}
 }

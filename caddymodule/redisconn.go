@@ -38,9 +38,10 @@ const (
 	opSync      = "sync"       // the periodic read of the cluster's view
 	opProbe     = "probe"      // reaching Redis again after a failure
 	opWriteBack = "write_back" // what was learned while Redis was unreachable, or lost by it
+	opHashKey   = "hash_key"   // another instance uses another hash_key on the same table (keycheck.go)
 )
 
-var storeOps = [...]string{opGet, opPut, opFlush, opSync, opProbe, opWriteBack}
+var storeOps = [...]string{opGet, opPut, opFlush, opSync, opProbe, opWriteBack, opHashKey}
 
 func opIndex(op string) int {
 	for i, o := range storeOps {
@@ -69,8 +70,9 @@ type redisConn struct {
 	timeout time.Duration
 	logger  *zap.Logger
 
-	healthy atomic.Bool
-	errs    [len(storeOps)]atomic.Uint64
+	healthy  atomic.Bool
+	errs     [len(storeOps)]atomic.Uint64
+	keyClash atomic.Bool // another hash_key is in use on this table (keycheck.go)
 
 	mu           sync.Mutex
 	byHash       map[keyHash]string     // session ID of each hash, for sessions of t
@@ -339,6 +341,12 @@ func (c *redisConn) fail(op string, err error) {
 	c.mu.Lock()
 	c.outage, c.outErrs = time.Now(), c.totalErrors()-1
 	c.mu.Unlock()
+	if misconfigured(err) {
+		c.logger.Error("redis store refuses this instance: check the store's username, password and db; "+
+			"meanwhile serving sessions from this instance's table, and trying again every 250ms",
+			zap.String("op", op), zap.Error(err))
+		return
+	}
 	c.logger.Warn("redis store unreachable: serving sessions from this instance's table, "+
 		"and writing what it learns back to Redis when Redis answers again",
 		zap.String("op", op), zap.Error(err))

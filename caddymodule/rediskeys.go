@@ -34,11 +34,14 @@ func parseKeyHash(s string) (keyHash, bool) {
 //	{p:t}:u:<dial>      zset    the upstream's sessions: member <hash>, score the expiry (Unix ms)
 //	{p:t}:upstreams     zset    upstreams known to any instance: member <dial>, score last seen (Unix ms)
 //	{p:t}:draining      hash    draining upstreams: field <dial>
+//	{p:t}:hashkeys      zset    fingerprints of the hash_keys instances use: member <fingerprint>,
+//	                            score last seen (Unix ms); more than one in use is a misconfiguration
 //	{p:t}:events        channel what instances tell each other (see redisConn.apply)
 type keyspace struct {
-	tag       string
-	hmacs     sync.Pool
-	principal []byte // the key of principal hashes, derived from hash_key
+	tag         string
+	hmacs       sync.Pool
+	principal   []byte // the key of principal hashes, derived from hash_key
+	fingerprint string // names hash_key without revealing it, derived from hash_key
 }
 
 func newKeyspace(prefix, table string, hashKey []byte) *keyspace {
@@ -50,6 +53,9 @@ func newKeyspace(prefix, table string, hashKey []byte) *keyspace {
 	m := hmac.New(sha256.New, hashKey)
 	m.Write([]byte("mcp_sessions principal key"))
 	ks.principal = m.Sum(nil)
+	m = hmac.New(sha256.New, hashKey)
+	m.Write([]byte("mcp_sessions hash_key fingerprint"))
+	ks.fingerprint = hex.EncodeToString(m.Sum(nil)[:8])
 	return ks
 }
 
@@ -92,3 +98,4 @@ func (ks *keyspace) upstream(dial string) string { return ks.tag + ":u:" + dial 
 func (ks *keyspace) upstreams() string           { return ks.tag + ":upstreams" }
 func (ks *keyspace) draining() string            { return ks.tag + ":draining" }
 func (ks *keyspace) events() string              { return ks.tag + ":events" }
+func (ks *keyspace) hashKeys() string            { return ks.tag + ":hashkeys" }

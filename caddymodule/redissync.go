@@ -223,6 +223,7 @@ type clusterView struct {
 	runID    *redis.StringCmd
 	records  *redis.ZSliceCmd
 	draining *redis.MapStringStringCmd
+	hashKeys *redis.ZSliceCmd
 }
 
 // sync reads the cluster's view: which upstreams any instance knows,
@@ -237,6 +238,7 @@ func (c *redisConn) sync() {
 		runID:    pipe.Info(ctx, "server"),
 		records:  pipe.ZRangeWithScores(ctx, c.ks.upstreams(), 0, -1),
 		draining: pipe.HGetAll(ctx, c.ks.draining()),
+		hashKeys: c.announceHashKey(ctx, pipe),
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		c.fail(opSync, err)
@@ -245,6 +247,7 @@ func (c *redisConn) sync() {
 	if c.restarted(runIDOf(v.runID.Val())) {
 		c.writeBackAll()
 	}
+	c.checkHashKeys(v.hashKeys.Val())
 	c.applyDraining(v.draining.Val())
 	if err := c.syncUpstreams(ctx, v.records.Val()); err != nil {
 		c.fail(opSync, err)
