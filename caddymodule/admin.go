@@ -100,12 +100,19 @@ type SessionStatus struct {
 	Fingerprint string `json:"fingerprint"`
 	// Upstream is the dial address of the upstream that owns the session.
 	Upstream string `json:"upstream"`
-	// AgeSeconds is the time since the session was learned, in seconds.
-	AgeSeconds float64 `json:"age_seconds"`
-	// IdleSeconds is the time since the session was last used, in seconds (1 s resolution).
-	IdleSeconds float64 `json:"idle_seconds"`
-	// OpenStreams is the number of GET streams of the session open through the proxy.
+	// AgeSeconds is the time since the session was learned, in seconds;
+	// absent when only the shared store knows the session (FromStore).
+	AgeSeconds *float64 `json:"age_seconds,omitempty"`
+	// IdleSeconds is the time since the session was last used, in seconds
+	// (1 s resolution); absent when only the shared store knows the session.
+	IdleSeconds *float64 `json:"idle_seconds,omitempty"`
+	// OpenStreams is the number of GET streams of the session open through
+	// this instance.
 	OpenStreams int `json:"open_streams"`
+	// FromStore is true when this instance has not served the session and
+	// the answer comes from the shared store (`store redis`), which holds
+	// its upstream and binding only.
+	FromStore bool `json:"from_store,omitempty"`
 	// PrincipalBound is true when the session is bound to a principal
 	// (`bind_principal`); only requests with the same principal may use it.
 	PrincipalBound bool `json:"principal_bound"`
@@ -167,11 +174,34 @@ func (AdminAPI) servePost(w http.ResponseWriter, r *http.Request, do func(adminR
 	if err := dec.Decode(&req); err != nil {
 		return apiError(http.StatusBadRequest, "decoding the JSON body (fields: table, upstream, session_id): %v", err)
 	}
+	if err := req.check(strings.TrimPrefix(r.URL.Path, "/mcp_sessions/")); err != nil {
+		return err
+	}
 	v, err := do(req)
 	if err != nil {
 		return err
 	}
 	return writeJSON(w, v)
+}
+
+// check refuses fields the endpoint op does not use, so that a call never
+// acts on part of what it was given.
+func (req adminRequest) check(op string) error {
+	var extra string
+	switch {
+	case (op == "drain" || op == "undrain") && req.SessionID != "":
+		extra = "session_id: drain and undrain act on an upstream"
+	case op != "drain" && req.Deadline != "":
+		extra = "deadline: only drain takes one"
+	case op == "lookup" && req.Upstream != "":
+		extra = "upstream: lookup finds a session by session_id"
+	case op == "evict" && req.SessionID != "" && req.Upstream != "":
+		extra = "upstream with session_id: evict one session (session_id) or every session of an upstream (upstream), not both"
+	}
+	if extra != "" {
+		return apiError(http.StatusBadRequest, "/mcp_sessions/%s does not take %s", op, extra)
+	}
+	return nil
 }
 
 // listTables returns the status of every table of the running config, by name.
@@ -303,8 +333,11 @@ func sessionStatus(table, id string, evict bool) (SessionStatus, error) {
 	}
 	st := SessionStatus{
 		Table: t.name, Fingerprint: fingerprint(id), Upstream: info.Upstream,
-		AgeSeconds: info.Age.Seconds(), IdleSeconds: info.Idle.Seconds(), OpenStreams: info.OpenStreams,
-		PrincipalBound: info.Bound,
+		OpenStreams: info.OpenStreams, PrincipalBound: info.Bound, FromStore: info.FromStore,
+	}
+	if !info.FromStore {
+		age, idle := info.Age.Seconds(), info.Idle.Seconds()
+		st.AgeSeconds, st.IdleSeconds = &age, &idle
 	}
 	if evict {
 		st.Evicted = t.Evict(id, EvictAdmin)

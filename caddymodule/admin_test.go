@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -347,8 +348,8 @@ func TestAdminLookupEvict(t *testing.T) {
 		t.Helper()
 		var st SessionStatus
 		raw := adminOK(t, http.MethodPost, "/mcp_sessions/lookup", body, &st)
-		if st != want {
-			t.Errorf("lookup = %+v, want %+v", st, want)
+		if !reflect.DeepEqual(st, want) {
+			t.Errorf("lookup = %s, want %s", asJSON(st), asJSON(want))
 		}
 		if strings.Contains(raw, testSessionID) {
 			t.Errorf("lookup body carries the session ID: %s", raw)
@@ -362,15 +363,15 @@ func TestAdminLookupEvict(t *testing.T) {
 	}
 
 	clk.Advance(90 * time.Second)
-	lookup(SessionStatus{Table: tbl.Name(), Fingerprint: fp, Upstream: "10.0.0.1:80", AgeSeconds: 90, IdleSeconds: 90})
+	lookup(SessionStatus{Table: tbl.Name(), Fingerprint: fp, Upstream: "10.0.0.1:80", AgeSeconds: secs(90), IdleSeconds: secs(90)})
 	// An admin lookup is not use of the session.
-	lookup(SessionStatus{Table: tbl.Name(), Fingerprint: fp, Upstream: "10.0.0.1:80", AgeSeconds: 90, IdleSeconds: 90})
+	lookup(SessionStatus{Table: tbl.Name(), Fingerprint: fp, Upstream: "10.0.0.1:80", AgeSeconds: secs(90), IdleSeconds: secs(90)})
 
 	tbl.Lookup(testSessionID) // proxied request: use
 	clk.Advance(5500 * time.Millisecond)
 	tbl.StreamOpened(testSessionID) // a GET stream opens: use too
 	clk.Advance(2500 * time.Millisecond)
-	lookup(SessionStatus{Table: tbl.Name(), Fingerprint: fp, Upstream: "10.0.0.1:80", AgeSeconds: 98, IdleSeconds: 2, OpenStreams: 1})
+	lookup(SessionStatus{Table: tbl.Name(), Fingerprint: fp, Upstream: "10.0.0.1:80", AgeSeconds: secs(98), IdleSeconds: secs(2), OpenStreams: 1})
 
 	if len(fp) != 12 || fp == testSessionID[:12] {
 		t.Errorf("fingerprint %q is not 12 hex digits of a hash", fp)
@@ -379,9 +380,9 @@ func TestAdminLookupEvict(t *testing.T) {
 	// Evict.
 	var st SessionStatus
 	raw := adminOK(t, http.MethodPost, "/mcp_sessions/evict", body, &st)
-	want := SessionStatus{Table: tbl.Name(), Fingerprint: fp, Upstream: "10.0.0.1:80", AgeSeconds: 98, IdleSeconds: 2, OpenStreams: 1, Evicted: true}
-	if st != want {
-		t.Errorf("evict = %+v, want %+v", st, want)
+	want := SessionStatus{Table: tbl.Name(), Fingerprint: fp, Upstream: "10.0.0.1:80", AgeSeconds: secs(98), IdleSeconds: secs(2), OpenStreams: 1, Evicted: true}
+	if !reflect.DeepEqual(st, want) {
+		t.Errorf("evict = %s, want %s", asJSON(st), asJSON(want))
 	}
 	if strings.Contains(raw, testSessionID) || !strings.Contains(raw, `"evicted":true`) {
 		t.Errorf("evict body = %s, want evicted true and no session ID", raw)
@@ -504,4 +505,37 @@ func TestAdminEvictUpstream(t *testing.T) {
 	}
 	rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/evict", postBody(map[string]string{"table": tbl.Name(), "upstream": "10.0.0.9:80"}))
 	wantAPIError(t, rec, err, http.StatusNotFound, `knows no upstream "10.0.0.9:80"`)
+}
+
+// secs returns a pointer to n seconds, as SessionStatus holds them.
+func secs(n float64) *float64 { return &n }
+
+// asJSON renders v for a failure message.
+func asJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// TestAdminRefusesFieldsTheEndpointIgnores: a call never acts on part of
+// what it was given.
+func TestAdminRefusesFieldsTheEndpointIgnores(t *testing.T) {
+	tbl, _ := clockTable(t, 10, time.Hour)
+	tbl.Learn(testSessionID, "10.0.0.1:80")
+	for _, tc := range []struct {
+		op   string
+		body map[string]string
+		want string
+	}{
+		{"evict", map[string]string{"session_id": testSessionID, "upstream": "10.0.0.1:80"}, "not both"},
+		{"drain", map[string]string{"session_id": testSessionID, "upstream": "10.0.0.1:80"}, "act on an upstream"},
+		{"undrain", map[string]string{"upstream": "10.0.0.1:80", "deadline": "1m"}, "only drain takes one"},
+		{"lookup", map[string]string{"session_id": testSessionID, "upstream": "10.0.0.2:80"}, "lookup finds a session by session_id"},
+	} {
+		tc.body["table"] = tbl.Name()
+		rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/"+tc.op, postBody(tc.body))
+		wantAPIError(t, rec, err, http.StatusBadRequest, tc.want)
+	}
+	if tbl.Lookup(testSessionID) == nil || tbl.knownUpstream("10.0.0.1:80").Draining() {
+		t.Error("a refused call changed the table")
+	}
 }

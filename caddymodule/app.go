@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -233,8 +234,22 @@ func (c TableConfig) validate(name string) error {
 	case c.SessionTTL != 0 && time.Duration(c.SessionTTL) < MinSessionTTL:
 		return fmt.Errorf("session table %q: session_ttl %s is below the minimum of %s; sessions would be forgotten between a client's requests",
 			name, time.Duration(c.SessionTTL), MinSessionTTL)
+	case c.BindPrincipal != "":
+		if err := checkBindPrincipal(c.BindPrincipal); err != nil {
+			return fmt.Errorf("session table %q: %w", name, err)
+		}
 	}
 	return nil
+}
+
+// checkBindPrincipal refuses a bind_principal template without a
+// placeholder: every request would have the same principal.
+func checkBindPrincipal(v string) error {
+	if v == BindPrincipalOff || strings.Contains(v, "{") {
+		return nil
+	}
+	return fmt.Errorf("bind_principal %q has no placeholder, so every request would have the same principal "+
+		"and binding would refuse no one; give a placeholder such as {http.auth.user.id} or {http.request.header.Authorization}, or off", v)
 }
 
 // merge adds the settings cfg, made in source, to u's.

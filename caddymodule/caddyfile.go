@@ -126,7 +126,16 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 			return nil
 		}
 	case "bind_principal":
-		set = func(v string) error { h.BindPrincipal = v; return nil }
+		set = func(v string) error {
+			if v == "" {
+				return d.Errf("bind_principal: give a placeholder template, such as {http.auth.user.id}, or off")
+			}
+			if err := checkBindPrincipal(v); err != nil {
+				return d.Err(err.Error())
+			}
+			h.BindPrincipal = v
+			return nil
+		}
 	case "failover":
 		set = func(v string) error {
 			if v != FailoverOff && v != FailoverReinitialize {
@@ -412,6 +421,9 @@ func extractAffinityOptions(d *caddyfile.Dispenser) (*Handler, *SessionSelection
 			case "lb_policy":
 				return nil, nil, d.Err("mcp_proxy chooses upstreams with the mcp_session policy; " +
 					"use 'fallback <policy>' to choose how new sessions are balanced")
+			case "store", "upstream_ttl":
+				return nil, nil, d.Errf("%s is a setting of the session table, given in the global option: "+
+					"{ %s [<table>] { %s ... } }", d.Val(), AppName, d.Val())
 			case "fallback":
 				if err := extractFallback(d, policy); err != nil {
 					return nil, nil, err

@@ -17,8 +17,9 @@ const (
 	CodeSessionNotFound = -32001
 	// CodeUpstreamUnavailable answers a request whose session's upstream is
 	// failing health checks (HTTP 503), in the implementation-defined server
-	// error range (JSON-RPC 2.0 §5.1).
-	CodeUpstreamUnavailable = -32002
+	// error range (JSON-RPC 2.0 §5.1). Not -32002, which MCP assigns to
+	// "resource not found" (MCP 2025-11-25, server/resources §Error Handling).
+	CodeUpstreamUnavailable = -32003
 )
 
 // rpcError is a JSON-RPC 2.0 error response with a null id (JSON-RPC 2.0 §5).

@@ -294,3 +294,18 @@ func TestRedisMisconfigured(t *testing.T) {
 		t.Errorf("a stopped Redis: %v is taken for a misconfiguration", err)
 	}
 }
+
+// TestRedisStoreInfoFromStore: an instance that has not served a session
+// knows its upstream from the store, and says that it knows no more.
+func TestRedisStoreInfoFromStore(t *testing.T) {
+	srv := redistest.Start(t)
+	a := sharedTable(t, srv.Addr, "info", time.Second)
+	b := sharedTable(t, srv.Addr, "info", time.Second)
+	a.Learn("s1", "10.0.0.1:80")
+	if info, ok := a.Info("s1"); !ok || info.FromStore {
+		t.Errorf("the learning instance: Info = %+v, %v; want its own record", info, ok)
+	}
+	if info, ok := b.Info("s1"); !ok || !info.FromStore || info.Upstream != "10.0.0.1:80" {
+		t.Errorf("another instance: Info = %+v, %v; want the store's upstream, FromStore", info, ok)
+	}
+}

@@ -196,6 +196,9 @@ type SessionInfo struct {
 	OpenStreams int
 	// Bound reports whether the session is bound to a principal.
 	Bound bool
+	// FromStore reports that only the shared store knows the session: this
+	// instance has not served it, so Age, Idle and OpenStreams are zero.
+	FromStore bool
 }
 
 // Stats are a table's counters since it was created. They are read by the

@@ -51,7 +51,7 @@ func (t *Table) infoShared(id string) (SessionInfo, bool) {
 		return SessionInfo{}, false
 	}
 	dial, bound := c.peek(id)
-	return SessionInfo{Upstream: dial, Bound: bound != principalSum{}}, dial != ""
+	return SessionInfo{Upstream: dial, Bound: bound != principalSum{}, FromStore: true}, dial != ""
 }
 
 // UpstreamTTL returns how long the table keeps the record of an upstream

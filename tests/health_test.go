@@ -15,6 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
@@ -106,9 +107,9 @@ func (f *healthFleet) waitStatus(t *testing.T, cs *mcp.ClientSession, status int
 func checkUnavailable(t *testing.T, ex exchange) {
 	t.Helper()
 	ra, err := strconv.Atoi(ex.header.Get("Retry-After"))
-	if ex.status != http.StatusServiceUnavailable || rpcErrorCode(ex.body) != -32002 ||
+	if ex.status != http.StatusServiceUnavailable || rpcErrorCode(ex.body) != caddymodule.CodeUpstreamUnavailable ||
 		ex.header.Get("Content-Type") != "application/json" || err != nil || ra < 1 || ra > 60 {
-		t.Fatalf("want the proxy's 503 (JSON-RPC -32002, Retry-After 1-60 s); got %d %v %q", ex.status, ex.header, ex.body)
+		t.Fatalf("want the proxy's 503 (JSON-RPC -32003, Retry-After 1-60 s); got %d %v %q", ex.status, ex.header, ex.body)
 	}
 }
 
