@@ -80,7 +80,15 @@ const (
 // | a session whose upstream fails active health checks, within the policy's `unhealthy_grace` | 503 with Retry-After; the session is kept |
 // | an `initialize` or `server/discover` that no upstream (of at most three tried) sends response headers for within `initialize_timeout` | 504 |
 // | a session whose upstream sends no response headers within `pinned_timeout` (off by default) | 504; the session is kept |
-// | a session whose upstream was removed, refused the connection, or failed active health checks for `unhealthy_grace` | 404, and the session is dropped |
+// | a session whose upstream was removed, refused the connection, or failed active health checks for `unhealthy_grace` | 404, and the session is dropped (with `failover reinitialize`: see below) |
+//
+// An initialize request carrying a session the table does not hold, or
+// whose upstream is gone, starts a new session: the stale Mcp-Session-Id
+// is dropped and the request balanced (reinit.go).
+//
+// With `failover reinitialize`, a session whose upstream is gone, or
+// answers its POST with 404, or is draining past its deadline, moves to
+// another upstream instead of ending (failover.go).
 //
 // It drops a session when the upstream answers its POST or DELETE with 404,
 // or its DELETE with 2xx; the upstream's response passes unchanged. A 404
