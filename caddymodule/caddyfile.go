@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -75,6 +76,7 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    client_key            <placeholder template>
 //	    initialize_timeout    <duration>|off
 //	    pinned_timeout        <duration>|off
+//	    legacy_sse            off|<query parameters...>
 //	}
 //
 // It returns a Caddyfile error, naming the line, for an unknown option, a
@@ -102,8 +104,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // one of the handler's options. It rejects an option given twice.
 func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) (int, error) {
 	name := d.Val()
-	if name == "seal_session_ids" {
+	switch name {
+	case "seal_session_ids":
 		return h.unmarshalSealKeys(d, seen)
+	case "legacy_sse":
+		return h.unmarshalLegacySSE(d, seen)
 	}
 	var set func(string) error
 	switch name {
@@ -215,6 +220,27 @@ func parseTimeout(d *caddyfile.Dispenser, name, v string, off caddy.Duration, ds
 	}
 	*dst = caddy.Duration(dur)
 	return nil
+}
+
+// unmarshalLegacySSE parses `legacy_sse off|<query parameters...>` at the
+// cursor and returns how many tokens it took.
+func (h *Handler) unmarshalLegacySSE(d *caddyfile.Dispenser, seen map[string]bool) (int, error) {
+	if seen["legacy_sse"] {
+		return 0, d.Err("duplicate option 'legacy_sse'; list every query parameter on one line")
+	}
+	seen["legacy_sse"] = true
+	args := d.RemainingArgs()
+	switch {
+	case len(args) == 0:
+		return 0, d.Err("legacy_sse needs 'off' or the query parameters that carry the session, such as 'legacy_sse session_id'")
+	case len(args) == 1 && args[0] == "off":
+		h.DisableLegacySSE = true
+	case slices.Contains(args, "off"):
+		return 0, d.Err("legacy_sse: 'off' cannot be listed with query parameters")
+	default:
+		h.LegacySSEParams = args
+	}
+	return 1 + len(args), nil
 }
 
 func parsePositiveInt(d *caddyfile.Dispenser, name, v string, dst *int) error {
@@ -346,6 +372,7 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    client_key            <placeholder template>
 //	    initialize_timeout    <duration>|off
 //	    pinned_timeout        <duration>|off
+//	    legacy_sse            off|<query parameters...>
 //	    fallback              <policy> [<policy options...>]
 //	    unhealthy_grace       <duration>
 //

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -55,13 +56,19 @@ func TestHandlerUnmarshalCaddyfile(t *testing.T) {
 		{input: `mcp_session {
 			bind_principal off
 		}`, want: Handler{BindPrincipal: BindPrincipalOff}},
+		{input: `mcp_session {
+			legacy_sse off
+		}`, want: Handler{DisableLegacySSE: true}},
+		{input: `mcp_session {
+			legacy_sse session_id sid
+		}`, want: Handler{LegacySSEParams: []string{"session_id", "sid"}}},
 	} {
 		var h Handler
 		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input)); err != nil {
 			t.Errorf("UnmarshalCaddyfile(%s): %v", tc.input, err)
 			continue
 		}
-		if h != tc.want {
+		if !reflect.DeepEqual(h, tc.want) {
 			t.Errorf("UnmarshalCaddyfile(%s) = %+v, want %+v", tc.input, h, tc.want)
 		}
 	}

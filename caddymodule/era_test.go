@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -35,6 +36,8 @@ func TestEraOf(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		headers map[string][]string // set with Header.Add, so keys are canonicalised as a server would
+		method  string              // POST unless set
+		query   string              // the URL's query
 		want    Era
 	}{
 		{name: "nothing", want: EraOther},
@@ -62,9 +65,15 @@ func TestEraOf(t *testing.T) {
 		{name: "empty version", headers: map[string][]string{"MCP-Protocol-Version": {""}}, want: EraOther},
 		{name: "first version counts", headers: map[string][]string{"MCP-Protocol-Version": {"2025-11-25", "2026-07-28"}}, want: EraOther},
 		{name: "unrelated headers", headers: map[string][]string{"Accept": {"application/json, text/event-stream"}, "X-Mcp-Method": {"x"}}, want: EraOther},
+		{name: "legacy SSE POST, sessionId", query: "sessionId=A", want: EraLegacySession},
+		{name: "legacy SSE POST, session_id", query: "x=1&session_id=A", want: EraLegacySession},
+		{name: "legacy SSE POST, sessionid", query: "sessionid=", want: EraLegacySession},
+		{name: "legacy SSE POST and Mcp-Method", query: "sessionid=A", headers: map[string][]string{"Mcp-Method": {"tools/list"}}, want: EraLegacySession},
+		{name: "other query", query: "session=A&id=B", want: EraOther},
+		{name: "legacy SSE GET", method: http.MethodGet, query: "sessionId=A", want: EraOther},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+			r := httptest.NewRequest(cmp.Or(tc.method, http.MethodPost), "/mcp?"+tc.query, nil)
 			for k, vs := range tc.headers {
 				for _, v := range vs {
 					r.Header.Add(k, v)

@@ -138,7 +138,9 @@ func (h *Handler) forward(sw *sessionWriter, next caddyhttp.Handler, bound time.
 func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	body, opens := h.opening(r)
 	if !opens {
-		return next.ServeHTTP(newSessionWriter(w, h, r, "", nil), r)
+		sw := newSessionWriter(w, h, r, "", nil)
+		defer sw.finishLegacyStream() // also when reverse_proxy aborts a stream with a panic
+		return next.ServeHTTP(sw, r)
 	}
 	bound := time.Duration(h.InitializeTimeout)
 	for attempt := 1; ; attempt++ {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -236,6 +237,23 @@ type Handler struct {
 	// frozen upstream (README "Frozen upstreams").
 	PinnedTimeout caddy.Duration `json:"pinned_timeout,omitempty"`
 
+	// Turns off pinning of the legacy HTTP+SSE transport (MCP 2024-11-05).
+	// By default, a GET whose response is an SSE stream with an `endpoint`
+	// first event teaches the session named in that event's URL (one of
+	// `legacy_sse_params`), pinned to the stream's upstream until the stream
+	// closes; POSTs carrying the session in their query go to that upstream,
+	// and POSTs of a session the table does not hold get 404 like any
+	// unknown session. The endpoint URL is rewritten where the client could
+	// not use it (see README, "Legacy HTTP+SSE"). Default: false.
+	DisableLegacySSE bool `json:"disable_legacy_sse,omitempty"`
+
+	// The query parameters that carry a legacy HTTP+SSE session, in the
+	// endpoint event's URL and in the POSTs to it. Names are
+	// case-sensitive, as in URLs. A POST naming the session more than once
+	// gets 400. Default: `sessionId`, `session_id`, `sessionid` (the
+	// TypeScript SDK and mcp-go, the Python SDK, the Go SDK).
+	LegacySSEParams []string `json:"legacy_sse_params,omitempty"`
+
 	table          *Table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
 	logger         *zap.Logger
@@ -313,6 +331,8 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("failover must be %q or %q, got %q", FailoverOff, FailoverReinitialize, h.Failover)
 	case h.MaxInitializeSize < 0:
 		return fmt.Errorf("max_initialize_size must be positive, got %d", h.MaxInitializeSize)
+	case slices.Contains(h.LegacySSEParams, ""):
+		return fmt.Errorf("legacy_sse_params has an empty name; list query parameter names such as %q", DefaultLegacySSEParams)
 	}
 	return nil
 }
@@ -337,10 +357,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			"behind a trusted proxy on this machine, set localhost_protection off", r.Host))
 	}
 	ids := r.Header[HeaderSessionID]
-	h.table.Stats.eras[eraOf(r, len(ids))].Add(1)
 	if len(ids) == 0 {
-		return h.serveNew(w, r, next)
+		return h.serveWithoutHeader(w, r, next)
 	}
+	h.table.Stats.eras[eraOf(r, len(ids))].Add(1)
 	id, problem := sessionOf(r.Header, h.MaxSessionIDLength)
 	if problem != "" {
 		decide(r, decisionRejected, "")
@@ -359,6 +379,26 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		return h.serveUnknown(w, r, next, id)
 	}
 	return h.servePinned(w, r, next, id, up)
+}
+
+// serveWithoutHeader serves a request without Mcp-Session-Id: a POST of a
+// legacy HTTP+SSE session is pinned; any other request is balanced, and its
+// response may teach a session.
+func (h *Handler) serveWithoutHeader(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	id, problem := legacySessionOf(r, h.legacyParams(), h.MaxSessionIDLength)
+	era := eraOf(r, 0)
+	if id != "" || problem != "" {
+		era = EraLegacySession // with legacy_sse naming other parameters too
+	}
+	h.table.Stats.eras[era].Add(1)
+	switch {
+	case problem != "":
+		decide(r, decisionRejected, "")
+		return writeBadSession(w, problem)
+	case id != "":
+		return h.serveLegacyPost(w, r, next, id)
+	}
+	return h.serveNew(w, r, next)
 }
 
 // serveNew serves a request without a session: it is balanced, and its
@@ -612,10 +652,14 @@ func isLoopbackHost(host string) bool {
 	return err == nil && ip.IsLoopback()
 }
 
-// eraOf returns the request's protocol era.
+// eraOf returns the request's protocol era. A POST carrying a legacy
+// HTTP+SSE session in one of the default query parameters is of a legacy
+// session too.
 func eraOf(r *http.Request, sessionFields int) Era {
 	switch {
 	case sessionFields > 0:
+		return EraLegacySession
+	case r.Method == http.MethodPost && r.URL.RawQuery != "" && hasLegacySession(r.URL.RawQuery):
 		return EraLegacySession
 	case len(r.Header["Mcp-Method"]) > 0:
 		return EraModern

@@ -64,14 +64,17 @@ const (
 	// EvictClientCap: a session not used since its initialize, pushed out by
 	// a newer one of the same client at max_unconfirmed_per_client.
 	EvictClientCap
+	// EvictStreamClosed: the SSE stream of a legacy HTTP+SSE session closed,
+	// which ends the session (MCP 2024-11-05 transports, §HTTP with SSE).
+	EvictStreamClosed
 )
 
 // evictReasonNames holds the label of each EvictReason at its value's index;
 // index 0, the zero value, is no reason.
-var evictReasonNames = [...]string{"", "ttl", "lru", "delete", "upstream_404", "upstream_gone", "admin", "relearned", "unconfirmed", "client_cap"}
+var evictReasonNames = [...]string{"", "ttl", "lru", "delete", "upstream_404", "upstream_gone", "admin", "relearned", "unconfirmed", "client_cap", "stream_closed"}
 
 // evictReasons lists every valid EvictReason.
-var evictReasons = [...]EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstream404, EvictUpstreamGone, EvictAdmin, EvictRelearned, EvictUnconfirmed, EvictClientCap}
+var evictReasons = [...]EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstream404, EvictUpstreamGone, EvictAdmin, EvictRelearned, EvictUnconfirmed, EvictClientCap, EvictStreamClosed}
 
 // Valid reports whether r is one of the Evict constants.
 func (r EvictReason) Valid() bool { return r > 0 && int(r) < len(evictReasonNames) }

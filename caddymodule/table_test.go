@@ -45,7 +45,7 @@ func newTestTable(t testing.TB, maxSessions int, ttl time.Duration) (*Table, *fa
 
 // allReasons lists every eviction reason, for checking that only the
 // expected counter moved.
-var allReasons = []EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstream404, EvictUpstreamGone, EvictAdmin, EvictRelearned, EvictUnconfirmed, EvictClientCap}
+var allReasons = []EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstream404, EvictUpstreamGone, EvictAdmin, EvictRelearned, EvictUnconfirmed, EvictClientCap, EvictStreamClosed}
 
 // wantEvictions checks every eviction counter: those in want must have the
 // given values, all others 0.

@@ -25,6 +25,9 @@ type sessionWriter struct {
 	wroteHeader bool
 	// fo is set for a session that can fail over (failover.go).
 	fo *pinnedFailover
+	// sse is the GET's SSE stream read for a legacy HTTP+SSE session; nil
+	// for other responses.
+	sse *legacyStream
 }
 
 func newSessionWriter(w http.ResponseWriter, h *Handler, r *http.Request, id string, up *Upstream) *sessionWriter {
@@ -63,6 +66,7 @@ func (sw *sessionWriter) observe(status int) {
 		sw.h.evictAfter(sw.r, sw.id, status)
 	case status >= 200 && status < 300:
 		sw.h.learn(sw.r, sw.Header())
+		sw.watchLegacyStream(status)
 	}
 }
 
@@ -73,6 +77,9 @@ func (sw *sessionWriter) Write(b []byte) (int, error) {
 	}
 	if !sw.wroteHeader {
 		sw.WriteHeader(http.StatusOK)
+	}
+	if sw.sse != nil && (sw.sse.watching || len(sw.sse.held) > 0) {
+		return sw.writeWatched(b)
 	}
 	return sw.ResponseWriter.Write(b)
 }
@@ -85,6 +92,9 @@ func (sw *sessionWriter) ReadFrom(r io.Reader) (int64, error) {
 	}
 	if !sw.wroteHeader {
 		sw.WriteHeader(http.StatusOK)
+	}
+	if sw.sse != nil {
+		return io.Copy(struct{ io.Writer }{sw}, r) // through Write, which reads the stream
 	}
 	return sw.ResponseWriterWrapper.ReadFrom(r)
 }

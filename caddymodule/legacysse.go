@@ -1,0 +1,346 @@
+package caddymodule
+
+import (
+	"fmt"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// The legacy HTTP+SSE transport (MCP 2024-11-05, transports §HTTP with SSE)
+// has two endpoints: a GET opens an SSE stream whose first event, `endpoint`,
+// names the URL the client POSTs its messages to, and the server answers
+// them on that stream. The spec names no session parameter; the SDKs put
+// the session in that URL's query string. The session lives as long as its
+// stream: every SDK server forgets it when the GET ends.
+//
+// The handler learns session -> upstream from the endpoint event as the
+// stream passes, pins the POSTs that carry the session to the stream's
+// upstream, and forgets the session when the stream closes.
+
+// DefaultLegacySSEParams are the query parameters that carry the session of
+// a legacy HTTP+SSE POST by default, as the MCP SDKs spell them: `sessionId`
+// (TypeScript SDK, mcp-go), `session_id` (Python SDK), `sessionid` (Go SDK).
+var DefaultLegacySSEParams = []string{"sessionId", "session_id", "sessionid"}
+
+// legacyStream is a GET's SSE response that the handler reads for its
+// first event, and the legacy session it announced.
+type legacyStream struct {
+	held     []byte // bytes of the first event not passed on yet
+	watching bool   // the first event has not ended yet
+	id       string // the session the endpoint event announced; "" if none
+	up       *Upstream
+}
+
+// legacyParams returns the query parameters that carry legacy sessions, or
+// nil when legacy HTTP+SSE pinning is off.
+func (h *Handler) legacyParams() []string {
+	switch {
+	case h.DisableLegacySSE:
+		return nil
+	case len(h.LegacySSEParams) > 0:
+		return h.LegacySSEParams
+	}
+	return DefaultLegacySSEParams
+}
+
+// legacySessionOf returns the legacy HTTP+SSE session a POST carries in one
+// of the query parameters params, or why it cannot be used: named more than
+// once, or not a valid session ID (see checkSessionID). Other requests
+// carry none.
+func legacySessionOf(r *http.Request, params []string, maxLen int) (id, problem string) {
+	if r.Method != http.MethodPost || r.URL.RawQuery == "" || len(params) == 0 {
+		return "", ""
+	}
+	q, _ := url.ParseQuery(r.URL.RawQuery) // as servers read it: pairs that parse
+	return sessionParam(q, params, maxLen)
+}
+
+// sessionParam returns the session that query q names in one of params.
+// Naming it twice, even under two names, is a problem: servers that read
+// different names would act on different sessions than the one pinned.
+func sessionParam(q url.Values, params []string, maxLen int) (id, problem string) {
+	name := ""
+	for _, p := range params {
+		switch vs := q[p]; {
+		case len(vs) == 0:
+			continue
+		case name != "" || len(vs) > 1:
+			return "", fmt.Sprintf("the query names the legacy SSE session more than once (%s); send one of %s once",
+				strings.Join(presentParams(q, params), ", "), strings.Join(params, ", "))
+		default:
+			name, id = p, vs[0]
+		}
+	}
+	if name == "" {
+		return "", ""
+	}
+	if reason := checkSessionID(id, maxLen); reason != "" {
+		return "", "query parameter " + name + " " + reason
+	}
+	return id, ""
+}
+
+// hasLegacySession reports whether a query names a legacy HTTP+SSE session
+// in one of [DefaultLegacySSEParams]. It is what matchers and metrics know of
+// a request, before any handler's own legacy_sse_params apply.
+func hasLegacySession(rawQuery string) bool {
+	q, _ := url.ParseQuery(rawQuery)
+	for _, p := range DefaultLegacySSEParams {
+		if q.Has(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// presentParams returns the names of params that q holds.
+func presentParams(q url.Values, params []string) []string {
+	var names []string
+	for _, p := range params {
+		if q.Has(p) {
+			names = append(names, p)
+		}
+	}
+	return names
+}
+
+// serveLegacyPost pins a POST of a legacy HTTP+SSE session to its stream's
+// upstream, or answers it as a request of an unknown session.
+func (h *Handler) serveLegacyPost(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
+	up, mismatch := h.table.LookupAs(id, principalOf(r, h.table.BindPrincipal()))
+	if mismatch {
+		return h.serveMismatch(w, r, id)
+	}
+	if up == nil {
+		return h.serveUnknown(w, r, next, id)
+	}
+	return h.servePinned(w, r, next, id, up)
+}
+
+// watchLegacyStream starts reading the response for an endpoint event if it
+// can announce a legacy session: a 2xx, uncompressed SSE response to a GET
+// without a session, with legacy pinning on.
+func (sw *sessionWriter) watchLegacyStream(status int) {
+	if sw.r.Method != http.MethodGet || status < 200 || status > 299 || sw.h.legacyParams() == nil {
+		return
+	}
+	hdr := sw.Header()
+	media, _, err := mime.ParseMediaType(hdr.Get("Content-Type"))
+	if err != nil || media != "text/event-stream" || hdr.Get("Content-Encoding") != "" {
+		return
+	}
+	sw.sse = &legacyStream{watching: true}
+}
+
+// writeWatched passes b on to the client, holding back only an incomplete
+// first event: the client dispatches an event at its end, so holding its
+// start delays nothing a client sees. Blocks without an event (comments)
+// pass on as they end. It returns len(b) once b is accepted.
+func (sw *sessionWriter) writeWatched(b []byte) (int, error) {
+	ls := sw.sse
+	ls.held = append(ls.held, b...)
+	for ls.watching {
+		end := blockEnd(ls.held)
+		if end < 0 && len(ls.held) <= maxEndpointEvent {
+			return len(b), nil
+		}
+		if end < 0 {
+			ls.watching = false
+			sw.h.logger.Warn("the first event of a GET's SSE response is longer than 16 KiB; not read for a legacy HTTP+SSE session")
+			break
+		}
+		if _, err := sw.ResponseWriter.Write(sw.readBlock(ls.held[:end])); err != nil {
+			return 0, err
+		}
+		ls.held = ls.held[end:]
+	}
+	rest := ls.held
+	ls.held = nil
+	if len(rest) == 0 {
+		return len(b), nil
+	}
+	if _, err := sw.ResponseWriter.Write(rest); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// readBlock reads one complete block of a watched stream and returns the
+// bytes to pass on: the block itself, or the endpoint event with its URL
+// rewritten for the client. The first event ends the watch.
+func (sw *sessionWriter) readBlock(block []byte) []byte {
+	ev := parseEvent(block)
+	if !ev.dispatched() {
+		return block
+	}
+	sw.sse.watching = false
+	if ev.eventType() != "endpoint" || ev.dataLines != 1 {
+		return block
+	}
+	endpoint := sw.h.learnEndpoint(sw, string(ev.data))
+	if endpoint == "" {
+		return block
+	}
+	out := make([]byte, 0, len(block)+len(endpoint)-len(ev.data))
+	out = append(append(append(out, block[:ev.dataStart]...), endpoint...), block[ev.dataEnd:]...)
+	return out
+}
+
+// learnEndpoint learns the session that an endpoint event's URL announces,
+// pinned to the upstream that serves the stream, and returns the URL the
+// client must be told instead, or "" to pass it on unchanged.
+func (h *Handler) learnEndpoint(sw *sessionWriter, raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	id, problem := sessionParam(u.Query(), h.legacyParams(), h.MaxSessionIDLength)
+	if problem != "" {
+		h.logger.Warn("unusable legacy HTTP+SSE endpoint; session not pinned", zap.String("problem", problem))
+	}
+	sel := selectedUpstream(sw.r)
+	if id == "" || sel == nil {
+		return ""
+	}
+	if h.table.LearnFrom(id, sel.Dial, Origin{Principal: principalOf(sw.r, h.table.BindPrincipal())}) {
+		decide(sw.r, decisionLearned, sel.Dial)
+		h.debug("learned_legacy_sse", id, sel.Dial)
+	}
+	h.table.StreamOpened(id)
+	sw.sse.id, sw.sse.up = id, h.table.upstream(sel.Dial)
+	sw.sse.up.streams.Add(1)
+	return clientEndpoint(sw.r, u, sel.Dial)
+}
+
+// finishLegacyStream ends a watched stream when its response is done: it
+// passes on what was held back (a stream that ended inside its first event)
+// and forgets the session the stream announced, which ends with its stream.
+func (sw *sessionWriter) finishLegacyStream() {
+	ls := sw.sse
+	if ls == nil {
+		return
+	}
+	if len(ls.held) > 0 {
+		_, _ = sw.ResponseWriter.Write(ls.held)
+		ls.held = nil
+	}
+	if ls.id == "" {
+		return
+	}
+	ls.up.streams.Add(-1)
+	sw.h.table.Evict(ls.id, EvictStreamClosed)
+	sw.h.debug("legacy_sse_stream_closed", ls.id, ls.up.Dial())
+}
+
+// clientEndpoint returns the endpoint URL u as the client must see it, or
+// "" when u needs no change. Two rewrites, common reasons legacy clients
+// fail behind a proxy:
+//
+//   - a path-absolute URL that lacks the path prefix the proxy stripped
+//     (`handle_path /mcp/*`) gets it back;
+//   - an absolute URL naming the upstream's own address becomes
+//     path-absolute, so that the client resolves it against the URL it
+//     connected to: the client-facing scheme, host and port, whatever
+//     proxies or TLS terminators sit in front. (The TypeScript and Python
+//     SDK clients refuse an endpoint of another origin.)
+//
+// Relative URLs resolve against the stream's URL, prefix included, and
+// absolute URLs naming another host are the server's choice: both pass as
+// they are.
+func clientEndpoint(r *http.Request, u *url.URL, dial string) string {
+	internal := u.Host != "" && internalAuthority(r, u, dial)
+	switch {
+	case u.Opaque != "" || u.Host != "" && !internal && u.Host != r.Host:
+		return ""
+	case u.Host == "" && !strings.HasPrefix(u.Path, "/"):
+		return ""
+	}
+	path := u.EscapedPath()
+	if path == "" {
+		path = "/"
+	}
+	if prefix := strippedPrefix(r); prefix != "" && path != prefix && !strings.HasPrefix(path, prefix+"/") {
+		path = prefix + path
+	}
+	if !internal && path == u.EscapedPath() {
+		return ""
+	}
+	out := *u
+	out.Path, out.RawPath = "", "" // set below through the escaped form
+	if internal {
+		out.Scheme, out.Host, out.User = "", "", nil
+	}
+	return withEscapedPath(&out, path)
+}
+
+// withEscapedPath returns u as a string with the escaped path path.
+func withEscapedPath(u *url.URL, path string) string {
+	var b strings.Builder
+	if u.Host != "" {
+		b.WriteString(u.Scheme + "://")
+		if u.User != nil {
+			b.WriteString(u.User.String() + "@")
+		}
+		b.WriteString(u.Host)
+	}
+	b.WriteString(path)
+	if u.ForceQuery || u.RawQuery != "" {
+		b.WriteString("?" + u.RawQuery)
+	}
+	if u.Fragment != "" {
+		b.WriteString("#" + u.EscapedFragment())
+	}
+	return b.String()
+}
+
+// strippedPrefix returns the path prefix that the routes before the
+// handler stripped from the request (`handle_path`, `uri strip_prefix`):
+// the start of the client's path that the request's path lacks, without a
+// trailing slash; "" when the path was not shortened that way.
+func strippedPrefix(r *http.Request) string {
+	orig, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request)
+	if !ok || orig.URL == nil {
+		return ""
+	}
+	o, c := orig.URL.EscapedPath(), r.URL.EscapedPath()
+	if len(o) <= len(c) || !strings.HasSuffix(o, c) {
+		return ""
+	}
+	return strings.TrimSuffix(o[:len(o)-len(c)], "/")
+}
+
+// internalAuthority reports whether the absolute URL u names the upstream
+// dialed at dial rather than the proxy: its host and port (the scheme's
+// default port when none) are the upstream's, with any loopback name
+// standing for any other; for a unix socket upstream, a loopback name on
+// port 80, the Host the proxy sends such upstreams.
+func internalAuthority(r *http.Request, u *url.URL, dial string) bool {
+	if u.Host == r.Host {
+		return false
+	}
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		dial = repl.ReplaceAll(dial, "")
+	}
+	addr, err := caddy.ParseNetworkAddress(dial)
+	if err != nil {
+		return false
+	}
+	host, port := u.Hostname(), u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	if addr.IsUnixNetwork() {
+		return port == "80" && isLoopbackHost(host)
+	}
+	if port != strconv.FormatUint(uint64(addr.StartPort), 10) {
+		return false
+	}
+	return strings.EqualFold(host, addr.Host) || isLoopbackHost(host) && isLoopbackHost(addr.Host)
+}

@@ -1,0 +1,225 @@
+package caddymodule
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+func TestSSEBlocks(t *testing.T) {
+	for _, tc := range []struct {
+		name, in  string
+		end       int // blockEnd
+		typ, data string
+		lines     int
+	}{
+		{name: "LF", in: "event: endpoint\ndata: /m?sessionid=A\n\nevent: message\n", end: 38, typ: "endpoint", data: "/m?sessionid=A", lines: 1},
+		{name: "CRLF", in: "event: endpoint\r\ndata: /m?x=1\r\n\r\n", end: 33, typ: "endpoint", data: "/m?x=1", lines: 1},
+		{name: "CR", in: "event:endpoint\rdata:/m\r\r", end: 24, typ: "endpoint", data: "/m", lines: 1},
+		{name: "comment only", in: ": ping\n\n", end: 8, lines: 0},
+		{name: "no data", in: "event: endpoint\n\n", end: 17, typ: "endpoint", lines: 0},
+		{name: "incomplete", in: "event: endpoint\ndata: /m?sessionId=A\n", end: -1},
+		{name: "split CRLF", in: "event: endpoint\r\ndata: /m\r\n\r", end: 28, typ: "endpoint", data: "/m", lines: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			end := blockEnd([]byte(tc.in))
+			if end != tc.end {
+				t.Fatalf("blockEnd(%q) = %d, want %d", tc.in, end, tc.end)
+			}
+			if end < 0 {
+				return
+			}
+			block := []byte(tc.in[:end])
+			ev := parseEvent(block)
+			if ev.typ != tc.typ || string(ev.data) != tc.data || ev.dataLines != tc.lines {
+				t.Errorf("parseEvent(%q) = type %q data %q (%d lines), want %q %q (%d)", block, ev.typ, ev.data, ev.dataLines, tc.typ, tc.data, tc.lines)
+			}
+			if tc.lines == 1 && string(block[ev.dataStart:ev.dataEnd]) != tc.data {
+				t.Errorf("data span %q, want %q", block[ev.dataStart:ev.dataEnd], tc.data)
+			}
+		})
+	}
+}
+
+// chunkRecorder records each write the client gets, with the response.
+type chunkRecorder struct {
+	*httptest.ResponseRecorder
+	chunks []string
+}
+
+func (c *chunkRecorder) Write(b []byte) (int, error) {
+	c.chunks = append(c.chunks, string(b))
+	return c.ResponseRecorder.Write(b)
+}
+
+// legacyGet returns a GET of the legacy transport's SSE endpoint at path,
+// carrying the client's original request as Caddy's server records it.
+func legacyGet(path, origPath string) *http.Request {
+	r := newRequest(http.MethodGet)
+	r.URL.Path = path
+	orig := r.Clone(r.Context())
+	orig.URL.Path = origPath
+	return r.WithContext(context.WithValue(r.Context(), caddyhttp.OriginalRequestCtxKey, *orig))
+}
+
+// legacyPost returns a POST to the message endpoint with query q.
+func legacyPost(q string) *http.Request {
+	r := newRequest(http.MethodPost)
+	r.URL.RawQuery = q
+	return r
+}
+
+// streamEvents answers as a legacy server: an SSE response written in
+// the given writes, with during called after them, while the stream is open.
+func streamEvents(during func(), writes ...string) func(http.ResponseWriter, *http.Request, *reverseproxy.Upstream) {
+	return func(w http.ResponseWriter, _ *http.Request, _ *reverseproxy.Upstream) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		for _, s := range writes {
+			_, _ = io.WriteString(w, s)
+		}
+		during()
+	}
+}
+
+// TestLegacySSESession follows a legacy session through the handler: the
+// endpoint event, split across writes, teaches the session while its
+// stream is open; it reaches the client as written, in one piece, and
+// later events as they are written; POSTs of the session go to the
+// stream's upstream; the session ends with the stream.
+func TestLegacySSESession(t *testing.T) {
+	f := newAffinityFixture(t)
+	var streamUp, postUp *reverseproxy.Upstream
+	during := ""
+	rec := &chunkRecorder{ResponseRecorder: httptest.NewRecorder()}
+	f.proxy.respond = streamEvents(func() {
+		streamUp = f.proxy.last()
+		during = lookupDial(f.h.table, "A")
+		f.serve(t, legacyPost("sessionid=A"), answer(http.StatusAccepted))
+		postUp = f.proxy.last()
+	}, ": hello\n\n", "event: endpoint\ndata: /sse?sess", "ionid=A\n", "\nevent: message\n", "data: {}\n\n")
+	if err := f.h.ServeHTTP(rec, legacyGet("/sse", "/sse"), f.proxy); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{": hello\n\n", "event: endpoint\ndata: /sse?sessionid=A\n\n", "event: message\n", "data: {}\n\n"}
+	if strings.Join(rec.chunks, "|") != strings.Join(want, "|") {
+		t.Errorf("the client got the writes %q, want %q", rec.chunks, want)
+	}
+	if during != streamUp.Dial || postUp != streamUp {
+		t.Errorf("while the stream was open: session on %q, POST sent to %v; want both on the stream's upstream %s", during, postUp, streamUp.Dial)
+	}
+	if up := f.h.table.Lookup("A"); up != nil || f.h.table.Evictions(EvictStreamClosed) != 1 {
+		t.Errorf("after the stream closed: session on %v, %d stream_closed evictions; want it gone", up, f.h.table.Evictions(EvictStreamClosed))
+	}
+}
+
+// TestLegacySSEPostRefused covers POSTs the proxy answers itself: an
+// unknown legacy session (404, like any unknown session), and a query that
+// names the session twice (400).
+func TestLegacySSEPostRefused(t *testing.T) {
+	for _, tc := range []struct {
+		query  string
+		status int
+	}{
+		{"sessionId=never-learned", http.StatusNotFound},
+		{"session_id=A&sessionid=B", http.StatusBadRequest},
+		{"sessionId=A&sessionId=A", http.StatusBadRequest},
+		{"sessionId=", http.StatusBadRequest},
+	} {
+		t.Run(tc.query, func(t *testing.T) {
+			h, _ := provisionHandler(t, &Handler{})
+			next := &countingNext{}
+			rec := httptest.NewRecorder()
+			if err := h.ServeHTTP(rec, legacyPost(tc.query), next); err != nil {
+				t.Fatal(err)
+			}
+			if rec.Code != tc.status || next.calls != 0 {
+				t.Errorf("POST ?%s: %d, %d upstream calls; want %d from the proxy", tc.query, rec.Code, next.calls, tc.status)
+			}
+		})
+	}
+}
+
+// TestLegacySSEOff checks that with legacy pinning off, an endpoint event
+// teaches nothing and a POST carrying a session parameter is balanced.
+func TestLegacySSEOff(t *testing.T) {
+	f := newAffinityFixture(t)
+	f.h.DisableLegacySSE = true
+	rec := f.serve(t, legacyGet("/sse", "/sse"), streamEvents(func() {}, "event: endpoint\ndata: /sse?sessionid=A\n\n"))
+	if f.h.table.Len() != 0 || rec.Body.String() != "event: endpoint\ndata: /sse?sessionid=A\n\n" {
+		t.Errorf("legacy_sse off: %d sessions learned, body %q", f.h.table.Len(), rec.Body)
+	}
+	rec = f.serve(t, legacyPost("sessionid=A"), answer(http.StatusAccepted))
+	if rec.Code != http.StatusAccepted {
+		t.Errorf("legacy_sse off: POST got %d, want the upstream's 202", rec.Code)
+	}
+}
+
+// TestLegacySSEStreamsOthersUnread checks that GET streams whose first
+// event is not an endpoint event pass unchanged and teach nothing.
+func TestLegacySSEStreamsOthersUnread(t *testing.T) {
+	for _, body := range []string{
+		"event: message\ndata: /sse?sessionid=A\n\n",
+		"data: /sse?sessionid=A\n\n",
+		"event: endpoint\ndata: /sse?other=A\n\n",
+		"event: endpoint\ndata: /a?sessionid=A\ndata: /b\n\n",
+		strings.Repeat(":", maxEndpointEvent+1),
+	} {
+		f := newAffinityFixture(t)
+		rec := f.serve(t, legacyGet("/sse", "/sse"), streamEvents(func() {}, body))
+		if f.h.table.Len() != 0 || rec.Body.String() != body {
+			t.Errorf("stream %.40q: %d sessions learned, body changed: %v", body, f.h.table.Len(), rec.Body.String() != body)
+		}
+	}
+}
+
+func TestClientEndpoint(t *testing.T) {
+	for _, tc := range []struct {
+		name, dial, path, orig, endpoint, want string
+	}{
+		{"relative", "10.0.0.1:8080", "/sse", "/sse", "messages?sessionId=A", ""},
+		{"root-relative, no prefix", "10.0.0.1:8080", "/sse", "/sse", "/messages?sessionId=A", ""},
+		{"prefix stripped", "10.0.0.1:8080", "/sse", "/mcp/sse", "/messages?sessionId=A", "/mcp/messages?sessionId=A"},
+		{"prefix present", "10.0.0.1:8080", "/sse", "/mcp/sse", "/mcp/messages?sessionId=A", ""},
+		{"prefix, escaped path", "10.0.0.1:8080", "/sse", "/mcp/sse", "/a%2Fb?sessionId=A", "/mcp/a%2Fb?sessionId=A"},
+		{"upstream's address", "10.0.0.1:8080", "/sse", "/sse", "http://10.0.0.1:8080/message?sessionId=A", "/message?sessionId=A"},
+		{"upstream's address, prefix", "10.0.0.1:8080", "/sse", "/mcp/sse", "http://10.0.0.1:8080/message?sessionId=A", "/mcp/message?sessionId=A"},
+		{"loopback name", "127.0.0.1:9001", "/sse", "/sse", "http://localhost:9001/message?sessionId=A", "/message?sessionId=A"},
+		{"loopback, other port", "127.0.0.1:9001", "/sse", "/sse", "http://localhost:9002/message?sessionId=A", ""},
+		{"unix socket", "unix//run/mcp/w.sock", "/sse", "/sse", "http://localhost/messages/?session_id=A", "/messages/?session_id=A"},
+		{"another host", "10.0.0.1:8080", "/sse", "/mcp/sse", "https://mcp.example.com/message?sessionId=A", ""},
+		{"the client's host", "10.0.0.1:8080", "/sse", "/mcp/sse", "http://proxy.example.com/message?sessionId=A", "http://proxy.example.com/mcp/message?sessionId=A"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := legacyGet(tc.path, tc.orig)
+			r.Host = "proxy.example.com"
+			repl := caddy.NewReplacer()
+			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+			u, err := url.Parse(tc.endpoint)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := clientEndpoint(r, u, tc.dial); got != tc.want {
+				t.Errorf("clientEndpoint(%q) = %q, want %q", tc.endpoint, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestLegacySSERewrite checks that a rewritten endpoint event reaches the
+// client with only its URL changed.
+func TestLegacySSERewrite(t *testing.T) {
+	f := newAffinityFixture(t)
+	rec := f.serve(t, legacyGet("/sse", "/tenant/sse"), streamEvents(func() {}, "id: 1\r\nevent: endpoint\r\ndata: /sse?sessionid=A\r\nretry: 5\r\n\r\n"))
+	if want := "id: 1\r\nevent: endpoint\r\ndata: /tenant/sse?sessionid=A\r\nretry: 5\r\n\r\n"; rec.Body.String() != want {
+		t.Errorf("body %q, want %q", rec.Body, want)
+	}
+}
