@@ -223,3 +223,22 @@ func TestLegacySSERewrite(t *testing.T) {
 		t.Errorf("body %q, want %q", rec.Body, want)
 	}
 }
+
+// TestLegacySSEStreamAborted checks that a stream reverse_proxy aborts
+// (it panics with http.ErrAbortHandler when the client goes away) still
+// ends its session.
+func TestLegacySSEStreamAborted(t *testing.T) {
+	f := newAffinityFixture(t)
+	f.proxy.respond = streamEvents(func() { panic(http.ErrAbortHandler) }, "event: endpoint\ndata: /sse?sessionid=A\n\n")
+	func() {
+		defer func() {
+			if v := recover(); v != http.ErrAbortHandler {
+				t.Fatalf("recovered %v, want http.ErrAbortHandler", v)
+			}
+		}()
+		_ = f.h.ServeHTTP(httptest.NewRecorder(), legacyGet("/sse", "/sse"), f.proxy)
+	}()
+	if f.h.table.Len() != 0 || f.h.table.Evictions(EvictStreamClosed) != 1 {
+		t.Errorf("after an aborted stream: %d sessions, %d stream_closed evictions; want 0, 1", f.h.table.Len(), f.h.table.Evictions(EvictStreamClosed))
+	}
+}

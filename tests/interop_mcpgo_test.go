@@ -31,6 +31,7 @@ const (
 	mcpGoServerAddrEnv = "MCP_AFFINITY_MCPGO_ADDR_FILE" // where the server writes its address
 	mcpGoModeStateful  = "stateful"                     // server.WithStateful(true)
 	mcpGoModeDefault   = "default"                      // mcp-go's default StatelessGeneratingSessionIdManager
+	mcpGoModeSSE       = "sse"                          // legacy HTTP+SSE, WithBaseURL: absolute endpoint URLs
 	mcpGoIDPrefix      = "mcp-session-"                 // mcp-go's session ID prefix
 	peerLegacyProtocol = "2025-11-25"                   // the last protocol version with sessions
 	mcpGoStartTimeout  = 15 * time.Second               // a -race server process can be slow to start
@@ -66,18 +67,30 @@ func serveMCPGo(name, mode, addrFile string) error {
 		}
 		return id, nil
 	}))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
 	var opts []mgserver.StreamableHTTPOption
 	switch mode {
 	case mcpGoModeStateful:
 		opts = append(opts, mgserver.WithStateful(true))
 	case mcpGoModeDefault:
+	case mcpGoModeSSE:
+		// GET /sse, POST /message?sessionId=; WithBaseURL makes the
+		// endpoint event an absolute URL naming this server's own address.
+		sse := mgserver.NewSSEServer(s, mgserver.WithBaseURL("http://"+ln.Addr().String()))
+		return serveAt(ln, addrFile, sse)
 	default:
 		return fmt.Errorf("unknown mode %q", mode)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mgserver.NewStreamableHTTPServer(s, opts...))
+	return serveAt(ln, addrFile, mux)
+}
+
+// serveAt writes ln's address to addrFile, then serves h on ln.
+func serveAt(ln net.Listener, addrFile string, h http.Handler) error {
 	tmp := addrFile + ".tmp"
 	if err := os.WriteFile(tmp, []byte(ln.Addr().String()), 0o644); err != nil {
 		return err
@@ -85,9 +98,7 @@ func serveMCPGo(name, mode, addrFile string) error {
 	if err := os.Rename(tmp, addrFile); err != nil {
 		return err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/mcp", mgserver.NewStreamableHTTPServer(s, opts...))
-	return http.Serve(ln, mux)
+	return http.Serve(ln, h)
 }
 
 // startMCPGoServers starts n mcp-go whoami servers named <prefix>1..<prefix>n

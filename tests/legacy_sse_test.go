@@ -1,67 +1,315 @@
 package tests
 
 import (
+	"bufio"
 	"context"
-	"net"
+	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	whoamiserver "github.com/caddy-mcp-affinity/caddy-mcp-affinity/examples/whoami"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
-// TestLegacySSEFailsFast documents a limit (README, "Limits"): the
-// 2024-11-05 HTTP+SSE transport carries its session in the POST endpoint's
-// query string, not in Mcp-Session-Id, so the proxy does not pin it and its
-// POSTs are balanced. What must hold is that such a misrouted POST fails at
-// once with the server's 404, never hangs, and no request is rejected by
-// the proxy for lack of a session.
-func TestLegacySSEFailsFast(t *testing.T) {
-	var addrs []string
-	for _, name := range []string{"l1", "l2", "l3"} {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		server := whoamiserver.NewServer(name)
-		srv := &http.Server{Handler: mcp.NewSSEHandler(func(*http.Request) *mcp.Server { return server }, nil)}
-		go srv.Serve(ln) //nolint:errcheck
-		t.Cleanup(func() { srv.Close() })
-		addrs = append(addrs, ln.Addr().String())
-	}
-	p := startProxy(t, "mcp_proxy "+strings.Join(addrs, " "))
+// The legacy HTTP+SSE transport (MCP 2024-11-05): a GET opens the
+// session's SSE stream, whose first event, `endpoint`, names the URL the
+// client POSTs to, with the session in its query string (go-sdk
+// `sessionid`, TypeScript SDK and mcp-go `sessionId`, Python SDK
+// `session_id`). The server answers the POSTs on the stream, so a POST
+// must reach the stream's server.
 
-	failed, ok := 0, 0
-	for range 9 {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		start := time.Now()
-		client := mcp.NewClient(&mcp.Implementation{Name: "legacy", Version: "v0"}, nil)
-		cs, err := client.Connect(ctx, &mcp.SSEClientTransport{Endpoint: "http://" + p.addr + "/sse"}, nil)
-		if err == nil {
-			_, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "whoami"})
-			cs.Close()
-		}
-		took := time.Since(start)
-		cancel()
-		if took > 5*time.Second {
-			t.Errorf("a legacy SSE session took %v: it hung instead of failing fast", took)
-		}
+// legacyCalls and legacySessions size the interop runs, as for Streamable HTTP.
+const legacySessions, legacyCalls = peerSessions, peerCalls
+
+// startLegacyGoServers starts n go-sdk whoami servers speaking the legacy
+// transport (mcp.NewSSEHandler; any path opens a stream).
+func startLegacyGoServers(t testing.TB, n int) []*testproc.Proc {
+	t.Helper()
+	return startBackendsWith(t, n, false, func(string) []string { return []string{"-transport", "sse"} })
+}
+
+// legacyStream is a legacy SSE stream opened by hand: the endpoint its first
+// event named, and how to close it.
+type legacyStream struct {
+	endpoint string
+	close    context.CancelFunc
+}
+
+// openLegacyStream GETs url and reads the stream's first event, which must
+// be `endpoint`; the stream stays open until close or the test's end.
+func openLegacyStream(t testing.TB, hc *http.Client, url string) legacyStream {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	typ, data := readEvent(t, bufio.NewReader(resp.Body))
+	if resp.StatusCode != http.StatusOK || typ != "endpoint" {
+		t.Fatalf("GET %s: %d, first event %q %q; want 200 and an endpoint event", url, resp.StatusCode, typ, data)
+	}
+	return legacyStream{endpoint: data, close: cancel}
+}
+
+// readEvent reads one SSE event (LF line ends, as the SDKs write them).
+func readEvent(t testing.TB, br *bufio.Reader) (typ, data string) {
+	t.Helper()
+	for {
+		line, err := br.ReadString('\n')
 		if err != nil {
-			failed++
-			// The go-sdk client reports the misrouted POST's 404, or, when
-			// it closes the SSE stream first, the stream's EOF.
-			if msg := err.Error(); !strings.Contains(msg, "session not found") && !strings.Contains(msg, "404") && !strings.Contains(msg, "EOF") {
-				t.Errorf("legacy SSE failure is not the server's 404: %v", err)
-			}
-		} else {
-			ok++
+			t.Fatalf("reading the SSE stream: %v", err)
+		}
+		line = strings.TrimRight(line, "\r\n")
+		switch {
+		case line == "" && data != "":
+			return typ, data
+		case strings.HasPrefix(line, "event:"):
+			typ = strings.TrimSpace(strings.TrimPrefix(line, "event:"))
+		case strings.HasPrefix(line, "data:"):
+			data = strings.TrimSpace(strings.TrimPrefix(line, "data:"))
 		}
 	}
-	t.Logf("legacy HTTP+SSE through mcp_proxy over 3 servers: %d of 9 sessions worked, %d failed fast with the server's 404", ok, failed)
-	if failed == 0 {
-		t.Errorf("every legacy SSE session worked: if the proxy now pins them, update README's Limits")
+}
+
+// sessionIn returns the session an endpoint URL carries.
+func sessionIn(t testing.TB, endpoint string) string {
+	t.Helper()
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		t.Fatal(err)
 	}
+	for _, p := range caddymodule.DefaultLegacySSEParams {
+		if id := u.Query().Get(p); id != "" {
+			return id
+		}
+	}
+	t.Fatalf("endpoint %q names no session", endpoint)
+	return ""
+}
+
+// lookupStatus asks the admin API about session id of the default table.
+func lookupStatus(t testing.TB, id string) (int, caddymodule.SessionStatus) {
+	t.Helper()
+	var st caddymodule.SessionStatus
+	code := adminCall(t, http.MethodPost, "/mcp_sessions/lookup", map[string]string{"table": "default", "session_id": id}, &st)
+	return code, st
+}
+
+const initializeBody = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}`
+
+// TestInteropLegacySSEGoSDK: go-sdk legacy servers (mcp.NewSSEHandler, 3
+// processes) behind mcp_proxy, 50 concurrent sessions of go-sdk and of
+// TypeScript SDK legacy clients (SSEClientTransport): every session works
+// and every call is answered by the server of the session's stream. Stock
+// round_robin breaks them (negative control).
+func TestInteropLegacySSEGoSDK(t *testing.T) {
+	ss := startLegacyGoServers(t, 3)
+	p := startProxy(t, "mcp_proxy "+upstreams(ss))
+	sseURL := "http://" + p.addr + "/sse"
+	server := fmt.Sprintf("go-sdk %s, legacy HTTP+SSE (`mcp.NewSSEHandler`, `sessionid`; 3 processes)", goSDKVersion)
+
+	res := runSessions(t, sseURL, legacySessions, sessionPlan{calls: legacyCalls, legacySSE: true})
+	t.Logf("mcp_proxy, go-sdk legacy clients: %s", res)
+	checkLegacyRun(t, res, 3)
+
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
+	ts := runTSClients(t, env, sseURL, legacySessions, legacyCalls, "--legacy-sse")
+	t.Logf("mcp_proxy, TypeScript legacy clients: %+v", ts)
+	checkTSLegacyRun(t, ts, ss)
+
+	rr := runSessions(t, "http://"+startProxy(t, stockRoundRobin(ss)).addr+"/sse", legacySessions, sessionPlan{calls: legacyCalls, legacySSE: true})
+	t.Logf("stock round_robin (negative control): %s", rr)
+	if rr.failed == 0 {
+		t.Fatalf("negative control: stock round_robin kept every legacy session, so this test cannot see misrouting: %s", rr)
+	}
+	recordInterop(interopRow{Server: server, Client: fmt.Sprintf("go-sdk %s (`SSEClientTransport`)", goSDKVersion),
+		Result: fmt.Sprintf("%d/%d sessions ok; %d/%d calls answered by the server of the session's stream (stock `round_robin`: sessions break)",
+			res.ok, legacySessions, res.onCreator, legacySessions*legacyCalls)})
+	recordInterop(interopRow{Server: server, Client: fmt.Sprintf("TypeScript SDK %s (`SSEClientTransport`)", tsSDKVersion),
+		Result: fmt.Sprintf("%d/%d sessions ok; %d/%d calls answered by the server of the session's stream", ts.OK, legacySessions, ts.Calls, legacySessions*legacyCalls)})
+}
+
+// checkLegacyRun checks a run of go-sdk legacy sessions through mcp_proxy:
+// every session and call on its stream's server, spread over servers.
+func checkLegacyRun(t testing.TB, res loadResult, servers int) {
+	t.Helper()
+	if res.ok != legacySessions || res.onCreator != legacySessions*legacyCalls || len(res.perServer) != servers {
+		t.Fatalf("want %d/%d legacy sessions ok and %d calls on the stream's server, over %d servers; got %s",
+			legacySessions, legacySessions, legacySessions*legacyCalls, servers, res)
+	}
+}
+
+// checkTSLegacyRun checks a run of TypeScript legacy sessions through mcp_proxy.
+func checkTSLegacyRun(t testing.TB, ts tsClientSummary, ss []*testproc.Proc) {
+	t.Helper()
+	if ts.OK != legacySessions || ts.Calls != legacySessions*legacyCalls {
+		t.Fatalf("TypeScript legacy clients: want %d/%d sessions ok and %d calls on the stream's server; got %+v",
+			legacySessions, legacySessions, legacySessions*legacyCalls, ts)
+	}
+	for _, s := range ss {
+		if ts.PerServer[s.Name()] == 0 {
+			t.Errorf("server %s got no TypeScript legacy sessions: %v", s.Name(), ts.PerServer)
+		}
+	}
+}
+
+// TestInteropLegacySSETS: TypeScript SDK legacy servers (SSEServerTransport,
+// 3 processes) behind mcp_proxy, with TypeScript and go-sdk legacy clients;
+// no POST reaches a server that does not hold its session, and a POST of an
+// unknown session gets the proxy's 404 without reaching any server. Stock
+// round_robin breaks the sessions (negative control).
+func TestInteropLegacySSETS(t *testing.T) {
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
+	ss := startTSServers(t, env, 3, "tl", "--legacy-sse")
+	p := startProxy(t, "mcp_proxy "+upstreams(ss))
+	sseURL := "http://" + p.addr + "/sse"
+	server := fmt.Sprintf("TypeScript SDK %s, legacy HTTP+SSE (`SSEServerTransport`, `sessionId`; 3 processes)", tsSDKVersion)
+
+	ts := runTSClients(t, env, sseURL, legacySessions, legacyCalls, "--legacy-sse")
+	t.Logf("mcp_proxy, TypeScript legacy clients: %+v", ts)
+	checkTSLegacyRun(t, ts, ss)
+	res := runSessions(t, sseURL, legacySessions, sessionPlan{calls: legacyCalls, legacySSE: true})
+	t.Logf("mcp_proxy, go-sdk legacy clients: %s", res)
+	checkLegacyRun(t, res, 3)
+
+	hc := newHTTPClient()
+	before := 0
+	for _, s := range ss {
+		st := tsStatsOf(t, s)
+		before += st.Requests
+		if st.Unknown != 0 {
+			t.Errorf("%s answered %d POSTs of sessions it does not hold: the proxy misrouted them", s.Name(), st.Unknown)
+		}
+	}
+	checkProxy404(t, send(t, hc, http.MethodPost, "http://"+p.addr+"/messages?sessionId=made-up", nil, initializeBody))
+	after := 0
+	for _, s := range ss {
+		after += tsStatsOf(t, s).Requests
+	}
+	if after != before {
+		t.Errorf("a POST of an unknown legacy session reached the servers (%d requests before, %d after)", before, after)
+	}
+
+	ctrl := runTSClients(t, env, "http://"+startProxy(t, stockRoundRobin(ss)).addr+"/sse", legacySessions, legacyCalls, "--legacy-sse")
+	t.Logf("stock round_robin (negative control), TypeScript legacy clients: %+v", ctrl)
+	if ctrl.OK == legacySessions {
+		t.Fatalf("negative control: stock round_robin kept every legacy session, so this test cannot see misrouting")
+	}
+	recordInterop(interopRow{Server: server, Client: fmt.Sprintf("TypeScript SDK %s (`SSEClientTransport`)", tsSDKVersion),
+		Result: fmt.Sprintf("%d/%d sessions ok; %d/%d calls answered by the server of the session's stream, 0 POSTs on another server; unknown session: the proxy's 404 (stock `round_robin`: sessions break)",
+			ts.OK, legacySessions, ts.Calls, legacySessions*legacyCalls)})
+	recordInterop(interopRow{Server: server, Client: fmt.Sprintf("go-sdk %s (`SSEClientTransport`)", goSDKVersion),
+		Result: fmt.Sprintf("%d/%d sessions ok; %d/%d calls answered by the server of the session's stream", res.ok, legacySessions, res.onCreator, legacySessions*legacyCalls)})
+}
+
+// TestLegacySSESessionEndsWithStream: a legacy session is pinned while its
+// stream is open and forgotten when the stream closes, as its server
+// forgets it; a POST of it then gets the proxy's 404, and a client that
+// reconnects gets a new session that works.
+func TestLegacySSESessionEndsWithStream(t *testing.T) {
+	ss := startLegacyGoServers(t, 3)
+	p := startProxy(t, "mcp_proxy "+upstreams(ss))
+	hc := newHTTPClient()
+	stream := openLegacyStream(t, hc, "http://"+p.addr+"/sse")
+	if !strings.HasPrefix(stream.endpoint, "/sse?sessionid=") {
+		t.Fatalf("endpoint %q: want the server's own /sse?sessionid=…, unchanged", stream.endpoint)
+	}
+	id := sessionIn(t, stream.endpoint)
+	code, st := lookupStatus(t, id)
+	if code != http.StatusOK || st.OpenStreams != 1 {
+		t.Fatalf("while the stream is open: lookup %d %+v; want the session pinned with 1 open stream", code, st)
+	}
+	post := "http://" + p.addr + stream.endpoint
+	for i := range 5 {
+		if ex := send(t, hc, http.MethodPost, post, nil, initializeBody); ex.status != http.StatusAccepted {
+			t.Fatalf("POST %d of the open session: %d %q, want 202 from its server", i+1, ex.status, ex.body)
+		}
+	}
+
+	stream.close()
+	deadline := time.Now().Add(5 * time.Second)
+	for code, _ = lookupStatus(t, id); code != http.StatusNotFound && time.Now().Before(deadline); code, _ = lookupStatus(t, id) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code != http.StatusNotFound {
+		t.Fatalf("5 s after the stream closed, lookup answers %d; want the session forgotten (404)", code)
+	}
+	checkProxy404(t, send(t, hc, http.MethodPost, post, nil, initializeBody).as("POST after the stream closed"))
+
+	again := runSessions(t, "http://"+p.addr+"/sse", 10, sessionPlan{calls: legacyCalls, legacySSE: true})
+	if again.ok != 10 {
+		t.Fatalf("reconnecting legacy clients: want 10/10 new sessions ok; got %s", again)
+	}
+}
+
+// TestLegacySSEPathPrefix: behind `handle_path /tenant/*`, the go-sdk
+// server's endpoint `/sse?sessionid=…` lacks the prefix the proxy
+// stripped; mcp_proxy gives it back, so legacy clients of both SDKs work.
+// Stock reverse_proxy passes the endpoint without the prefix, where the
+// client's POSTs miss the route (the common bug report).
+func TestLegacySSEPathPrefix(t *testing.T) {
+	ss := startLegacyGoServers(t, 3)
+	site := func(proxy string) string {
+		return "handle_path /tenant/* {\n\t\t" + proxy + "\n\t}\n\trespond 404"
+	}
+	p := startProxy(t, site("mcp_proxy "+upstreams(ss)))
+	hc := newHTTPClient()
+	if ep := openLegacyStream(t, hc, "http://"+p.addr+"/tenant/sse").endpoint; !strings.HasPrefix(ep, "/tenant/sse?sessionid=") {
+		t.Fatalf("endpoint through mcp_proxy under /tenant: %q, want /tenant/sse?sessionid=…", ep)
+	}
+	res := runSessions(t, "http://"+p.addr+"/tenant/sse", legacySessions, sessionPlan{calls: legacyCalls, legacySSE: true})
+	t.Logf("mcp_proxy under handle_path /tenant/*, go-sdk legacy clients: %s", res)
+	checkLegacyRun(t, res, 3)
+
+	stock := startProxy(t, site(stockRoundRobin(ss)))
+	if ep := openLegacyStream(t, hc, "http://"+stock.addr+"/tenant/sse").endpoint; !strings.HasPrefix(ep, "/sse?sessionid=") {
+		t.Fatalf("negative control: stock reverse_proxy gave the endpoint %q, want the server's /sse?sessionid=… without the prefix", ep)
+	}
+}
+
+// TestLegacySSEAbsoluteEndpoint: mcp-go legacy servers configured with
+// their own address as base URL announce absolute endpoints naming it
+// (http://127.0.0.1:<port>/message?sessionId=…). mcp_proxy turns them into
+// path-absolute URLs, which clients resolve against the proxy's URL; the
+// TypeScript client, which refuses an endpoint of another origin, then
+// works, and so does the go-sdk client, whose POSTs now pass the proxy
+// instead of going to the server directly.
+func TestLegacySSEAbsoluteEndpoint(t *testing.T) {
+	ss := startMCPGoServers(t, "mgs", mcpGoModeSSE, 3)
+	p := startProxy(t, "mcp_proxy "+upstreams(ss))
+	hc := newHTTPClient()
+	ep := openLegacyStream(t, hc, "http://"+p.addr+"/sse").endpoint
+	if !strings.HasPrefix(ep, "/message?sessionId=") {
+		t.Fatalf("endpoint through mcp_proxy: %q, want /message?sessionId=…", ep)
+	}
+	const sessions = 20
+	res := runSessions(t, "http://"+p.addr+"/sse", sessions, sessionPlan{calls: legacyCalls, legacySSE: true})
+	if res.ok != sessions || res.onCreator != sessions*legacyCalls {
+		t.Fatalf("go-sdk legacy clients through mcp_proxy: want %d/%d sessions ok on the stream's server; got %s", sessions, sessions, res)
+	}
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
+	ts := runTSClients(t, env, "http://"+p.addr+"/sse", sessions, legacyCalls, "--legacy-sse")
+	if ts.OK != sessions {
+		t.Fatalf("TypeScript legacy clients through mcp_proxy: want %d/%d sessions ok; got %+v", sessions, sessions, ts)
+	}
+
+	stock := startProxy(t, stockRoundRobin(ss))
+	if ep := openLegacyStream(t, hc, "http://"+stock.addr+"/sse").endpoint; !strings.HasPrefix(ep, "http://127.0.0.1:") {
+		t.Fatalf("negative control: stock reverse_proxy gave the endpoint %q, want the server's absolute URL", ep)
+	}
+	ctrl := runTSClients(t, env, "http://"+stock.addr+"/sse", 5, 1, "--legacy-sse")
+	if ctrl.OK != 0 {
+		t.Fatalf("negative control: TypeScript clients worked with the server's absolute endpoint through stock reverse_proxy: %+v", ctrl)
+	}
+	t.Logf("stock reverse_proxy: endpoint %q, TypeScript clients: %v", ep, ctrl.Errors)
 }

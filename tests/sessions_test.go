@@ -93,6 +93,12 @@ type sessionPlan struct {
 	// creator sees a session ID of its own, the same on every call, which
 	// the client's ID does not show.
 	sealed bool
+	// legacySSE: the client speaks the legacy HTTP+SSE transport (protocol
+	// 2024-11-05, go-sdk SSEClientTransport) to the URL of the SSE stream.
+	// Its session ID is in the endpoint URL, which the go-sdk client does
+	// not show; the creator is the server of the stream, and each call must
+	// see the session ID it saw first.
+	legacySSE bool
 }
 
 // sessionReport is the outcome of one client session.
@@ -106,10 +112,22 @@ type sessionReport struct {
 	misrouted int       // calls answered by another server or for another session, without error
 	answered  []string  // the server that answered each call
 	err       error     // the first failure (connect, a call, or closing the session), if any
+	legacy    bool      // a legacy HTTP+SSE session, whose ID the client does not show
 }
 
 // ok reports whether the session had an ID, and every call reached its creator.
-func (r sessionReport) ok() bool { return r.err == nil && r.misrouted == 0 && r.sessionID != "" }
+func (r sessionReport) ok() bool {
+	return r.err == nil && r.misrouted == 0 && (r.sessionID != "" || r.legacy)
+}
+
+// connectPlan opens a session through url as plan says.
+func connectPlan(ctx context.Context, url string, hc *http.Client, plan sessionPlan) (*mcp.ClientSession, error) {
+	if !plan.legacySSE {
+		return connect(ctx, url, hc, plan.version)
+	}
+	client := mcp.NewClient(&mcp.Implementation{Name: "affinity-test-legacy", Version: "v0"}, nil)
+	return client.Connect(ctx, &mcp.SSEClientTransport{Endpoint: url, HTTPClient: hc}, nil)
+}
 
 // runSession connects, calls whoami plan.calls times and closes the session
 // (DELETE). Each call should be answered by the server that created the
@@ -117,8 +135,8 @@ func (r sessionReport) ok() bool { return r.err == nil && r.misrouted == 0 && r.
 // misrouted call, since servers that accept any session ID answer it
 // without error.
 func runSession(ctx context.Context, url string, hc *http.Client, plan sessionPlan) sessionReport {
-	rep := sessionReport{began: time.Now()}
-	cs, err := connect(ctx, url, hc, plan.version)
+	rep := sessionReport{began: time.Now(), legacy: plan.legacySSE}
+	cs, err := connectPlan(ctx, url, hc, plan)
 	if err != nil {
 		rep.err = fmt.Errorf("connect: %w", err)
 		return rep
@@ -143,7 +161,7 @@ func (r *sessionReport) call(ctx context.Context, cs *mcp.ClientSession, plan se
 		}
 		r.calls++
 		r.answered = append(r.answered, id.Server)
-		if id.Server == r.creator && r.sameSession(id.Session, plan.sealed) {
+		if id.Server == r.creator && r.sameSession(id.Session, plan) {
 			r.onCreator++
 		} else {
 			r.misrouted++
@@ -157,15 +175,15 @@ func (r *sessionReport) call(ctx context.Context, cs *mcp.ClientSession, plan se
 
 // sameSession reports whether a call's server saw the session's ID: the
 // client's own, or with sealed IDs the one it saw first, which the client's
-// ID does not show.
-func (r *sessionReport) sameSession(seen string, sealed bool) bool {
-	if !sealed {
+// ID does not show; for a legacy HTTP+SSE session, the one it saw first.
+func (r *sessionReport) sameSession(seen string, plan sessionPlan) bool {
+	if !plan.sealed && !plan.legacySSE {
 		return seen == r.sessionID
 	}
-	if r.seen == "" {
+	if r.calls == 1 {
 		r.seen = seen
 	}
-	return seen == r.seen && seen != "" && !strings.Contains(r.sessionID, seen)
+	return seen == r.seen && (plan.legacySSE || seen != "" && !strings.Contains(r.sessionID, seen))
 }
 
 // loadResult sums up a run of concurrent sessions.

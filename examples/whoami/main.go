@@ -32,7 +32,7 @@ type Config struct {
 
 // Main runs a whoami server configured by args (without the program name)
 // until SIGINT or SIGTERM. Flags: -listen, -name, -json, -era, -addr-file,
-// -down-file, -session-timeout. It returns Run's errors.
+// -transport, -down-file, -session-timeout. It returns Run's errors.
 func Main(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -72,6 +72,7 @@ func ParseFlags(args []string) (Config, error) {
 	fs.StringVar(&cfg.Options.Name, "name", "whoami", "server `name` reported by the whoami tool")
 	fs.BoolVar(&cfg.Options.JSONResponse, "json", false, "answer with application/json instead of text/event-stream")
 	fs.StringVar(&cfg.Options.Era, "era", EraLegacy, "protocol eras served: legacy (sessions), modern (2026-07-28, no sessions) or dual")
+	fs.StringVar(&cfg.Options.Transport, "transport", TransportStreamable, "HTTP transport: streamable, or sse (legacy HTTP+SSE, protocol 2024-11-05)")
 	fs.StringVar(&cfg.AddrFile, "addr-file", "", "write the actual listen address to this `file` once listening")
 	fs.StringVar(&cfg.Options.DownFile, "down-file", "", "GET /healthz answers 503 while this `file` exists")
 	fs.DurationVar(&cfg.Options.SessionTimeout, "session-timeout", 0, "close sessions idle for this `duration` (0: keep them until DELETE)")
@@ -82,6 +83,9 @@ func ParseFlags(args []string) (Config, error) {
 	}
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if t := cfg.Options.Transport; t != TransportStreamable && t != TransportSSE {
+		return Config{}, fmt.Errorf("-transport %q: use streamable or sse", t)
 	}
 	switch cfg.Options.Era {
 	case EraLegacy, EraModern, EraDual:

@@ -54,6 +54,12 @@ type Options struct {
 	// request statelessly, 2026-07-28 included (go-sdk's Stateless); EraDual
 	// serves 2026-07-28 requests statelessly and older ones with sessions.
 	Era string
+	// Transport selects the HTTP transport: TransportStreamable (the
+	// default) or TransportSSE, the legacy HTTP+SSE transport of protocol
+	// 2024-11-05 (go-sdk SSEHandler: a GET opens the session's stream, whose
+	// `endpoint` event names `<path>?sessionid=<id>` for the POSTs). Era
+	// applies to Streamable HTTP only.
+	Transport string
 	// DownFile, if set, names a file whose presence makes the health
 	// endpoint, GET /healthz, answer 503: a maintenance switch for health
 	// checks. The MCP endpoint keeps serving.
@@ -78,6 +84,14 @@ const (
 	EraModern = "modern"
 	// EraDual serves 2026-07-28 requests without sessions and older ones with sessions.
 	EraDual = "dual"
+)
+
+// Values of Options.Transport.
+const (
+	// TransportStreamable is Streamable HTTP (protocol 2025-03-26 and later).
+	TransportStreamable = "streamable"
+	// TransportSSE is the legacy HTTP+SSE transport (protocol 2024-11-05).
+	TransportSSE = "sse"
 )
 
 // Identity is the structured output of the whoami tool.
@@ -124,6 +138,9 @@ func NewHandler(opts Options) http.Handler {
 func mcpHandler(opts Options) http.Handler {
 	server := NewServer(opts.Name)
 	getServer := func(*http.Request) *mcp.Server { return server }
+	if opts.Transport == TransportSSE {
+		return mcp.NewSSEHandler(getServer, nil)
+	}
 	handler := func(stateless bool) http.Handler {
 		return mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
 			JSONResponse:               opts.JSONResponse,

@@ -1,7 +1,7 @@
 // whoami-client.mjs: drives a whoami MCP server with TypeScript SDK clients
 // (Client + StreamableHTTPClientTransport), for tests/interop_ts_test.go.
 //
-// Usage: node whoami-client.mjs --url URL [--sessions 50] [--calls 5] [--sealed]
+// Usage: node whoami-client.mjs --url URL [--sessions 50] [--calls 5] [--sealed] [--legacy-sse]
 //
 // Runs --sessions concurrent sessions. Each connects (initialize, then the
 // SDK's standalone GET stream), calls the whoami tool --calls times, ends
@@ -11,10 +11,17 @@
 // with seal_session_ids), the server must instead report the same ID of its
 // own on every call, which the client's ID does not show. Prints one JSON line:
 // {"sessions","ok","calls","deleted","perServer":{name:sessions},"errors":[first 5]}
+//
+// With --legacy-sse the sessions use the legacy HTTP+SSE transport
+// (SSEClientTransport; --url is the SSE endpoint): the session is the one
+// the endpoint event names, every call must be answered by the server that
+// answered initialize on the stream, seeing the same session on every call,
+// and the session ends by closing the stream (no DELETE).
 // and exits 0 (the caller judges the numbers).
 import { parseArgs } from 'node:util';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { SSEClientTransport } from '@modelcontextprotocol/sdk/client/sse.js';
 
 const { values: opt } = parseArgs({
   options: {
@@ -22,6 +29,7 @@ const { values: opt } = parseArgs({
     sessions: { type: 'string', default: '50' },
     calls: { type: 'string', default: '5' },
     sealed: { type: 'boolean', default: false },
+    'legacy-sse': { type: 'boolean', default: false },
   },
 });
 if (!opt.url) {
@@ -31,7 +39,34 @@ if (!opt.url) {
 const sessions = Number(opt.sessions);
 const calls = Number(opt.calls);
 
+// runLegacySession is runSession over the legacy HTTP+SSE transport.
+async function runLegacySession() {
+  const rep = { server: '', seen: '', calls: 0, deleted: false, error: '' };
+  const client = new Client({ name: 'affinity-test-ts-legacy', version: '0.0.0' });
+  const transport = new SSEClientTransport(new URL(opt.url));
+  try {
+    await client.connect(transport);
+    rep.server = client.getServerVersion()?.name ?? '';
+    for (let i = 1; i <= calls; i++) {
+      const res = await client.callTool({ name: 'whoami', arguments: {} });
+      const out = res.structuredContent;
+      if (res.isError || !out) throw new Error(`call ${i}: ${JSON.stringify(res)}`);
+      if (i === 1) rep.seen = out.session;
+      if (out.server !== rep.server || out.session !== rep.seen) {
+        throw new Error(`call ${i} misrouted: answered by ${out.server} for session ${out.session}, stream on ${rep.server} with ${rep.seen}`);
+      }
+      rep.calls++;
+    }
+  } catch (err) {
+    rep.error = String(err?.message ?? err);
+  } finally {
+    await client.close().catch(() => {});
+  }
+  return rep;
+}
+
 async function runSession() {
+  if (opt['legacy-sse']) return runLegacySession();
   const rep = { server: '', seen: '', calls: 0, deleted: false, error: '' };
   const client = new Client({ name: 'affinity-test-ts', version: '0.0.0' });
   const transport = new StreamableHTTPClientTransport(new URL(opt.url), {

@@ -9,7 +9,7 @@
 //
 // Usage: node whoami-server.mjs --name NAME [--listen 127.0.0.1:0] [--json]
 //                               [--unknown-session 404|400]
-//                               [--express [--allowed-hosts h1,h2]]
+//                               [--express [--allowed-hosts h1,h2]] [--legacy-sse]
 // Writes "127.0.0.1:PORT" to $MCP_ADDR_FILE once listening.
 //
 // With --express it is the Express app the SDK's createMcpExpressApp makes
@@ -21,6 +21,13 @@
 // from loopback (`trust proxy`), and its 401 names resource_metadata from
 // the request's protocol and host, as apps that build OAuth metadata from
 // the request do.
+//
+// With --legacy-sse it speaks the legacy HTTP+SSE transport (protocol
+// 2024-11-05) with the SDK's SSEServerTransport, as the SDK's documentation
+// shows: GET /sse opens a session's stream, whose endpoint event names
+// /messages?sessionId=<uuid>; POST /messages?sessionId=<uuid> delivers a
+// message (202), or gets 404 "Session not found" for a session this process
+// does not hold; the session ends when its stream closes.
 //
 // Around the MCP transport it behaves like a typical Node app:
 //   - every response carries X-Custom: NAME, two Set-Cookie headers, and
@@ -39,6 +46,7 @@ import { randomUUID } from 'node:crypto';
 import { parseArgs } from 'node:util';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import { SSEServerTransport } from '@modelcontextprotocol/sdk/server/sse.js';
 import { createMcpExpressApp } from '@modelcontextprotocol/sdk/server/express.js';
 import { z } from 'zod';
 
@@ -50,6 +58,7 @@ const { values: opt } = parseArgs({
     'unknown-session': { type: 'string', default: '404' },
     express: { type: 'boolean', default: false },
     'allowed-hosts': { type: 'string' },
+    'legacy-sse': { type: 'boolean', default: false },
   },
 });
 if (!['400', '404'].includes(opt['unknown-session'])) {
@@ -128,6 +137,10 @@ async function handle(req, res) {
     res.end();
     return;
   }
+  if (opt['legacy-sse']) {
+    await handleLegacy(req, res, url);
+    return;
+  }
   if (url.pathname !== '/mcp') {
     sendJSON(res, 404, { error: 'not found' });
     return;
@@ -176,6 +189,31 @@ async function handle(req, res) {
   };
   await newMcpServer().connect(transport);
   await transport.handleRequest(req, res, req.body);
+}
+
+// handleLegacy serves the legacy HTTP+SSE transport: GET /sse, POST /messages.
+async function handleLegacy(req, res, url) {
+  if (req.method === 'GET' && url.pathname === '/sse') {
+    const transport = new SSEServerTransport('/messages', res);
+    transports.set(transport.sessionId, transport);
+    stats.initialized++;
+    res.on('close', () => transports.delete(transport.sessionId));
+    await newMcpServer().connect(transport);
+    return;
+  }
+  if (req.method === 'POST' && url.pathname === '/messages') {
+    const sid = url.searchParams.get('sessionId') ?? '';
+    stats.bySession[sid] = (stats.bySession[sid] ?? 0) + 1;
+    const transport = transports.get(sid);
+    if (!transport) {
+      stats.unknown++;
+      res.writeHead(404).end('Session not found');
+      return;
+    }
+    await transport.handlePostMessage(req, res);
+    return;
+  }
+  sendJSON(res, 404, { error: 'not found' });
 }
 
 // publicOrigin is the scheme and host this app names in absolute URLs: Express's
