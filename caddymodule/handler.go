@@ -72,11 +72,18 @@ const (
 // any SSE body streams. Every later request carrying the session is then
 // pinned to that upstream by the `mcp_session` selection policy.
 //
+// It pins the legacy HTTP+SSE transport (MCP 2024-11-05) too, unless
+// `disable_legacy_sse` is set: the first event of a GET's SSE stream,
+// `endpoint`, names the session in its URL's query (`legacy_sse_params`);
+// the session is pinned to the stream's upstream, POSTs carrying it in
+// their query go there, and it ends when the stream closes (legacysse.go).
+//
 // It answers these itself, with a JSON-RPC error body, without contacting an upstream:
 //
 // | Request | Response |
 // |---|---|
 // | `Mcp-Session-Id` sent more than once, empty, longer than `max_session_id_length`, or with bytes outside 0x21-0x7E | 400 |
+// | a legacy HTTP+SSE POST whose query names its session twice, or an empty or malformed one | 400 |
 // | a session the table does not hold (unless `unknown_session` is `forward`) | 404 |
 // | a session whose upstream fails active health checks, within the policy's `unhealthy_grace` | 503 with Retry-After; the session is kept |
 // | an `initialize` or `server/discover` that no upstream (of at most three tried) sends response headers for within `initialize_timeout` | 504 |
