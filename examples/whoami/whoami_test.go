@@ -199,6 +199,12 @@ func TestParseFlags(t *testing.T) {
 	if _, err := ParseFlags([]string{"extra"}); err == nil {
 		t.Error("extra argument accepted")
 	}
+	if cfg, err = ParseFlags([]string{"-transport", "sse"}); err != nil || cfg.Options.Transport != TransportSSE {
+		t.Errorf("-transport sse: %+v, %v", cfg, err)
+	}
+	if _, err := ParseFlags([]string{"-transport", "websocket"}); err == nil {
+		t.Error("-transport websocket accepted")
+	}
 }
 
 // waitFor polls cond for up to 5 seconds.
