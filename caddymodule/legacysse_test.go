@@ -138,7 +138,9 @@ func TestLegacySSEPostRefused(t *testing.T) {
 			h, _ := provisionHandler(t, &Handler{})
 			next := &countingNext{}
 			rec := httptest.NewRecorder()
-			if err := h.ServeHTTP(rec, legacyPost(tc.query), next); err != nil {
+			r := legacyPost(tc.query)
+			r.Body = io.NopCloser(strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`)) // never a stale initialize
+			if err := h.ServeHTTP(rec, r, next); err != nil {
 				t.Fatal(err)
 			}
 			if rec.Code != tc.status || next.calls != 0 {

@@ -18,8 +18,11 @@ const maxInitPrefix = 4096
 // alone or in a batch: the client wants a new session and sent its old ID
 // along. It reads at most maxInitPrefix bytes of the body (or looks at
 // what pf kept of it) and passes the body on unchanged.
+//
+// A legacy HTTP+SSE POST never is: its session is in its URL, which the
+// handler cannot drop, and a new legacy session starts with a GET.
 func staleInitialize(r *http.Request, pf *pinnedFailover) bool {
-	if r.Method != http.MethodPost {
+	if r.Method != http.MethodPost || isLegacyPost(r) {
 		return false
 	}
 	if m := r.Header.Get(HeaderMethod); m != "" {
