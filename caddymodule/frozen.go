@@ -35,7 +35,7 @@ const stuckCooloff = 30 * time.Second
 // CodeUpstreamTimeout answers a request whose upstream sent no response
 // headers within the proxy's bound (HTTP 504), in the implementation-defined
 // server error range (JSON-RPC 2.0 §5.1).
-const CodeUpstreamTimeout = -32003
+const CodeUpstreamTimeout = -32004
 
 // errHeaderTimeout is the cause of the cancelled context of a request whose
 // upstream sent no response headers in time.

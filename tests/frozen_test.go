@@ -148,8 +148,8 @@ func TestFrozenUpstreamNeverHoldsNewSessions(t *testing.T) {
 
 	status, body, d := patientCall(a.url(), pinned.ID(), 15*time.Second)
 	t.Logf("call of s3's session with pinned_timeout 3s: %d after %v", status, d.Round(time.Millisecond))
-	if status != http.StatusGatewayTimeout || rpcErrorCode(body) != -32003 || d < 3*time.Second || d > 8*time.Second {
-		t.Errorf("call of s3's session: %d %q after %v; want the proxy's 504 (JSON-RPC -32003) after 3 s", status, body, d)
+	if status != http.StatusGatewayTimeout || rpcErrorCode(body) != -32004 || d < 3*time.Second || d > 8*time.Second {
+		t.Errorf("call of s3's session: %d %q after %v; want the proxy's 504 (JSON-RPC -32004) after 3 s", status, body, d)
 	}
 	status, _, d = patientCall(b.url(), quiet.ID(), 4*time.Second)
 	if status != 0 {
@@ -160,8 +160,8 @@ func TestFrozenUpstreamNeverHoldsNewSessions(t *testing.T) {
 	}
 	status, body, d = patientCall(b.url(), "", 15*time.Second)
 	t.Logf("initialize with the only upstream frozen: %d after %v: %s", status, d.Round(time.Millisecond), body)
-	if status != http.StatusGatewayTimeout || rpcErrorCode(body) != -32003 || d < 2*time.Second || d > 8*time.Second {
-		t.Errorf("initialize with the only upstream frozen: %d %q after %v; want the proxy's 504 (JSON-RPC -32003) after 2 s", status, body, d)
+	if status != http.StatusGatewayTimeout || rpcErrorCode(body) != -32004 || d < 2*time.Second || d > 8*time.Second {
+		t.Errorf("initialize with the only upstream frozen: %d %q after %v; want the proxy's 504 (JSON-RPC -32004) after 2 s", status, body, d)
 	}
 
 	resume()
