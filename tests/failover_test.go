@@ -693,3 +693,30 @@ func failoverKeepsClientID(t *testing.T, srv []*testproc.Proc, sealed bool) {
 		t.Fatal("want every session of the killed server moved under its sealed ID, the others untouched, no other ID given to a client")
 	}
 }
+
+// TestFailoverUpstreamRemoved: a reload removes an upstream from the
+// config; with failover reinitialize, the raw sessions it owned move to
+// the remaining upstreams on their next request (cause upstream_gone), and
+// the others stay where they were.
+func TestFailoverUpstreamRemoved(t *testing.T) {
+	srv := startBackends(t, 3, true)
+	port := mustFreePort()
+	url := fmt.Sprintf("http://127.0.0.1:%d/mcp", port)
+	loadCaddyfile(t, siteConfig(port, failoverSite(upstreams(srv), "removed", true)))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	vs := openVSSessions(t, hc, url, 12)
+	loadCaddyfile(t, siteConfig(port, failoverSite(upstreams(srv[1:]), "removed", true)))
+	hc.CloseIdleConnections()
+	for _, v := range vs {
+		v.resume(t, hc, url)
+	}
+	onGone, goneOK, others, othersOK := vsSummary(vs, srv[0].Name())
+	fam, _ := scrape(t)
+	moved := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": "removed", "cause": "upstream_gone", "result": "moved"})
+	t.Logf("%s removed from the config: %d/%d of its sessions moved and ok, %d/%d others ok; failovers{cause=upstream_gone,result=moved} %v",
+		srv[0].Name(), goneOK, onGone, othersOK, others, moved)
+	if onGone == 0 || goneOK != onGone || othersOK != others || int(moved) != onGone {
+		t.Fatal("want every session of the removed upstream moved (cause upstream_gone) and the others untouched")
+	}
+}
