@@ -313,3 +313,48 @@ func TestLegacySSEAbsoluteEndpoint(t *testing.T) {
 	}
 	t.Logf("stock reverse_proxy: endpoint %q, TypeScript clients: %v", ep, ctrl.Errors)
 }
+
+// TestInteropLegacySSEGunicornHooks: the example app's legacy HTTP+SSE
+// transport, shaped as python-sdk's SseServerTransport (`session_id`, CRLF
+// line ends), in one gunicorn with `workers = 3` and the hooks, behind
+// mcp_proxy with the unix_sockets source: legacy sessions of go-sdk and
+// TypeScript clients stay on their stream's worker. Behind `handle_path`,
+// the root-relative `/messages/?session_id=` gets the prefix back. The same
+// gunicorn's shared port breaks the sessions (negative control).
+func TestInteropLegacySSEGunicornHooks(t *testing.T) {
+	peer := findGunicorn(t)
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
+	dir := shortTempDir(t)
+	g := startHookedGunicorn(t, peer, "gl", 3, dir)
+
+	p := startProxy(t, dynamicSocketsSite(dir))
+	sseURL := "http://" + p.addr + "/sse"
+	res := runSessions(t, sseURL, legacySessions, sessionPlan{calls: legacyCalls, legacySSE: true})
+	t.Logf("go-sdk legacy clients, 1 gunicorn x 3 workers with the hooks: %s", res)
+	checkLegacyRun(t, res, 3)
+	ts := runTSClients(t, env, sseURL, legacySessions, legacyCalls, "--legacy-sse")
+	t.Logf("TypeScript legacy clients: %+v", ts)
+	if ts.OK != legacySessions || ts.Calls != legacySessions*legacyCalls || len(ts.PerServer) != 3 {
+		t.Fatalf("TypeScript legacy clients: want %d/%d sessions ok, %d calls on the stream's worker, over 3 workers; got %+v",
+			legacySessions, legacySessions, legacySessions*legacyCalls, ts)
+	}
+
+	hc := newHTTPClient()
+	prefixed := startProxy(t, "handle_path /tenant/* {\n\t\t"+dynamicSocketsSite(dir)+"\n\t}\n\trespond 404")
+	if ep := openLegacyStream(t, hc, "http://"+prefixed.addr+"/tenant/sse").endpoint; !strings.HasPrefix(ep, "/tenant/messages/?session_id=") {
+		t.Fatalf("endpoint under handle_path /tenant/*: %q, want /tenant/messages/?session_id=…", ep)
+	}
+	pres := runSessions(t, "http://"+prefixed.addr+"/tenant/sse", 10, sessionPlan{calls: legacyCalls, legacySSE: true})
+	if pres.ok != 10 {
+		t.Fatalf("under handle_path /tenant/*: want 10/10 legacy sessions ok; got %s", pres)
+	}
+
+	shared := startProxy(t, "mcp_proxy "+g.Addr())
+	sres := runSessions(t, "http://"+shared.addr+"/sse", legacySessions, sessionPlan{calls: legacyCalls, legacySSE: true})
+	t.Logf("negative control, the same gunicorn's shared port: %s", sres)
+	if sres.failed == 0 {
+		t.Fatalf("negative control: legacy sessions through the shared port all worked; got %s", sres)
+	}
+	t.Logf("1 gunicorn x 3 workers, python-sdk-shaped legacy SSE: go-sdk %d/%d sessions, %d/%d calls on the stream's worker; TypeScript %d/%d, %d/%d",
+		res.ok, legacySessions, res.onCreator, legacySessions*legacyCalls, ts.OK, legacySessions, ts.Calls, legacySessions*legacyCalls)
+}

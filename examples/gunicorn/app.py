@@ -26,6 +26,18 @@ Wire behaviour (POST, GET and DELETE on /mcp):
   DNS-rebinding protection (on by default for servers bound to 127.0.0.1).
   `mcp_proxy` sends `Host: <upstream host:port>` to TCP upstreams.
 
+It also speaks the legacy HTTP+SSE transport (protocol 2024-11-05) as
+python-sdk's SseServerTransport does (what fastapi-mcp's mount() serves):
+
+- GET /sse opens the session's stream; its first event, with CRLF line ends as
+  sse-starlette writes them, is `event: endpoint` with
+  `data: <root_path>/messages/?session_id=<uuid4 hex>`.
+- POST /messages/?session_id=<id> answers 202 "Accepted" and sends the
+  JSON-RPC response as an `event: message` on that stream; no session_id:
+  400 "session_id is required"; not a UUID: 400 "Invalid session ID"; a
+  session this process does not hold: 404 "Could not find session".
+- The session ends when its stream closes.
+
 The server name is $MCP_SERVER_NAME (default "gunicorn") plus the worker's pid,
 so the workers of one gunicorn are told apart.
 
@@ -33,8 +45,10 @@ Run it: gunicorn app:app (with gunicorn.conf.py and its hooks), or one single-wo
 gunicorn per port: gunicorn app:app -k uvicorn.workers.UvicornWorker --workers 1 --bind 127.0.0.1:9001
 """
 
+import asyncio
 import json
 import os
+import urllib.parse
 import uuid
 
 SERVER_NAME = os.environ.get("MCP_SERVER_NAME", "gunicorn")
@@ -46,6 +60,12 @@ ALLOWED_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*")
 
 # session ID -> negotiated protocol version. One event loop per process, so no lock.
 sessions = {}
+
+SSE_ENDPOINT = "/sse"
+MESSAGES_ENDPOINT = "/messages/"
+LEGACY_VERSION = "2024-11-05"
+# legacy HTTP+SSE session ID -> the queue of messages for its stream.
+streams = {}
 
 WHOAMI_TOOL = {
     "name": "whoami",
@@ -215,6 +235,102 @@ async def handle_mcp(scope, receive, send):
     await send_response(send, 200, handle_request(msg, session), session=session)
 
 
+async def send_text(send, status, text):
+    body = text.encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def sse_event(event, data):
+    return ("event: %s\r\ndata: %s\r\n\r\n" % (event, data)).encode()
+
+
+async def wait_disconnect(receive):
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def handle_sse(scope, receive, send):
+    """GET /sse: a legacy session's stream, open until the client leaves."""
+    session, queue = uuid.uuid4().hex, asyncio.Queue()
+    streams[session] = queue
+    endpoint = scope.get("root_path", "").rstrip("/") + MESSAGES_ENDPOINT + "?session_id=" + session
+    disconnected = asyncio.ensure_future(wait_disconnect(receive))
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
+            (b"x-accel-buffering", b"no")]})
+        await send({"type": "http.response.body", "body": sse_event("endpoint", endpoint), "more_body": True})
+        while True:
+            get = asyncio.ensure_future(queue.get())
+            await asyncio.wait({get, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            if disconnected.done():
+                get.cancel()
+                return
+            message = json.dumps(get.result(), separators=(",", ":"))
+            await send({"type": "http.response.body", "body": sse_event("message", message), "more_body": True})
+    finally:
+        del streams[session]
+        disconnected.cancel()
+
+
+def legacy_reply(msg, session):
+    """Returns the response to a message of a legacy session, None for a notification."""
+    if "id" not in msg or "method" not in msg:
+        return None
+    if msg["method"] != "initialize":
+        return handle_request(msg, session)
+    wanted = (msg.get("params") or {}).get("protocolVersion")
+    version = wanted if wanted in SUPPORTED_VERSIONS + (LEGACY_VERSION,) else LEGACY_VERSION
+    result = {
+        "protocolVersion": version,
+        "capabilities": {"tools": {"listChanged": False}},
+        "serverInfo": {"name": server_id(), "version": "1.0.0"},
+    }
+    return {"jsonrpc": "2.0", "id": msg["id"], "result": result}
+
+
+async def handle_message(scope, receive, send):
+    """POST /messages/?session_id=: a message of a legacy session."""
+    body = await read_body(receive)
+    query = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    session = query.get("session_id", [None])[0]
+    if session is None:
+        await send_text(send, 400, "session_id is required")
+        return
+    try:
+        uuid.UUID(hex=session)
+    except ValueError:
+        await send_text(send, 400, "Invalid session ID")
+        return
+    queue = streams.get(session)
+    if queue is None:
+        await send_text(send, 404, "Could not find session")
+        return
+    try:
+        msg = json.loads(body)
+    except ValueError:
+        await send_text(send, 400, "Could not parse message")
+        return
+    await send_text(send, 202, "Accepted")
+    reply = legacy_reply(msg, session)
+    if reply is not None:
+        await queue.put(reply)
+
+
+async def handle_legacy(scope, receive, send):
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    if not host_allowed(headers.get("host", "")):
+        await send_text(send, 421, "Invalid Host header")
+    elif scope["path"] == SSE_ENDPOINT and scope["method"] == "GET":
+        await handle_sse(scope, receive, send)
+    elif scope["path"] == MESSAGES_ENDPOINT and scope["method"] == "POST":
+        await handle_message(scope, receive, send)
+    else:
+        await send_text(send, 405, "Method Not Allowed")
+
+
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
         while True:
@@ -225,6 +341,9 @@ async def app(scope, receive, send):
                 await send({"type": "lifespan.shutdown.complete"})
                 return
     if scope["type"] != "http":
+        return
+    if scope["path"] in (SSE_ENDPOINT, MESSAGES_ENDPOINT):
+        await handle_legacy(scope, receive, send)
         return
     if scope["path"] != ENDPOINT:
         await read_body(receive)
