@@ -91,7 +91,7 @@ func TestDeploymentRecipes(t *testing.T) {
 			t.Error(p)
 		}
 	}
-	for _, path := range recipeFiles(t, `^Caddyfile$`) {
+	for _, path := range append(recipeFiles(t, `^Caddyfile$`), "../Caddyfile.example") {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)

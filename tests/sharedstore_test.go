@@ -135,6 +135,12 @@ func tableURL(r *replica, table string) string { return "http://" + r.addr + "/"
 
 // storeLog sends the redis store's log lines to the replica's output,
 // where the tests count them; the harness discards Caddy's other logs.
+// sharedTimeout is the store timeout of the fleets whose tests are not
+// about Redis trouble: a learn that waits longer is not in Redis when the
+// client's next request reaches another replica, and a test machine busy
+// with other end-to-end tests can stall a reply past the default 500ms.
+const sharedTimeout = "timeout 3s"
+
 const storeLog = "log store {\n\t\toutput stderr\n\t\tinclude mcp_sessions.stores.redis\n\t}"
 
 // tableRoutes is a site body routing /<table>/mcp to an mcp_proxy over
@@ -167,7 +173,7 @@ func startStoreReplicas(t *testing.T, n int, global, body string) []*replica {
 func startSharedFleet(t *testing.T) *sharedFleet {
 	f := &sharedFleet{redis: redistest.Start(t), backends: startBackends(t, 3, true)}
 	global := fmt.Sprintf("mcp_sessions shared {\n\t\t%s\n\t}\n\tmcp_sessions short {\n\t\tsession_ttl 2s\n\t\t%s\n\t}\n\t%s",
-		redisStore(f.redis.Addr, ""), redisStore(f.redis.Addr, ""), storeLog)
+		redisStore(f.redis.Addr, sharedTimeout), redisStore(f.redis.Addr, sharedTimeout), storeLog)
 	f.replicas = startStoreReplicas(t, 3, global, tableRoutes(upstreams(f.backends), "shared", "local", "short"))
 	return f
 }
