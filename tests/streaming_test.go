@@ -18,8 +18,11 @@ import (
 // pass unchanged.
 
 // sseEventBudget is the most an SSE event, or a streamed response's
-// headers, may lag behind the upstream's write.
-const sseEventBudget = 100 * time.Millisecond
+// headers, may lag behind the upstream's write: well below the gaps
+// between the doubles' writes (600 ms and more), so that an event held back
+// until the next write still fails, and well above what a busy 2-core
+// machine adds.
+const sseEventBudget = 400 * time.Millisecond
 
 // readSSEBlock reads one SSE block (an event or a comment) from br: its
 // lines up to the blank line that ends it, without that blank line.
@@ -130,7 +133,7 @@ func TestSSEEventsUnbuffered(t *testing.T) {
 				http.NewResponseController(w).Flush()
 				writes <- at
 				for i, ev := range events {
-					time.Sleep([]time.Duration{150, 300, 300}[i] * time.Millisecond)
+					time.Sleep([]time.Duration{600, 900, 900}[i] * time.Millisecond)
 					writes <- writeSSE(w, ev)
 				}
 			})
