@@ -43,11 +43,6 @@ type sessionInit struct {
 	upstreamID string
 }
 
-// size returns the bytes s holds, for the README's cost per session.
-func (s *sessionInit) size() int {
-	return len(s.body) + len(s.accept) + len(s.contentType) + len(s.version) + len(s.upstreamID)
-}
-
 // movedTo returns a copy of s for the session's new upstream, which knows
 // it as id.
 func (s *sessionInit) movedTo(id string) *sessionInit {
