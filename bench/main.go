@@ -18,7 +18,10 @@
 //   - memcaddy (not run by default: minutes): the same table filled inside
 //     a real Caddy through a million initialize requests;
 //   - decision: the caddymodule table benchmarks (ns/op, allocs/op at 1M
-//     sessions, lock contention at -cpu 1,2,4).
+//     sessions, lock contention at -cpu 1,2,4);
+//   - flood: 50,000 initializes from one client against max_sessions 1000
+//     while 20 sessions are used every 2 s and 10 hold GET streams: how many
+//     of those 30 stay pinned.
 //
 // With -o, it also writes SVG charts beside the report (results.md →
 // results-calls.svg, …) and links them from it. `go run ./bench charts`
@@ -65,16 +68,17 @@ type options struct {
 	eventConc   int
 	eventDelay  time.Duration
 	memSessions int
+	flood       int
 	decisionCPU string
 	benchtime   string
 	cpuprofile  string
 }
 
-var allParts = []string{"throughput", "firstevent", "streams", "memory", "memcaddy", "decision"}
+var allParts = []string{"throughput", "firstevent", "streams", "memory", "memcaddy", "decision", "flood"}
 
 // defaultParts leaves out memcaddy, which takes minutes (a million
 // initialize requests through Caddy).
-var defaultParts = []string{"throughput", "firstevent", "streams", "memory", "decision"}
+var defaultParts = []string{"throughput", "firstevent", "streams", "memory", "decision", "flood"}
 
 func main() {
 	if len(os.Args) > 1 {
@@ -127,6 +131,7 @@ func parseFlags() (*options, error) {
 	flag.IntVar(&o.events, "events", 1000, "`N` GET streams whose first event is timed (firstevent part)")
 	flag.IntVar(&o.eventConc, "event-concurrency", 4, "streams timed at once (firstevent part)")
 	flag.DurationVar(&o.eventDelay, "event-delay", time.Millisecond, "the upstream writes the first event this long after the stream's headers")
+	flag.IntVar(&o.flood, "flood", 50_000, "`N` initializes sent from one client in the flood part")
 	flag.IntVar(&o.memSessions, "memory-sessions", 1_000_000, "`N` sessions in the table (memory and memcaddy parts)")
 	flag.StringVar(&o.decisionCPU, "decision-cpu", "1,2,4", "-cpu list of the decision benchmarks")
 	flag.StringVar(&o.benchtime, "decision-benchtime", "2000000x", "-benchtime of the decision benchmarks")
@@ -216,7 +221,7 @@ func run() error {
 	}
 	e := &env{dir: dir, self: self, haproxy: o.haproxy, log: os.Stderr}
 	defer e.stopAll()
-	needsBuild := o.runs("throughput") || o.runs("firstevent") || o.runs("streams") || o.runs("memcaddy")
+	needsBuild := o.runs("throughput") || o.runs("firstevent") || o.runs("streams") || o.runs("memcaddy") || o.runs("flood")
 	if needsBuild {
 		if err := e.build(o.goBin, repo); err != nil {
 			return err
@@ -253,6 +258,9 @@ func run() error {
 	}
 	if o.runs("decision") {
 		rep.decision, rep.decisionErr = e.decisionPart(o, repo)
+	}
+	if o.runs("flood") {
+		rep.flood, rep.floodErr = e.floodPart(o)
 	}
 	rep.elapsed = time.Since(started)
 	if o.out != "" {

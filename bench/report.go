@@ -28,6 +28,8 @@ type report struct {
 	memCaddyErr   error
 	decision      *decisionResult
 	decisionErr   error
+	flood         *floodResult
+	floodErr      error
 	charts        []string // chart files written beside the report
 }
 
@@ -83,6 +85,9 @@ func (r *report) write(w io.Writer) {
 	}
 	if r.decision != nil || r.decisionErr != nil {
 		r.writeDecision(w)
+	}
+	if r.flood != nil || r.floodErr != nil {
+		r.writeFlood(w)
 	}
 }
 
