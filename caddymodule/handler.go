@@ -378,6 +378,13 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			return h.serveSealed(w, r, next, key, ss)
 		}
 	}
+	return h.serveKnown(w, r, next, id)
+}
+
+// serveKnown serves a request of session id by the table: pinned to its
+// upstream, or answered as a request of another principal's or an unknown
+// session.
+func (h *Handler) serveKnown(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
 	up, mismatch := h.table.LookupAs(id, principalOf(r, h.table.BindPrincipal()))
 	if mismatch {
 		return h.serveMismatch(w, r, id)

@@ -124,14 +124,7 @@ func isLegacyPost(r *http.Request) bool {
 // upstream, or answers it as a request of an unknown session.
 func (h *Handler) serveLegacyPost(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
 	caddyhttp.SetVar(r.Context(), varLegacyPost, true)
-	up, mismatch := h.table.LookupAs(id, principalOf(r, h.table.BindPrincipal()))
-	if mismatch {
-		return h.serveMismatch(w, r, id)
-	}
-	if up == nil {
-		return h.serveUnknown(w, r, next, id)
-	}
-	return h.servePinned(w, r, next, id, up)
+	return h.serveKnown(w, r, next, id)
 }
 
 // watchLegacyStream starts reading the response for an endpoint event if it

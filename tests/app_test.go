@@ -41,12 +41,7 @@ func openSessions(ctx context.Context, t testing.TB, url string, hc *http.Client
 		if err != nil {
 			t.Fatalf("connect: %v", err)
 		}
-		t.Cleanup(func() { cs.Close() })
-		id, err := whoami(ctx, cs)
-		if err != nil {
-			t.Fatalf("first call: %v", err)
-		}
-		css[i] = &liveSession{cs: cs, server: id.Server}
+		css[i] = liveSessionOf(ctx, t, cs)
 	}
 	return css
 }

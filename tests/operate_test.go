@@ -52,25 +52,36 @@ func metricValue(families map[string]*dto.MetricFamily, name string, want map[st
 		return -1
 	}
 	for _, m := range f.Metric {
-		labels := map[string]string{}
-		for _, l := range m.Label {
-			labels[l.GetName()] = l.GetValue()
-		}
-		match := true
-		for k, v := range want {
-			match = match && labels[k] == v
-		}
-		if !match {
-			continue
-		}
-		switch {
-		case m.Counter != nil:
-			return m.Counter.GetValue()
-		case m.Gauge != nil:
-			return m.Gauge.GetValue()
+		if v, ok := sampleValue(m); ok && hasLabels(m, want) {
+			return v
 		}
 	}
 	return -1
+}
+
+// hasLabels reports whether the labels of sample m include want.
+func hasLabels(m *dto.Metric, want map[string]string) bool {
+	labels := map[string]string{}
+	for _, l := range m.Label {
+		labels[l.GetName()] = l.GetValue()
+	}
+	for k, v := range want {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// sampleValue returns the value of a counter or gauge sample.
+func sampleValue(m *dto.Metric) (float64, bool) {
+	switch {
+	case m.Counter != nil:
+		return m.Counter.GetValue(), true
+	case m.Gauge != nil:
+		return m.Gauge.GetValue(), true
+	}
+	return 0, false
 }
 
 // TestMetricsAfterScenario scrapes Caddy's metrics endpoint after a

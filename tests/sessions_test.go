@@ -277,6 +277,13 @@ func openLiveSession(ctx context.Context, t testing.TB, url string, hc *http.Cli
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
+	return liveSessionOf(ctx, t, cs)
+}
+
+// liveSessionOf closes cs when t ends and learns which server owns it with
+// a first call.
+func liveSessionOf(ctx context.Context, t testing.TB, cs *mcp.ClientSession) *liveSession {
+	t.Helper()
 	t.Cleanup(func() { cs.Close() })
 	id, err := whoami(ctx, cs)
 	if err != nil {

@@ -40,20 +40,8 @@ func samplesSum(f *dto.MetricFamily, want map[string]string) float64 {
 	}
 	sum := 0.0
 	for _, m := range f.Metric {
-		labels := map[string]string{}
-		for _, l := range m.Label {
-			labels[l.GetName()] = l.GetValue()
-		}
-		match := true
-		for k, v := range want {
-			match = match && labels[k] == v
-		}
-		switch {
-		case !match:
-		case m.Counter != nil:
-			sum += m.Counter.GetValue()
-		case m.Gauge != nil:
-			sum += m.Gauge.GetValue()
+		if v, ok := sampleValue(m); ok && hasLabels(m, want) {
+			sum += v
 		}
 	}
 	return sum
