@@ -216,6 +216,50 @@ func TestLastingUnhealthyEndsSessionsAfterGrace(t *testing.T) {
 	})
 }
 
+// TestLastingUnhealthyFailsOverAfterGrace: as the "failing health checks"
+// run of TestLastingUnhealthyEndsSessionsAfterGrace (its negative control:
+// there the sessions end with 404), but with `failover reinitialize`. The
+// sessions of the server that keeps failing its health checks get 503 for
+// the grace; then each one's next call is answered by the other server
+// (cause upstream_gone) without the go-sdk client doing anything: the same
+// client session, a new upstream session. The other server's sessions are
+// untouched, and the moved sessions stay where they are when the failed
+// server recovers.
+func TestLastingUnhealthyFailsOverAfterGrace(t *testing.T) {
+	ctx := context.Background()
+	f := startHealthFleet(t, "\t\thealth_interval 250ms\n\t\tunhealthy_grace 2s\n\t\ttable grace_failover\n\t\tfailover reinitialize", 8)
+	f.setDown(t, 0, true)
+	ex, _ := f.waitStatus(t, f.sessions["s1"][0], http.StatusServiceUnavailable, 3*time.Second)
+	checkUnavailable(t, ex)
+	f.waitStatus(t, f.sessions["s1"][0], http.StatusOK, 5*time.Second) // past the grace: moved
+	moved := map[*mcp.ClientSession]identity{}
+	for _, cs := range f.sessions["s1"] {
+		id, err := whoami(ctx, cs)
+		if err != nil || id.Server != "s2" || id.Session == f.first[cs].Session {
+			t.Errorf("a session of s1 after the grace: %+v, %v; want it answered by s2 under a new upstream session", id, err)
+		}
+		moved[cs] = id
+	}
+	f.setDown(t, 0, false)
+	time.Sleep(time.Second) // a few health checks pass
+	for cs, want := range moved {
+		if id, err := whoami(ctx, cs); err != nil || id != want {
+			t.Errorf("a moved session once s1 recovered: %+v, %v; want it still on %+v", id, err, want)
+		}
+	}
+	for _, cs := range f.sessions["s2"] {
+		if id, err := whoami(ctx, cs); err != nil || id != f.first[cs] {
+			t.Errorf("a session of s2: %+v, %v; want %+v", id, err, f.first[cs])
+		}
+	}
+	fam, _ := scrape(t)
+	n := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": "grace_failover", "cause": "upstream_gone", "result": "moved"})
+	t.Logf("%d sessions of s1 moved to s2 after the grace; failovers{cause=upstream_gone,result=moved} %v", len(moved), n)
+	if int(n) != len(f.sessions["s1"]) {
+		t.Fatalf("want %d failovers counted with cause upstream_gone, got %v", len(f.sessions["s1"]), n)
+	}
+}
+
 // mustConnect opens a new go-sdk client session through the fleet's proxy.
 func mustConnect(t *testing.T, f *healthFleet) *mcp.ClientSession {
 	t.Helper()
