@@ -116,7 +116,7 @@ func parseFlags() (*options, error) {
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "warm-up `time` before each measured window (not counted)")
 	flag.IntVar(&o.sessions, "sessions", 32, "`N` concurrent MCP sessions, each calling whoami in a loop")
 	flag.StringVar(&modes, "modes", "json,sse", "server response `modes`: json, sse")
-	flag.StringVar(&scen, "scenarios", defaultScenarios, "throughput `rows`: direct3, mcp_proxy3, mcp_proxy3_sealed, replicas3, haproxy3, rr3, direct1, stock1, mcp_proxy1, haproxy1")
+	flag.StringVar(&scen, "scenarios", defaultScenarios, "throughput `rows`: direct3, mcp_proxy3, mcp_proxy3_sealed, mcp_proxy3_failover, replicas3, haproxy3, rr3, direct1, stock1, mcp_proxy1, haproxy1")
 	flag.StringVar(&only, "only", strings.Join(defaultParts, ","), "`parts` to run: "+strings.Join(allParts, ", "))
 	flag.IntVar(&o.rounds, "rounds", 1, "run the throughput scenarios `R` times, interleaved, and report each row's median by calls/s")
 	flag.StringVar(&o.out, "o", "", "also write the report (Markdown) to `file`")

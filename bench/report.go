@@ -253,6 +253,12 @@ func (r *report) writeTargets(w io.Writer) {
 			add("%s, 3 servers: mcp_proxy with sealed session IDs calls/s ≥ 0.98× plain IDs: %.3f× — %s (proxy CPU per call: %.1f vs %.1f µs, %s×)",
 				mode, x, mark(x >= 0.98), sc, mc, ratio(sc, mc))
 		}
+		if fo := r.find(mode, "mcp_proxy3_failover"); m != nil && fo != nil {
+			x := fo.load.callsPerSec() / m.load.callsPerSec()
+			fc, mc := perCall(fo.proxyCPU, fo.load.calls), perCall(m.proxyCPU, m.load.calls)
+			add("%s, 3 servers: mcp_proxy with failover reinitialize calls/s ≥ 0.98× without: %.3f× — %s (proxy CPU per call: %.1f vs %.1f µs, %s×)",
+				mode, x, mark(x >= 0.98), fc, mc, ratio(fc, mc))
+		}
 	}
 	if fe := r.firstEvent; fe != nil {
 		m, h := findFE(fe, "mcp_proxy"), findFE(fe, "haproxy")

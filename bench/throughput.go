@@ -26,6 +26,8 @@ var scenarios = []scenario{
 		route: func(u []string) string { return mcpProxyRoute(u, 0, "") }},
 	{key: "mcp_proxy3_sealed", label: "Caddy mcp_proxy, sealed IDs (3)", servers: 3, kind: "caddy", group: "3", sealed: true,
 		route: sealedRoute},
+	{key: "mcp_proxy3_failover", label: "Caddy mcp_proxy, failover (3)", servers: 3, kind: "caddy", group: "3",
+		route: func(u []string) string { return mcpProxyRoute(u, 0, "\t\tfailover reinitialize\n") }},
 	{key: "haproxy3", label: "HAProxy stick table (3)", servers: 3, kind: "haproxy", group: "3"},
 	{key: "replicas3", label: "2 Caddy replicas sharing Redis (3)", servers: 3, kind: "replicas", group: "3",
 		route: func(u []string) string { return mcpProxyRoute(u, 0, "") }},
@@ -41,7 +43,7 @@ var scenarios = []scenario{
 
 // defaultScenarios runs every row but rr3, which only shows the failure the
 // plugin fixes (almost every call misrouted).
-const defaultScenarios = "direct3,mcp_proxy3,mcp_proxy3_sealed,replicas3,haproxy3,direct1,stock1,mcp_proxy1,haproxy1"
+const defaultScenarios = "direct3,mcp_proxy3,mcp_proxy3_sealed,mcp_proxy3_failover,replicas3,haproxy3,direct1,stock1,mcp_proxy1,haproxy1"
 
 // tpResult is one measured row.
 type tpResult struct {
