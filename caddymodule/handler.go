@@ -200,7 +200,9 @@ type Handler struct {
 	// back its own. The new upstream session starts fresh: subscriptions,
 	// log level and other session state are not carried over. Only requests
 	// that never reached an upstream, or that it answered 404, are sent
-	// again. Default: `off`.
+	// again. The kept initialize lives in this Caddy's table; with
+	// `seal_session_ids` the client's sealed session ID carries it too, so
+	// that any replica can fail the session over. Default: `off`.
 	Failover string `json:"failover,omitempty"`
 
 	// The largest initialize request body, in bytes, that the table keeps
@@ -263,6 +265,7 @@ type Handler struct {
 
 	table          *Table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
+	warnedInitSize *atomic.Bool // the warning of an initialize too large to seal was logged
 	logger         *zap.Logger
 
 	sealer *SessionSealer // nil unless SealSessionIDs is set
@@ -313,7 +316,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	h.table, h.warnedNoPolicy = t, new(atomic.Bool)
+	h.table, h.warnedNoPolicy, h.warnedInitSize = t, new(atomic.Bool), new(atomic.Bool)
 	t.SetLogger(h.logger)
 	return nil
 }

@@ -30,7 +30,11 @@ import (
 // unknown session, without any upstream being contacted; a value naming an
 // upstream that is no longer configured gets the upstream-gone 404. The
 // table still records the sessions this replica has seen, for
-// `least_sessions`, draining, the admin API and metrics.
+// `least_sessions`, draining, the admin API and metrics. With `failover
+// reinitialize` on the same table, the value also carries the session's
+// initialize request, when the value then stays within
+// max_session_id_length, so that every replica can fail the session over
+// on its own (README, "Failover").
 type SealedSessionIDs struct {
 	// The keys, each 32 random bytes encoded in base64 (standard or URL
 	// alphabet, padding optional), such as the output of
@@ -43,10 +47,19 @@ type SealedSessionIDs struct {
 	Keys []string `json:"keys,omitempty"`
 }
 
-// sealVersion is the first byte of every sealed session ID, and the
-// associated data its AEAD authenticates: a sealed ID of another version
-// never opens. A new format takes a new version.
-const sealVersion byte = 1
+// The format versions of sealed session IDs: the first byte of every
+// sealed session ID, and the associated data its AEAD authenticates, so
+// that a value never opens as another version than it was sealed in. A new
+// format takes a new version.
+const (
+	// sealVersion: the upstream's dial address, a principal's digest and
+	// the upstream's session ID.
+	sealVersion byte = 1
+	// sealVersionInit: those, and the session's initialize request, kept
+	// for failover (a table with both seal_session_ids and failover
+	// reinitialize).
+	sealVersionInit byte = 2
+)
 
 // sealKeySize is the size of a sealing key in bytes (AES-256).
 const sealKeySize = 32
@@ -59,26 +72,38 @@ var sealEncoding = base64.RawURLEncoding.Strict()
 
 // SessionSealer seals and opens session IDs.
 //
-// A sealed session ID (format version 1) is
+// A sealed session ID is
 //
-//	base64url-nopad( 0x01 || nonce (12 bytes) || ciphertext || tag (16 bytes) )
+//	base64url-nopad( version || nonce (12 bytes) || ciphertext || tag (16 bytes) )
 //
 // where nonce, ciphertext and tag are AES-256-GCM's (NIST SP 800-38D), as
 // produced by [cipher.NewGCMWithRandomNonce]: a random 96-bit nonce per
-// seal, and the version byte 0x01 as additional authenticated data. The
-// plaintext is
+// seal, and the version byte as additional authenticated data. The
+// plaintext of version 1 is
 //
-//	uvarint(len(dial)) || dial || uvarint(len(bound)) || bound || upstream session ID
+//	field(dial) || field(bound) || upstream session ID
 //
-// with the uvarint of [binary.AppendUvarint]. bound is empty for a session
-// not bound to a principal, and otherwise the first 16 bytes of the
-// SHA-256 of the principal of the request that opened the session (see the
-// handler's bind_principal): the sealed ID then carries its binding to any
-// replica. A sealed ID is therefore 31 bytes (47 when bound) plus the dial
-// address and the upstream's ID before encoding, and 4/3 of that after: 95
-// characters for a 26-byte go-sdk ID on `127.0.0.1:9001`, 108 for a 36-byte
-// UUID (116 and 130 when bound). Random nonces keep one key safe for 2^32
-// seals (NIST SP 800-38D §8.3); rotate keys well before that many sessions.
+// and that of version 2, which also carries the session's initialize
+// request for failover,
+//
+//	field(dial) || field(bound) || field(upstream session ID) ||
+//	field(Accept) || field(Content-Type) || field(MCP-Protocol-Version) || initialize body
+//
+// where field(x) is uvarint(len(x)) || x, with the uvarint of
+// [binary.AppendUvarint]. bound is empty for a session not bound to a
+// principal, and otherwise the first 16 bytes of the SHA-256 of the
+// principal of the request that opened the session (see the handler's
+// bind_principal): the sealed ID then carries its binding to any replica.
+// The headers are the initialize request's (never its credentials); the
+// body is never empty. A version 1 ID is therefore 31 bytes (47 when
+// bound) plus the dial address and the upstream's ID before encoding, and
+// 4/3 of that after: 95 characters for a 26-byte go-sdk ID on
+// `127.0.0.1:9001`, 108 for a 36-byte UUID (116 and 130 when bound).
+// Version 2 adds the initialize request, its headers and 4 bytes of
+// lengths: 422 characters for the go-sdk client's 190-byte initialize with
+// a 26-byte ID on `127.0.0.1:9001` (README, "Length"). Random nonces keep
+// one key safe for 2^32 seals (NIST SP 800-38D §8.3); rotate keys well
+// before that many sessions.
 //
 // A SessionSealer is safe for concurrent use.
 type SessionSealer struct {
@@ -120,23 +145,56 @@ func (s *SessionSealer) Seal(dial, id string) string {
 
 // sealedSession is what a sealed session ID carries.
 type sealedSession struct {
-	dial  string // the upstream's dial address
-	bound string // principalDigest of the session's principal; "" if unbound
-	id    string // the upstream's own session ID
+	dial  string     // the upstream's dial address
+	bound string     // principalDigest of the session's principal; "" if unbound
+	id    string     // the upstream's own session ID
+	init  sealedInit // the session's initialize request; empty in version 1
+}
+
+// sealedInit is what a sealed session ID carries of the session's
+// initialize request: the fields of a [sessionInit] but its upstream ID.
+// An empty body means none.
+type sealedInit struct {
+	accept, contentType, version, body string
+}
+
+// fields returns what ss carries, in the order of its plaintext, in buf,
+// and the format version that carries it: every field but the last is
+// length-prefixed.
+func (ss *sealedSession) fields(buf *[7]string) ([]string, byte) {
+	buf[0], buf[1], buf[2] = ss.dial, ss.bound, ss.id
+	if ss.init.body == "" {
+		return buf[:3], sealVersion
+	}
+	buf[3], buf[4], buf[5], buf[6] = ss.init.accept, ss.init.contentType, ss.init.version, ss.init.body
+	return buf[:7], sealVersionInit
+}
+
+// plainLength returns the length of the plaintext of fields, in bytes.
+func plainLength(fields []string) int {
+	n := len(fields[len(fields)-1])
+	for _, f := range fields[:len(fields)-1] {
+		n += uvarintLen(len(f)) + len(f)
+	}
+	return n
 }
 
 // seal returns the sealed session ID of ss under the first key.
 func (s *SessionSealer) seal(ss sealedSession) string {
-	plainLen := uvarintLen(len(ss.dial)) + len(ss.dial) + uvarintLen(len(ss.bound)) + len(ss.bound) + len(ss.id)
+	var buf [7]string
+	fields, version := ss.fields(&buf)
+	plainLen := plainLength(fields)
 	sealedLen := 1 + s.aeads[0].Overhead() + plainLen
 	// One buffer: the plaintext, the sealed value, its encoding.
-	buf := make([]byte, plainLen+sealedLen+sealEncoding.EncodedLen(sealedLen))
-	plain := binary.AppendUvarint(buf[:0], uint64(len(ss.dial)))
-	plain = binary.AppendUvarint(append(plain, ss.dial...), uint64(len(ss.bound)))
-	plain = append(append(plain, ss.bound...), ss.id...)
-	sealed := append(buf[plainLen:plainLen], sealVersion)
-	sealed = s.aeads[0].Seal(sealed, nil, plain, sealAD)
-	enc := buf[plainLen+sealedLen:]
+	out := make([]byte, plainLen+sealedLen+sealEncoding.EncodedLen(sealedLen))
+	plain := out[:0]
+	for _, f := range fields[:len(fields)-1] {
+		plain = append(binary.AppendUvarint(plain, uint64(len(f))), f...)
+	}
+	plain = append(plain, fields[len(fields)-1]...)
+	sealed := append(out[plainLen:plainLen], version)
+	sealed = s.aeads[0].Seal(sealed, nil, plain, sealAD[version])
+	enc := out[plainLen+sealedLen:]
 	sealEncoding.Encode(enc, sealed)
 	return string(enc)
 }
@@ -152,8 +210,9 @@ func principalDigest(principal string) string {
 	return string(sum[:16])
 }
 
-// sealAD is the additional data sealed IDs of this version authenticate.
-var sealAD = []byte{sealVersion}
+// sealAD holds, at each format version, the additional data sealed IDs of
+// that version authenticate: the version byte.
+var sealAD = [...][]byte{sealVersion: {sealVersion}, sealVersionInit: {sealVersionInit}}
 
 // uvarintLen returns the length of n as a uvarint, in bytes.
 func uvarintLen(n int) int {
@@ -161,8 +220,8 @@ func uvarintLen(n int) int {
 }
 
 // Open returns the dial address and upstream session ID sealed in v, and
-// whether v opened: it is a sealed ID of this format version, under one of
-// the keys, unmodified, with a non-empty dial address and session ID.
+// whether v opened: it is a sealed ID of a known format version, under one
+// of the keys, unmodified, with a non-empty dial address and session ID.
 func (s *SessionSealer) Open(v string) (dial, id string, ok bool) {
 	_, ss, ok := s.open(v)
 	return ss.dial, ss.id, ok
@@ -180,44 +239,51 @@ func (s *SessionSealer) open(v string) (key string, ss sealedSession, ok bool) {
 	buf := make([]byte, len(v)+n+n-overhead)
 	enc, raw := buf[:len(v)], buf[len(v):len(v)+n]
 	copy(enc, v)
-	if m, err := sealEncoding.Decode(raw, enc); err != nil || m != n || raw[0] != sealVersion {
+	if m, err := sealEncoding.Decode(raw, enc); err != nil || m != n || !isSealVersion(raw[0]) {
 		return "", ss, false
 	}
 	for _, aead := range s.aeads {
 		if plain, err := aead.Open(buf[len(v)+n:len(v)+n], nil, raw[1:], raw[:1]); err == nil {
 			all := string(buf[len(v) : len(v)+n+len(plain)])
-			ss, ok = splitSealed(all[n:])
+			ss, ok = splitSealed(all[n:], raw[0])
 			return all[:n], ss, ok
 		}
 	}
 	return "", ss, false
 }
 
-// sealedLength returns the length of a sealed session ID, in bytes, for a
-// dial address and an upstream session ID of the given lengths; bound adds
-// a principal's digest.
-func sealedLength(dialLen, idLen int, bound bool) int {
-	plain := uvarintLen(dialLen) + dialLen + 1 + idLen
-	if bound {
-		plain += 16
-	}
-	return sealEncoding.EncodedLen(1 + gcmNonceSize + plain + gcmTagSize)
+// isSealVersion reports whether b is a format version of sealed IDs.
+func isSealVersion(b byte) bool { return b == sealVersion || b == sealVersionInit }
+
+// sealedLength returns the length of the sealed session ID of ss, in bytes.
+func sealedLength(ss sealedSession) int {
+	var buf [7]string
+	fields, _ := ss.fields(&buf)
+	return sealEncoding.EncodedLen(1 + gcmNonceSize + plainLength(fields) + gcmTagSize)
 }
 
 // AES-GCM's standard nonce and tag sizes (NIST SP 800-38D), in bytes.
 const gcmNonceSize, gcmTagSize = 12, 16
 
-// splitSealed splits a plaintext into what it carries.
-func splitSealed(plain string) (ss sealedSession, ok bool) {
-	dial, rest, ok := cutField(plain)
-	if !ok || dial == "" {
+// splitSealed splits the plaintext of a sealed ID of the given format
+// version into what it carries; it reports false for a plaintext that is
+// not one seal makes.
+func splitSealed(plain string, version byte) (ss sealedSession, ok bool) {
+	var f [7]string
+	n := 3
+	if version == sealVersionInit {
+		n = 7
+	}
+	for i := range n - 1 {
+		if f[i], plain, ok = cutField(plain); !ok {
+			return ss, false
+		}
+	}
+	f[n-1] = plain
+	if f[0] == "" || f[2] == "" || f[1] != "" && len(f[1]) != 16 || version == sealVersionInit && f[6] == "" {
 		return ss, false
 	}
-	bound, id, ok := cutField(rest)
-	if !ok || id == "" || bound != "" && len(bound) != 16 {
-		return ss, false
-	}
-	return sealedSession{dial: dial, bound: bound, id: id}, true
+	return sealedSession{dial: f[0], bound: f[1], id: f[2], init: sealedInit{accept: f[3], contentType: f[4], version: f[5], body: f[6]}}, true
 }
 
 // cutField splits a uvarint-length-prefixed field off the front of s.
@@ -297,8 +363,11 @@ func redactKey(k string) string {
 // serveSealed proxies a request whose Mcp-Session-Id opened to ss; key is
 // its table key. A session bound to another principal than the request's
 // gets the unknown session's 404, as in the table. A replica that has not
-// seen the session yet records it in its table. The upstream receives its
-// own session ID.
+// seen the session yet records it in its table, with the initialize
+// request the value carries when the table fails sessions over: the
+// replica can then fail the session over on its own, once, after which its
+// table routes it. The upstream receives its own session ID (or, once the
+// session moved, the one its new upstream knows).
 func (h *Handler) serveSealed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string, ss sealedSession) error {
 	bind := h.table.BindPrincipal()
 	principal := principalOf(r, bind)
@@ -317,6 +386,9 @@ func (h *Handler) serveSealed(w http.ResponseWriter, r *http.Request, next caddy
 		key = strings.Clone(key) // not the buffer that holds the plaintext too
 		up = h.table.Adopt(key, ss.dial, origin)
 		h.debug("adopted", key, ss.dial)
+		if init := ss.init.sessionInit(); init != nil && h.table.failoverSettings().on {
+			h.table.adoptInit(key, init)
+		}
 	}
 	r.Header[HeaderSessionID] = []string{ss.id}
 	return h.servePinned(w, r, next, key, up)
@@ -342,7 +414,7 @@ func (h *Handler) tableKey(id string) string {
 // version of a sealed ID, without opening it.
 func decodeSealed(id string) (string, bool) {
 	raw, err := sealEncoding.DecodeString(id)
-	if err != nil || len(raw) == 0 || raw[0] != sealVersion {
+	if err != nil || len(raw) == 0 || !isSealVersion(raw[0]) {
 		return "", false
 	}
 	return string(raw), true
@@ -350,7 +422,7 @@ func decodeSealed(id string) (string, bool) {
 
 // clientID returns the Mcp-Session-Id the client holds for a table key.
 func clientID(key string) string {
-	if len(key) > 0 && key[0] == sealVersion {
+	if len(key) > 0 && isSealVersion(key[0]) {
 		return sealEncoding.EncodeToString([]byte(key))
 	}
 	return key
@@ -383,8 +455,11 @@ func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, 
 			h.logger.Warn("removed an Mcp-Session-Id the proxy cannot seal from the response",
 				zap.Bool("upstream_known", dial != ""), zap.Int("length", len(v)))
 		default:
-			bound := principalDigest(principalOf(r, h.table.BindPrincipal()))
-			out = append(out, h.sealer.seal(sealedSession{dial: dial, bound: bound, id: v}))
+			ss := sealedSession{dial: dial, bound: principalDigest(principalOf(r, h.table.BindPrincipal())), id: v}
+			if up == nil {
+				ss.init = h.initToSeal(r, ss)
+			}
+			out = append(out, h.sealer.seal(ss))
 		}
 	}
 	if len(out) == 0 {
@@ -392,6 +467,40 @@ func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, 
 		return
 	}
 	header[HeaderSessionID] = out
+}
+
+// initToSeal returns what the sealed ID of ss, a session the response to r
+// creates, carries of its initialize request: the request the table keeps
+// for failover, so that any replica can fail the session over, or nothing
+// when the table keeps none or the sealed ID would then be longer than
+// max_session_id_length, which the proxy would refuse. Such a session fails
+// over only on the replica that learned it.
+func (h *Handler) initToSeal(r *http.Request, ss sealedSession) sealedInit {
+	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*sessionInit)
+	if init == nil {
+		return sealedInit{}
+	}
+	ss.init = sealedInit{accept: init.accept, contentType: init.contentType, version: init.version, body: string(init.body)}
+	if n := sealedLength(ss); n > h.MaxSessionIDLength {
+		if h.warnedInitSize.CompareAndSwap(false, true) { // once per handler: it is a matter of config
+			h.logger.Warn("an initialize request is too large to seal into the session ID: such sessions fail over "+
+				"only on the Caddy instance that learned them; raise max_session_id_length to seal them",
+				zap.Int("sealed_length", n), zap.Int("max_session_id_length", h.MaxSessionIDLength))
+		}
+		return sealedInit{}
+	}
+	return ss.init
+}
+
+// sessionInit returns the initialize request si carries, for the table;
+// nil if none. Its strings are copied: si's share the opened value's
+// buffer.
+func (si sealedInit) sessionInit() *sessionInit {
+	if si.body == "" {
+		return nil
+	}
+	return &sessionInit{body: []byte(si.body), accept: strings.Clone(si.accept),
+		contentType: strings.Clone(si.contentType), version: strings.Clone(si.version)}
 }
 
 // sealDial returns the dial address to seal a response's session IDs with,

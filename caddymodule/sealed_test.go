@@ -124,7 +124,7 @@ func TestSealedLength(t *testing.T) {
 		if tc.bound {
 			ss.bound = principalDigest("Bearer alice")
 		}
-		got, formula := len(s.seal(ss)), sealedLength(len(tc.dial), len(tc.id), tc.bound)
+		got, formula := len(s.seal(ss)), sealedLength(ss)
 		if got != tc.want || got != formula {
 			t.Errorf("sealed length of %q on %q (bound %v) = %d, want %d (sealedLength %d)", tc.id, tc.dial, tc.bound, got, tc.want, formula)
 		}
@@ -147,8 +147,9 @@ func TestOpenRejects(t *testing.T) {
 		"a UUID":                     testUUID,
 		"forged: random bytes":       sealEncoding.EncodeToString(append([]byte{sealVersion}, randomBytes(t, len(raw)-1)...)),
 		"another key":                newSealer(t, newKey(t)).Seal("127.0.0.1:9001", testSessionID),
-		"unknown version, v1 data":   sealEncoding.EncodeToString(append([]byte{2}, raw[1:]...)),
-		"unknown version, sealed v2": sealRaw(t, key, 2, plaintext("127.0.0.1:9001", "", testSessionID)),
+		"v1 value labelled v2":       sealEncoding.EncodeToString(append([]byte{sealVersionInit}, raw[1:]...)),
+		"unknown version, v1 data":   sealEncoding.EncodeToString(append([]byte{3}, raw[1:]...)),
+		"unknown version, sealed v3": sealRaw(t, key, 3, plaintext("127.0.0.1:9001", "", testSessionID)),
 		"version 0":                  sealRaw(t, key, 0, plaintext("127.0.0.1:9001", "", testSessionID)),
 		"empty dial":                 sealRaw(t, key, sealVersion, plaintext("", "", testSessionID)),
 		"empty ID":                   sealRaw(t, key, sealVersion, plaintext("127.0.0.1:9001", "", "")),
@@ -403,7 +404,7 @@ func TestSealedBadValues(t *testing.T) {
 		"truncated":    good[:len(good)-1],
 		"bit-flipped":  sealEncoding.EncodeToString(flipped),
 		"another key":  newSealer(t, newKey(t)).Seal("10.0.0.1:8080", testSessionID),
-		"version 2":    sealRaw(t, key, 2, plaintext("10.0.0.1:8080", "", testSessionID)),
+		"version 3":    sealRaw(t, key, 3, plaintext("10.0.0.1:8080", "", testSessionID)),
 		"upstream's":   testSessionID,
 		"not in table": "PLAINSESSIONTHETABLEDOESNOTHOLD",
 	} {
@@ -515,7 +516,7 @@ func TestSealedPrincipalBinding(t *testing.T) {
 		return r
 	}
 	sealed := a.serve(t, as(newRequest(http.MethodPost), "Bearer alice"), answer(200, testSessionID)).Header().Get(HeaderSessionID)
-	if got := len(sealed); got != sealedLength(len(a.proxy.last().Dial), len(testSessionID), true) {
+	if got := len(sealed); got != sealedLength(sealedSession{dial: a.proxy.last().Dial, bound: principalDigest("x"), id: testSessionID}) {
 		t.Errorf("sealed value of a bound session is %d bytes; want the bound length", got)
 	}
 	unbound := a.serve(t, as(newRequest(http.MethodPost), ""), answer(200, testUUID)).Header().Get(HeaderSessionID)
@@ -567,85 +568,121 @@ func TestSealedCaddyfile(t *testing.T) {
 
 // FuzzOpenSealed feeds arbitrary values to Open: it must never panic, and
 // whatever opens must be a canonical base64url value carrying a non-empty
-// dial address and session ID.
+// dial address and session ID, and, in format version 2, a non-empty
+// initialize body.
 func FuzzOpenSealed(f *testing.F) {
 	key := bytes.Repeat([]byte{7}, sealKeySize)
 	s, _ := NewSessionSealer(key)
 	good := s.Seal("127.0.0.1:9001", testSessionID)
-	for _, seed := range []string{good, good[:len(good)-1], good[:43], "", "A", testSessionID, testUUID, good + "=", strings.Repeat("A", 43), strings.Repeat("_", 200)} {
+	withInit := s.seal(sealedSession{dial: "127.0.0.1:9001", id: testSessionID, init: testSealedInit(testInitBody)})
+	for _, seed := range []string{good, good[:len(good)-1], good[:43], "", "A", testSessionID, testUUID, good + "=", strings.Repeat("A", 43), strings.Repeat("_", 200),
+		withInit, withInit[:len(withInit)-1], withInit[:200], "Ag" + good[2:]} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		dial, id, ok := s.Open(v)
+		_, ss, ok := s.open(v)
 		if !ok {
 			return
 		}
-		if dial == "" || id == "" {
-			t.Fatalf("Open(%q) = %q, %q, true", v, dial, id)
+		if ss.dial == "" || ss.id == "" {
+			t.Fatalf("open(%q) = %+v, true", v, ss)
 		}
 		raw, err := sealEncoding.DecodeString(v)
 		if err != nil || sealEncoding.EncodeToString(raw) != v {
 			t.Fatalf("Open accepted a non-canonical value %q", v)
 		}
+		if (raw[0] == sealVersionInit) != (ss.init.body != "") {
+			t.Fatalf("version %d opened to initialize %+v", raw[0], ss.init)
+		}
 	})
 }
 
-// FuzzOpenTampered flips bits of a valid sealed value at fuzzed positions:
-// no change of any byte, whatever the mask, may open.
+// FuzzOpenTampered flips bits of a valid sealed value, of format version 1
+// or 2 (carrying an initialize), at fuzzed positions: no change of any
+// byte, whatever the mask, may open.
 func FuzzOpenTampered(f *testing.F) {
 	key := bytes.Repeat([]byte{9}, sealKeySize)
 	s, _ := NewSessionSealer(key)
-	good := s.Seal("127.0.0.1:9001", testSessionID)
-	raw, _ := sealEncoding.DecodeString(good)
-	f.Add(uint16(0), byte(1))
-	f.Add(uint16(1), byte(0x80))
-	f.Add(uint16(len(raw)-1), byte(0xff))
-	f.Add(uint16(20), byte(0x10))
-	f.Fuzz(func(t *testing.T, pos uint16, mask byte) {
+	var raws [2][]byte
+	for i, ss := range []sealedSession{
+		{dial: "127.0.0.1:9001", id: testSessionID},
+		{dial: "127.0.0.1:9001", id: testSessionID, init: testSealedInit(testInitBody)},
+	} {
+		raws[i], _ = sealEncoding.DecodeString(s.seal(ss))
+	}
+	for _, withInit := range []bool{false, true} {
+		f.Add(withInit, uint16(0), byte(1))
+		f.Add(withInit, uint16(1), byte(0x80))
+		f.Add(withInit, uint16(len(raws[1])-1), byte(0xff))
+		f.Add(withInit, uint16(20), byte(0x10))
+		f.Add(withInit, uint16(0), byte(3)) // version 1 <-> 2
+	}
+	f.Fuzz(func(t *testing.T, withInit bool, pos uint16, mask byte) {
 		if mask == 0 {
 			return
 		}
+		raw := raws[0]
+		if withInit {
+			raw = raws[1]
+		}
 		tampered := bytes.Clone(raw)
 		tampered[int(pos)%len(tampered)] ^= mask
-		if dial, id, ok := s.Open(sealEncoding.EncodeToString(tampered)); ok {
-			t.Fatalf("byte %d ^ %#x opened to %q, %q", int(pos)%len(tampered), mask, dial, id)
+		if _, ss, ok := s.open(sealEncoding.EncodeToString(tampered)); ok {
+			t.Fatalf("byte %d ^ %#x opened to %+v", int(pos)%len(tampered), mask, ss)
 		}
 	})
 }
 
+// sealBenches are the sealed sessions the sealing benchmarks seal and
+// open: without an initialize (format version 1), and carrying the go-sdk
+// client's 190-byte initialize (version 2, a table with failover).
+var sealBenches = []struct {
+	name string
+	ss   sealedSession
+}{
+	{"no init", sealedSession{dial: "127.0.0.1:9001", id: testSessionID}},
+	{"init 190 B", sealedSession{dial: "127.0.0.1:9001", id: testSessionID, init: testSealedInit(testInitGo)}},
+}
+
 func BenchmarkSeal(b *testing.B) {
-	s := newSealer(b, newKey(b))
-	b.ReportAllocs()
-	for b.Loop() {
-		s.Seal("127.0.0.1:9001", testSessionID)
+	for _, bc := range sealBenches {
+		b.Run(bc.name, func(b *testing.B) {
+			s := newSealer(b, newKey(b))
+			b.ReportAllocs()
+			for b.Loop() {
+				s.seal(bc.ss)
+			}
+		})
 	}
 }
 
 func BenchmarkOpen(b *testing.B) {
-	for _, bc := range []struct {
-		name string
-		keys int // keys of the sealer; the value is sealed under the last
-	}{{"first key", 1}, {"second key", 2}} {
-		b.Run(bc.name, func(b *testing.B) {
-			keys := [][]byte{newKey(b), newKey(b)}[:bc.keys]
-			v := newSealer(b, keys[bc.keys-1]).Seal("127.0.0.1:9001", testSessionID)
-			s := newSealer(b, keys...)
+	for _, sb := range sealBenches {
+		for _, bc := range []struct {
+			name string
+			keys int // keys of the sealer; the value is sealed under the last
+		}{{"first key", 1}, {"second key", 2}} {
+			b.Run(sb.name+"/"+bc.name, func(b *testing.B) {
+				keys := [][]byte{newKey(b), newKey(b)}[:bc.keys]
+				v := newSealer(b, keys[bc.keys-1]).seal(sb.ss)
+				s := newSealer(b, keys...)
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, _, ok := s.open(v); !ok {
+						b.Fatal("did not open")
+					}
+				}
+			})
+		}
+		b.Run(sb.name+"/forged", func(b *testing.B) {
+			s := newSealer(b, newKey(b))
+			v := newSealer(b, newKey(b)).seal(sb.ss)
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, _, ok := s.Open(v); !ok {
-					b.Fatal("did not open")
-				}
+				s.open(v)
 			}
 		})
 	}
-	b.Run("forged", func(b *testing.B) {
-		s := newSealer(b, newKey(b))
-		v := newSealer(b, newKey(b)).Seal("127.0.0.1:9001", testSessionID)
-		b.ReportAllocs()
-		for b.Loop() {
-			s.Open(v)
-		}
-	})
 }
 
 // BenchmarkServePinned is the handler's whole work for a request of a known

@@ -143,6 +143,23 @@ func (t *Table) keepInit(id string, init *sessionInit) bool {
 	return true
 }
 
+// adoptInit records the initialize request of session id, which the table
+// holds, unless it keeps one already: a session adopted from a sealed ID
+// by concurrent requests, or moved by a failover meanwhile, keeps the
+// first. It reports whether it recorded init.
+func (t *Table) adoptInit(id string, init *sessionInit) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, _, ok := t.peek(id); !ok || t.inits[id] != nil {
+		return false
+	}
+	if t.inits == nil {
+		t.inits = map[string]*sessionInit{}
+	}
+	t.inits[id] = init
+	return true
+}
+
 // initOf returns the session's upstream and what the table keeps of it for
 // failover, without counting it as use; a nil init when the table has none.
 func (t *Table) initOf(id string) (*Upstream, *sessionInit) {
