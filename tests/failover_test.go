@@ -117,10 +117,16 @@ func (s *foSession) call(ctx context.Context, cs *mcp.ClientSession) callSpan {
 // answered a call, keeps them calling for hold, and returns them.
 func foRun(t *testing.T, url string, n int, hold time.Duration, act func()) []*foSession {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
+	return foRunWith(t, url, hc, n, hold, act)
+}
+
+// foRunWith is foRun through the HTTP client hc.
+func foRunWith(t *testing.T, url string, hc *http.Client, n int, hold time.Duration, act func()) []*foSession {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
 	ss := make([]*foSession, n)
 	stop := make(chan struct{})
 	var started, wg sync.WaitGroup
@@ -229,22 +235,29 @@ func openVSSessions(t *testing.T, hc *http.Client, url string, n int) []*vsSessi
 // resume reopens the session's GET stream (reading only its status), then
 // makes 3 whoami calls.
 func (v *vsSession) resume(t *testing.T, hc *http.Client, url string) {
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header = http.Header{"Accept": {"text/event-stream"}, "Mcp-Session-Id": {v.id}, "Mcp-Protocol-Version": {"2025-11-25"}}
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatalf("GET of session %s: %v", v.id, err)
-	}
-	v.get = resp.StatusCode
-	resp.Body.Close()
+	v.get = reopenGET(t, hc, url, v.id)
 	for range 3 {
 		status, who := rawWhoami(t, hc, url, v.id)
 		v.posts = append(v.posts, status)
 		v.answered = append(v.answered, who.Server)
 	}
+}
+
+// reopenGET reopens the GET stream of session id through url, as VS Code
+// does after its server restarts, and returns the status, reading nothing
+// more.
+func reopenGET(t *testing.T, hc *http.Client, url, id string) int {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = http.Header{"Accept": {"text/event-stream"}, "Mcp-Session-Id": {id}, "Mcp-Protocol-Version": {"2025-11-25"}}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("GET of session %s: %v", id, err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // vsSummary sums up raw sessions after the kill of deadServer: how many

@@ -161,6 +161,14 @@ type balancer struct {
 	served   map[string]int // requests carrying Mcp-Session-Id answered 2xx, by address
 	failed   map[string]int // the same, answered otherwise
 	fiveXX   []string       // every answer with a 5xx status: method, replica, status
+	// learnOn, if set, takes every request without Mcp-Session-Id (an
+	// initialize), so that sessions are learned on one replica; with
+	// roundRobin, the others go to the replicas in rotation in turn rather
+	// than at random.
+	learnOn    string
+	roundRobin bool
+	turn       int
+	answeredBy map[string]map[string]bool // session ID -> addresses that answered it 2xx
 }
 
 func newBalancer(rs ...*replica) *balancer {
@@ -207,12 +215,20 @@ func (b *balancer) remove(r *replica) {
 	b.rotation = kept
 }
 
-// pick returns a random address in rotation, or "" if there is none.
-func (b *balancer) pick() string {
+// pick returns the address for r: learnOn for a request without a session
+// if set, else an address in rotation, at random or in turn; "" if there is
+// none.
+func (b *balancer) pick(r *http.Request) string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.rotation) == 0 {
+	switch {
+	case b.learnOn != "" && r.Header.Get("Mcp-Session-Id") == "":
+		return b.learnOn
+	case len(b.rotation) == 0:
 		return ""
+	case b.roundRobin:
+		b.turn++
+		return b.rotation[b.turn%len(b.rotation)]
 	}
 	return b.rotation[rand.IntN(len(b.rotation))]
 }
@@ -221,7 +237,7 @@ func (b *balancer) pick() string {
 func (b *balancer) RoundTrip(r *http.Request) (*http.Response, error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		addr := b.pick()
+		addr := b.pick(r)
 		if addr == "" {
 			addr = r.URL.Host // nothing in rotation: wait for the caller's own
 		}
@@ -258,9 +274,37 @@ func (b *balancer) count(addr string, r *http.Request, status int) {
 	}
 	if status < 300 {
 		b.served[addr]++
+		b.noteAnswered(r.Header.Get("Mcp-Session-Id"), addr)
 	} else {
 		b.failed[addr]++
 	}
+}
+
+// noteAnswered records that addr answered a request of session id 2xx;
+// b.mu is held.
+func (b *balancer) noteAnswered(id, addr string) {
+	if b.answeredBy == nil {
+		b.answeredBy = map[string]map[string]bool{}
+	}
+	if b.answeredBy[id] == nil {
+		b.answeredBy[id] = map[string]bool{}
+	}
+	b.answeredBy[id][addr] = true
+}
+
+// replicasThatAnswered returns how many replicas answered a request of
+// session id 2xx since the last resetAnswered.
+func (b *balancer) replicasThatAnswered(id string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.answeredBy[id])
+}
+
+// resetAnswered forgets which replicas answered which sessions.
+func (b *balancer) resetAnswered() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.answeredBy = nil
 }
 
 // servedBy returns the requests of existing sessions a replica answered 2xx and otherwise.

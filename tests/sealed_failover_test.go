@@ -1,0 +1,384 @@
+package tests
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
+)
+
+// Failover with sealed session IDs over Caddy replicas that share no store
+// (README, "Failover", "Several Caddy instances"): the sealed value carries
+// the session's initialize, so every replica can fail a session over on
+// its own, once.
+
+// sealedFleet is two Caddy replicas (separate processes) with the same
+// sealing key over the same upstreams, with `failover reinitialize` or
+// without, behind a balancer that sends every initialize to the first
+// replica and every other request to the replicas in turn.
+type sealedFleet struct {
+	name string
+	rs   []*replica
+	lb   *balancer
+}
+
+// startSealedFleet starts the fleet's replicas; env holds MCP_SESSION_KEY.
+func startSealedFleet(t *testing.T, name string, srv []*testproc.Proc, failover bool, env []string) *sealedFleet {
+	t.Helper()
+	mode := map[bool]string{true: "reinitialize", false: "off"}[failover]
+	body := fmt.Sprintf("mcp_proxy %s {\n\t\tseal_session_ids {env.MCP_SESSION_KEY}\n\t\tfailover %s\n\t}", upstreams(srv), mode)
+	f := &sealedFleet{name: name}
+	for i := range 2 {
+		f.rs = append(f.rs, startReplica(t, fmt.Sprintf("%s%d", name, i+1), body, env...))
+	}
+	f.lb = newBalancer(f.rs...)
+	f.lb.learnOn, f.lb.roundRobin = f.rs[0].addr, true
+	return f
+}
+
+// urls returns the replicas' MCP endpoints, the first replica's first.
+func (f *sealedFleet) urls() []string {
+	return []string{f.rs[0].url(), f.rs[1].url()}
+}
+
+// failoversAt returns how many sessions the Caddy with admin endpoint admin
+// moved to another upstream, and failed to, by any cause.
+func failoversAt(t *testing.T, admin string) (moved, failed int) {
+	t.Helper()
+	fam, _ := scrapeAt(t, admin)
+	for _, cause := range []string{"upstream_gone", "refused", "upstream_404", "drain_deadline"} {
+		for result, n := range map[string]*int{"moved": &moved, "failed": &failed} {
+			*n += max(0, int(metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": "default", "cause": cause, "result": result})))
+		}
+	}
+	return moved, failed
+}
+
+// spreadSession is a raw client session that never re-initializes (the VS
+// Code behaviour), learned on the fleet's first replica.
+type spreadSession struct {
+	id       string
+	first    identity     // who answered its first call
+	get      int          // status of the GET reopened with its ID
+	statuses []int        // statuses of the calls after it
+	by       [][]identity // by replica: who answered its calls through it
+}
+
+// openSpreadSessions opens n raw sessions through url, each with one call.
+func openSpreadSessions(t *testing.T, hc *http.Client, url string, n int) []*spreadSession {
+	t.Helper()
+	ss := make([]*spreadSession, n)
+	for i := range ss {
+		id := mcpInitialize(t, hc, url)
+		status, who := rawWhoami(t, hc, url, id)
+		if status != http.StatusOK {
+			t.Fatalf("first call of raw session %d through %s: %d", i, url, status)
+		}
+		ss[i] = &spreadSession{id: id, first: who}
+	}
+	return ss
+}
+
+// resumeAcross reopens the session's GET stream through the last of urls,
+// then calls whoami through each of urls in turn, twice around.
+func (s *spreadSession) resumeAcross(t *testing.T, hc *http.Client, urls []string) {
+	s.get = reopenGET(t, hc, urls[len(urls)-1], s.id)
+	s.statuses, s.by = nil, make([][]identity, len(urls))
+	for range 2 {
+		for i, u := range urls {
+			status, who := rawWhoami(t, hc, u, s.id)
+			s.statuses = append(s.statuses, status)
+			if status == http.StatusOK {
+				s.by[i] = append(s.by[i], who)
+			}
+		}
+	}
+}
+
+// ok reports whether the session came through as failover promises: its
+// GET and every call answered 200; through each replica, one upstream
+// session answered every call (a replica moves a session at most once);
+// a session of a dead server was answered by a live server in a session
+// of its own, any other by its first server under its own ID.
+func (s *spreadSession) ok(dead map[string]bool) bool {
+	if s.get != http.StatusOK {
+		return false
+	}
+	for _, st := range s.statuses {
+		if st != http.StatusOK {
+			return false
+		}
+	}
+	for _, ids := range s.by {
+		for _, who := range ids {
+			if who != ids[0] {
+				return false
+			}
+		}
+		moved := ids[0].Server != s.first.Server && !dead[ids[0].Server] && ids[0].Session != s.first.Session
+		if dead[s.first.Server] != moved || !moved && ids[0] != s.first {
+			return false
+		}
+	}
+	return true
+}
+
+// broken reports whether the session got 404 to its GET and every call.
+func (s *spreadSession) broken() bool {
+	for _, st := range append([]int{s.get}, s.statuses...) {
+		if st != http.StatusNotFound {
+			return false
+		}
+	}
+	return true
+}
+
+// upstreamSessions returns how many upstream sessions answered the
+// session's calls after its GET.
+func (s *spreadSession) upstreamSessions() int {
+	seen := map[identity]bool{}
+	for _, ids := range s.by {
+		for _, who := range ids {
+			seen[who] = true
+		}
+	}
+	return len(seen)
+}
+
+// spreadSummary counts the sessions of dead servers and the others, those of
+// each that are ok, those broken, and the upstream sessions of the dead
+// servers' sessions that are ok.
+type spreadSummary struct{ onDead, deadOK, deadBroken, others, othersOK, newSessions int }
+
+func summarizeSpread(ss []*spreadSession, dead map[string]bool) spreadSummary {
+	var r spreadSummary
+	for _, s := range ss {
+		ok := s.ok(dead)
+		if !dead[s.first.Server] {
+			r.others++
+			if ok && s.upstreamSessions() == 1 {
+				r.othersOK++
+			}
+			continue
+		}
+		r.onDead++
+		if ok {
+			r.deadOK++
+			r.newSessions += s.upstreamSessions()
+		}
+		if s.broken() {
+			r.deadBroken++
+		}
+	}
+	return r
+}
+
+// sealedFoSummary sums up the go-sdk sessions of a run over a sealed
+// fleet, whose server dead was killed between killed and deadAt.
+type sealedFoSummary struct {
+	sessions, connErrs, onDead, deadOK, lostOnDead, others, othersOK, lost int
+	calls, failedCalls, inFlight, newSessions                              int
+	errs                                                                   []string
+}
+
+// summarizeSealedFailover counts a session of the dead server as ok if it
+// was never lost, the replicas both answered it after the kill, and one or
+// two upstream sessions on live servers (at most one per replica) answered
+// its calls; any other session if it was never lost, both replicas
+// answered it, and only its creator did, under one ID.
+func summarizeSealedFailover(ss []*foSession, lb *balancer, dead string, killed, deadAt time.Time) sealedFoSummary {
+	var s sealedFoSummary
+	for _, x := range ss {
+		s.sessions++
+		if x.connErr != nil {
+			s.connErrs++
+			s.errs = append(s.errs, x.connErr.Error())
+			continue
+		}
+		s.calls += x.calls
+		s.failedCalls += len(x.failed)
+		for _, sp := range x.spans {
+			if sp.start.Before(deadAt) && sp.end.After(killed) {
+				s.inFlight++
+			}
+		}
+		for _, err := range x.lastErrs {
+			if len(s.errs) < 4 {
+				s.errs = append(s.errs, err.Error())
+			}
+		}
+		if x.lost {
+			s.lost++
+		}
+		live := map[identity]bool{}
+		for srv, ids := range x.seen {
+			for _, id := range ids {
+				if srv != dead {
+					live[identity{srv, id}] = true
+				}
+			}
+		}
+		both := lb.replicasThatAnswered(x.id) == 2
+		if x.creator != dead {
+			s.others++
+			if !x.lost && both && len(live) == 1 && len(x.seen) == 1 {
+				s.othersOK++
+			}
+			continue
+		}
+		s.onDead++
+		if x.lost {
+			s.lostOnDead++
+		}
+		if !x.lost && both && len(live) >= 1 && len(live) <= 2 {
+			s.deadOK++
+			s.newSessions += len(live)
+		}
+	}
+	return s
+}
+
+func (s sealedFoSummary) String() string {
+	return fmt.Sprintf("%d sessions (%d could not connect), %d on the killed server: %d kept working through both replicas, %d lost, in %d new upstream sessions; "+
+		"other sessions ok through both replicas: %d/%d; sessions lost %d; calls answered %d, failed %d, in flight at the kill %d; errors %q",
+		s.sessions, s.connErrs, s.onDead, s.deadOK, s.lostOnDead, s.newSessions, s.othersOK, s.others, s.lost, s.calls, s.failedCalls, s.inFlight, s.errs)
+}
+
+// TestFailoverSealedReplicas: two Caddy replicas (separate processes, no
+// shared store) with the same key and `failover reinitialize`, in front of
+// three go-sdk servers; every session is learned on the first replica and
+// its later requests go to the replicas in turn. One server is killed
+// while 30 go-sdk client sessions call tools, then 10 raw sessions that
+// never re-initialize reopen their GET stream with their old ID through the
+// second replica and call through both. Every session survives, on both
+// replicas: each replica moves a session of the killed server once, on its
+// own (so such a session ends up in one new upstream session per replica),
+// and routes it from its table after that; calls failed <= calls in flight
+// at the kill. The same fleet without failover (negative control, same
+// run) breaks the killed server's sessions. Then a replica is stopped, a
+// second server killed, and the replica started again with an empty
+// table: it fails over, from the sealed value alone, the sessions whose
+// server died while it was down. A sealed value without the initialize (the
+// format before it, minted here with the key) still opens and routes, and
+// cannot fail over: its gone upstream gets the proxy's 404, as before.
+func TestFailoverSealedReplicas(t *testing.T) {
+	srv := startBackends(t, 3, false)
+	key := newSealKey(t)
+	env := []string{"MCP_SESSION_KEY=" + key}
+	fleets := []*sealedFleet{startSealedFleet(t, "fo", srv, true, env), startSealedFleet(t, "nofo", srv, false, env)}
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	const n, raw, later = 30, 10, 8
+	rawSs, laterSs := make([][]*spreadSession, 2), make([][]*spreadSession, 2)
+	for i, f := range fleets {
+		rawSs[i] = openSpreadSessions(t, hc, f.rs[0].url(), raw)
+		laterSs[i] = openSpreadSessions(t, hc, f.rs[0].url(), later)
+	}
+	live := mcpInitialize(t, hc, srv[0].URL()) // for values of the format without the initialize
+	doomed := mcpInitialize(t, hc, srv[2].URL())
+
+	// One server killed under load.
+	runs := make([][]*foSession, 2)
+	ready, kill, done := make(chan struct{}, 2), make(chan struct{}), make(chan struct{}, 2)
+	for i, f := range fleets {
+		go func() {
+			runs[i] = foRunWith(t, f.rs[0].url(), f.lb.client(), n, 3*time.Second, func() { ready <- struct{}{}; <-kill })
+			done <- struct{}{}
+		}()
+	}
+	<-ready
+	<-ready
+	for _, f := range fleets {
+		f.lb.resetAnswered()
+	}
+	killed := time.Now()
+	srv[1].Kill()
+	<-srv[1].Done()
+	deadAt := time.Now()
+	close(kill)
+	<-done
+	<-done
+	dead := map[string]bool{srv[1].Name(): true}
+	for i, f := range fleets {
+		for _, s := range rawSs[i] {
+			s.resumeAcross(t, hc, f.urls())
+		}
+	}
+
+	son := summarizeSealedFailover(runs[0], fleets[0].lb, srv[1].Name(), killed, deadAt)
+	soff := summarizeSealedFailover(runs[1], fleets[1].lb, srv[1].Name(), killed, deadAt)
+	fiveXX := fleets[0].lb.serverErrors()
+	t.Logf("go-sdk clients, 2 sealed replicas, failover reinitialize: %s; 5xx answers %d %q", son, len(fiveXX), fiveXX)
+	t.Logf("go-sdk clients, 2 sealed replicas, failover off (negative control): %s", soff)
+	if son.connErrs != 0 || son.onDead == 0 || son.deadOK != son.onDead || son.lost != 0 || son.othersOK != son.others ||
+		son.failedCalls > son.inFlight || len(fiveXX) > son.inFlight {
+		t.Errorf("with failover: want every session kept through both replicas, those of the killed server in at most one new upstream session per replica, failed calls and 5xx <= in flight; got %s", son)
+	}
+	if soff.onDead == 0 || soff.lostOnDead != soff.onDead || soff.othersOK != soff.others {
+		t.Errorf("negative control: want every session of the killed server lost without failover, the others kept; got %s", soff)
+	}
+	ron, roff := summarizeSpread(rawSs[0], dead), summarizeSpread(rawSs[1], dead)
+	t.Logf("raw clients (GET with the old ID through replica 2, then calls through both in turn), failover reinitialize: %d/%d sessions of the killed server ok, in %d upstream sessions; %d/%d others ok",
+		ron.deadOK, ron.onDead, ron.newSessions, ron.othersOK, ron.others)
+	t.Logf("raw clients, failover off (negative control): %d/%d sessions of the killed server broken (404), %d/%d others ok", roff.deadBroken, roff.onDead, roff.othersOK, roff.others)
+	if ron.onDead == 0 || ron.deadOK != ron.onDead || ron.newSessions != 2*ron.onDead || ron.othersOK != ron.others {
+		t.Errorf("raw clients with failover: want every session ok, those of the killed server moved once on each replica (2 upstream sessions each); got %+v", ron)
+	}
+	if roff.onDead == 0 || roff.deadBroken != roff.onDead || roff.othersOK != roff.others {
+		t.Errorf("raw clients without failover: want the killed server's sessions broken and the others ok; got %+v", roff)
+	}
+	for _, r := range fleets[0].rs {
+		moved, failed := failoversAt(t, r.admin)
+		t.Logf("%s: failovers moved %d, failed %d (sessions of the killed server: %d go-sdk, %d raw)", r.name, moved, failed, son.onDead, ron.onDead)
+		if failed != 0 || moved != son.onDead+ron.onDead {
+			t.Errorf("%s moved %d sessions and failed %d; want each session of the killed server moved once by each replica (both served each): %d, 0 failed",
+				r.name, moved, failed, son.onDead+ron.onDead)
+		}
+	}
+
+	// A replica restarted with an empty table, after a server died while it
+	// was down. Its sessions were adopted by it before the stop.
+	for i, f := range fleets {
+		for _, s := range laterSs[i] {
+			if status, _ := rawWhoami(t, hc, f.rs[1].url(), s.id); status != http.StatusOK && !dead[s.first.Server] {
+				t.Fatalf("%s: a call of a session through the second replica before its stop: %d", f.name, status)
+			}
+		}
+		f.rs[1].stop()
+	}
+	srv[2].Kill()
+	<-srv[2].Done()
+	for _, f := range fleets {
+		f.rs[1].start(t)
+	}
+	dead[srv[2].Name()] = true
+	for i, f := range fleets {
+		for _, s := range laterSs[i] {
+			s.resumeAcross(t, hc, []string{f.rs[1].url()})
+		}
+	}
+	lon, loff := summarizeSpread(laterSs[0], dead), summarizeSpread(laterSs[1], dead)
+	diedWhileDown := summarizeSpread(laterSs[0], map[string]bool{srv[2].Name(): true}).onDead
+	t.Logf("the second replica restarted after %s died: with failover %d/%d sessions of dead servers ok (%d of them on %s), %d/%d others ok; without (negative control) %d/%d broken",
+		srv[2].Name(), lon.deadOK, lon.onDead, diedWhileDown, srv[2].Name(), lon.othersOK, lon.others, loff.deadBroken, loff.onDead)
+	if diedWhileDown == 0 || lon.deadOK != lon.onDead || lon.othersOK != lon.others || loff.deadBroken != loff.onDead {
+		t.Errorf("restarted replica: want every session ok with failover (those of dead servers moved), those of dead servers broken without; got %+v and %+v", lon, loff)
+	}
+
+	// Values of the format without the initialize.
+	sealer := sealerOf(t, key)
+	for _, u := range fleets[0].urls() {
+		status, who := rawWhoami(t, hc, u, sealer.Seal(srv[0].Addr(), live))
+		gone := mcpPost(t, hc, u, sealer.Seal(srv[2].Addr(), doomed), tsWhoamiCall)
+		t.Logf("a value without the initialize through %s: of a live session %d (answered by %s), of a dead server's session %d %s", u, status, who.Server, gone.status, gone.body)
+		if status != http.StatusOK || who != (identity{srv[0].Name(), live}) {
+			t.Errorf("a value without the initialize, of a live session, through %s: %d %+v; want it routed to %s", u, status, who, srv[0].Name())
+		}
+		if gone.status != http.StatusNotFound || !strings.Contains(gone.body, "upstream is gone") {
+			t.Errorf("a value without the initialize, of a dead server's session, through %s: %d %s; want the proxy's upstream-gone 404", u, gone.status, gone.body)
+		}
+	}
+}
