@@ -91,12 +91,16 @@ func stockRoute(upstreams []string, lbPolicy string) string {
 // http-no-delay` keeps HAProxy from delaying small SSE writes (~200 ms
 // otherwise); noDelay=false leaves it out, for comparison only. The timeouts
 // are long so that no SSE stream is cut; maxconn stays below the open-file
-// limit (20,000 open files on these machines).
-func haproxyConfig(port int, upstreams []string, noDelay bool) string {
+// limit (20,000 open files on these machines). threads > 0 sets nbthread
+// (the proxy's cores in the sidecar and proxy-bound parts); 0 leaves
+// HAProxy's default, one thread per CPU it may run on.
+func haproxyConfig(port int, upstreams []string, noDelay bool, threads int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, `global
-    maxconn 4000
-
+	fmt.Fprintf(&b, "global\n    maxconn 4000\n")
+	if threads > 0 {
+		fmt.Fprintf(&b, "    nbthread %d\n", threads)
+	}
+	fmt.Fprintf(&b, `
 defaults
     mode http
     timeout connect 5s

@@ -24,6 +24,9 @@ type env struct {
 	haproxy string // HAProxy binary
 	procs   []*testproc.Proc
 	log     io.Writer
+	// pl, when set, pins the processes started from now on: proxies to
+	// pl.proxy, upstreams to pl.rest (sidecar and proxy-bound parts).
+	pl *placement
 }
 
 // build compiles Caddy and the whoami server into the work directory.
@@ -51,15 +54,25 @@ func (e *env) build(goBin, repo string) error {
 
 // start starts a child process logging to <dir>/<name>.log, waits until it
 // listens on addr alone (see testproc.SoleListener) for at most timeout, and
-// records it for stopAll.
-func (e *env) start(name, addr string, timeout time.Duration, env []string, bin string, args ...string) (*testproc.Proc, error) {
+// records it for stopAll. With cpus, the process runs on those CPUs only,
+// with GOMAXPROCS set to their number (for Go programs).
+func (e *env) start(name, addr string, timeout time.Duration, env []string, cpus []int, bin string, args ...string) (*testproc.Proc, error) {
 	f, err := os.Create(filepath.Join(e.dir, name+".log"))
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
-	p, err := testproc.Start(name, addr, cmd, f)
+	var p *testproc.Proc
+	if cpus == nil {
+		p, err = testproc.Start(name, addr, cmd, f)
+	} else {
+		cmd.Env = append(cmd.Env, fmt.Sprintf("GOMAXPROCS=%d", len(cpus)))
+		err = startPinned(cpus, func() (err error) {
+			p, err = testproc.Start(name, addr, cmd, f)
+			return err
+		})
+	}
 	if err != nil {
 		f.Close()
 		return nil, err
@@ -73,7 +86,30 @@ func (e *env) start(name, addr string, timeout time.Duration, env []string, bin 
 		p.Stop(stopGrace)
 		return nil, err
 	}
+	if cpus != nil {
+		if ok, err := threadsOn(p.Pid(), cpus); err != nil || !ok {
+			p.Stop(stopGrace)
+			return nil, fmt.Errorf("%s: not every thread runs on CPUs %s only (%v)", name, formatCPUList(cpus), err)
+		}
+	}
 	return p, nil
+}
+
+// proxyCPUs are the CPUs a proxy process is started on: nil (all) unless a
+// placement is set.
+func (e *env) proxyCPUs() []int {
+	if e.pl == nil {
+		return nil
+	}
+	return e.pl.proxy
+}
+
+// restCPUs are the CPUs an upstream is started on.
+func (e *env) restCPUs() []int {
+	if e.pl == nil {
+		return nil
+	}
+	return e.pl.rest
 }
 
 // stopGrace is how long a child may take to end after SIGTERM.
@@ -112,7 +148,7 @@ func (e *env) startFleet(n int, logPrefix, letter, binary string, args func(name
 			return nil, nil, err
 		}
 		name := fmt.Sprintf("%s%d", letter, i)
-		p, err := e.start(logPrefix+name, addr, 10*time.Second, nil, binary, args(name, addr)...)
+		p, err := e.start(logPrefix+name, addr, 10*time.Second, nil, e.restCPUs(), binary, args(name, addr)...)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -145,7 +181,7 @@ func (e *env) startReplicas(name, route string) ([]*proxyProc, error) {
 		return nil, err
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	redis, err := e.start(name+"-redis", addr, 10*time.Second, nil, bin,
+	redis, err := e.start(name+"-redis", addr, 10*time.Second, nil, e.proxyCPUs(), bin,
 		"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", e.dir)
 	if err != nil {
 		return nil, err
@@ -164,6 +200,12 @@ func (e *env) startReplicas(name, route string) ([]*proxyProc, error) {
 // startCaddyWith runs Caddy with more global options, serving route on a
 // free port.
 func (e *env) startCaddyWith(name, global, route string) (*proxyProc, error) {
+	return e.startCaddyEnv(name, global, route, nil)
+}
+
+// startCaddyEnv is startCaddyWith with more environment variables (GOGC,
+// GOMEMLIMIT) for the Caddy process.
+func (e *env) startCaddyEnv(name, global, route string, extraEnv []string) (*proxyProc, error) {
 	port, err := testproc.FreePort()
 	if err != nil {
 		return nil, err
@@ -177,7 +219,8 @@ func (e *env) startCaddyWith(name, global, route string) (*proxyProc, error) {
 		return nil, err
 	}
 	xdg := filepath.Join(e.dir, "xdg")
-	p, err := e.start(name, fmt.Sprintf("127.0.0.1:%d", port), 30*time.Second, []string{"XDG_CONFIG_HOME=" + xdg, "XDG_DATA_HOME=" + xdg, sealKeyEnv + "=" + sealKey},
+	env := append([]string{"XDG_CONFIG_HOME=" + xdg, "XDG_DATA_HOME=" + xdg, sealKeyEnv + "=" + sealKey}, extraEnv...)
+	p, err := e.start(name, fmt.Sprintf("127.0.0.1:%d", port), 30*time.Second, env, e.proxyCPUs(),
 		e.caddy, "run", "--config", cfgPath, "--adapter", "caddyfile")
 	if err != nil {
 		return nil, err
@@ -192,10 +235,10 @@ func (e *env) startHAProxy(name string, upstreams []string, noDelay bool) (*prox
 		return nil, err
 	}
 	cfgPath := filepath.Join(e.dir, name+".cfg")
-	if err := os.WriteFile(cfgPath, []byte(haproxyConfig(port, upstreams, noDelay)), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(haproxyConfig(port, upstreams, noDelay, len(e.proxyCPUs()))), 0o644); err != nil {
 		return nil, err
 	}
-	p, err := e.start(name, fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second, nil, e.haproxy, "-db", "-f", cfgPath)
+	p, err := e.start(name, fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second, nil, e.proxyCPUs(), e.haproxy, "-db", "-f", cfgPath)
 	if err != nil {
 		return nil, err
 	}

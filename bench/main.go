@@ -11,6 +11,12 @@
 //     table, and through stock Caddy reverse_proxy, with JSON and SSE
 //     server modes; one table of calls/s, latency, errors, misroutes, proxy
 //     peak RSS and the ratios to direct and to HAProxy;
+//   - sidecar (not run by default): the same rows with the proxy pinned to
+//     its own CPUs (-proxy-cpus) and everything else to the others
+//     (-rest-cpus);
+//   - proxybound (not run by default): the proxy pinned alone in front of
+//     upstream doubles that cost almost nothing: calls/s per proxy core;
+//     with -pprof, where Caddy's CPU goes;
 //   - firstevent: latency of the first SSE event of a GET stream through
 //     the proxies vs direct;
 //   - streams: 10,000 concurrent GET SSE streams held open through mcp_proxy;
@@ -22,6 +28,9 @@
 //   - flood: 50,000 initializes from one client against max_sessions 1000
 //     while 20 sessions are used every 2 s and 10 hold GET streams: how many
 //     of those 30 stay pinned.
+//
+// -variants adds mcp_proxy (3) rows under other Caddy settings (GOGC,
+// transport subdirectives, h2c) to every part that runs rows.
 //
 // With -o, it also writes SVG charts beside the report (results.md →
 // results-calls.svg, …) and links them from it. `go run ./bench charts`
@@ -40,6 +49,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -72,12 +82,18 @@ type options struct {
 	decisionCPU string
 	benchtime   string
 	cpuprofile  string
+
+	variants      []variant
+	boundSessions int    // sessions of the proxybound part
+	proxyCPUs     string // sidecar and proxybound parts: the proxy's CPUs ("" = the last one)
+	restCPUs      string // the load generator's and upstreams' CPUs ("" = all others)
 }
 
-var allParts = []string{"throughput", "firstevent", "streams", "memory", "memcaddy", "decision", "flood"}
+var allParts = []string{"throughput", "sidecar", "proxybound", "firstevent", "streams", "memory", "memcaddy", "decision", "flood"}
 
 // defaultParts leaves out memcaddy, which takes minutes (a million
-// initialize requests through Caddy).
+// initialize requests through Caddy), and sidecar and proxybound, which
+// take as long as throughput each and matter only on a quiet machine.
 var defaultParts = []string{"throughput", "firstevent", "streams", "memory", "decision", "flood"}
 
 func main() {
@@ -111,7 +127,7 @@ func main() {
 
 func parseFlags() (*options, error) {
 	o := &options{}
-	var modes, scen, only string
+	var modes, scen, only, variants string
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "measured `time` per throughput scenario")
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "warm-up `time` before each measured window (not counted)")
 	flag.IntVar(&o.sessions, "sessions", 32, "`N` concurrent MCP sessions, each calling whoami in a loop")
@@ -135,6 +151,10 @@ func parseFlags() (*options, error) {
 	flag.IntVar(&o.memSessions, "memory-sessions", 1_000_000, "`N` sessions in the table (memory and memcaddy parts)")
 	flag.StringVar(&o.decisionCPU, "decision-cpu", "1,2,4", "-cpu list of the decision benchmarks")
 	flag.StringVar(&o.benchtime, "decision-benchtime", "2000000x", "-benchtime of the decision benchmarks")
+	flag.StringVar(&variants, "variants", "", "extra mcp_proxy (3) rows under other settings: `list` of variants, settings joined by + (gogc=400+memlimit=1GiB,keepalive_idle_conns=64,flush_interval=-1,h2c)")
+	flag.IntVar(&o.boundSessions, "proxybound-sessions", 64, "`N` concurrent MCP sessions in the proxybound part (enough to keep the proxy's core busy)")
+	flag.StringVar(&o.proxyCPUs, "proxy-cpus", "", "sidecar and proxybound parts: `CPUs` of the proxy process (cpuset list: 1, 2-3); default the last CPU")
+	flag.StringVar(&o.restCPUs, "rest-cpus", "", "sidecar and proxybound parts: `CPUs` of the load generator and the upstreams; default all CPUs not given to the proxy")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of this program (the load generator) to `file`")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -165,13 +185,52 @@ func parseFlags() (*options, error) {
 			return nil, fmt.Errorf("unknown part %q", p)
 		}
 	}
-	if o.sessions < 1 || o.rounds < 1 {
-		return nil, fmt.Errorf("-sessions and -rounds must be at least 1")
+	var err error
+	if o.variants, err = parseVariants(variants); err != nil {
+		return nil, err
+	}
+	if o.sessions < 1 || o.rounds < 1 || o.boundSessions < 1 {
+		return nil, fmt.Errorf("-sessions, -proxybound-sessions and -rounds must be at least 1")
 	}
 	return o, nil
 }
 
 func (o *options) runs(part string) bool { return slices.Contains(o.only, part) }
+
+// placement reads -proxy-cpus and -rest-cpus: by default the proxy gets the
+// last CPU this process may run on, everything else the others.
+func (o *options) placement() (placement, error) {
+	allowed, err := allowedCPUs()
+	if err != nil {
+		return placement{}, err
+	}
+	return defaultPlacement(o.proxyCPUs, o.restCPUs, allowed)
+}
+
+// defaultPlacement fills in an empty proxy list (the last allowed CPU) and
+// an empty rest list (the allowed CPUs the proxy does not have).
+func defaultPlacement(proxy, rest string, allowed []int) (placement, error) {
+	if len(allowed) < 2 {
+		return placement{}, fmt.Errorf("the sidecar and proxybound parts need 2 CPUs at least; this process may run on %s", formatCPUList(allowed))
+	}
+	if proxy == "" {
+		proxy = strconv.Itoa(allowed[len(allowed)-1])
+	}
+	if rest == "" {
+		p, err := parseCPUList(proxy)
+		if err != nil {
+			return placement{}, fmt.Errorf("-proxy-cpus: %w", err)
+		}
+		var r []int
+		for _, c := range allowed {
+			if !slices.Contains(p, c) {
+				r = append(r, c)
+			}
+		}
+		rest = formatCPUList(r)
+	}
+	return newPlacement(proxy, rest, allowed)
+}
 
 // repoRoot finds the module root: the nearest directory above the working
 // directory holding go.mod.
@@ -221,7 +280,13 @@ func run() error {
 	}
 	e := &env{dir: dir, self: self, haproxy: o.haproxy, log: os.Stderr}
 	defer e.stopAll()
-	needsBuild := o.runs("throughput") || o.runs("firstevent") || o.runs("streams") || o.runs("memcaddy") || o.runs("flood")
+	var pl placement
+	if o.runs("sidecar") || o.runs("proxybound") {
+		if pl, err = o.placement(); err != nil {
+			return err
+		}
+	}
+	needsBuild := o.runs("throughput") || o.runs("sidecar") || o.runs("proxybound") || o.runs("firstevent") || o.runs("streams") || o.runs("memcaddy") || o.runs("flood")
 	if needsBuild {
 		if err := e.build(o.goBin, repo); err != nil {
 			return err
@@ -239,10 +304,24 @@ func run() error {
 		defer pprof.StopCPUProfile()
 	}
 	started := time.Now()
-	rep := &report{o: o, started: started, machine: machineInfo(e, needsBuild)}
+	rep := &report{o: o, started: started, machine: machineInfo(e, needsBuild), placement: pl}
 
 	if o.runs("throughput") {
 		rep.throughput = e.throughputPart(o)
+	}
+	for _, part := range []string{"sidecar", "proxybound"} {
+		if o.runs(part) {
+			pl.part = part
+			po := *o
+			if part == "proxybound" {
+				po.sessions = o.boundSessions
+			}
+			res, err := e.placedPart(&po, pl)
+			rep.placed = append(rep.placed, placedResult{part: part, rows: res, err: err, sessions: po.sessions})
+		}
+	}
+	if o.pprofDir != "" && o.runs("proxybound") {
+		rep.profiles = e.profileSummaries(o)
 	}
 	if o.runs("firstevent") {
 		rep.firstEvent, rep.firstEventErr = e.firstEventPart(o)
@@ -280,25 +359,41 @@ func run() error {
 	return nil
 }
 
-// throughputPart runs every throughput scenario in every mode, rounds
-// times, and keeps each row's median run by calls/s.
+// throughputPart runs every throughput row in every mode, rounds times,
+// and keeps each row's median run by calls/s.
 func (e *env) throughputPart(o *options) []tpResult {
+	return e.measureRows(o, "throughput")
+}
+
+// placedPart is throughputPart with the proxy on its own CPUs and this
+// program (the load generator) and the upstreams on the others.
+func (e *env) placedPart(o *options, pl placement) ([]tpResult, error) {
+	restore, err := pinSelf(pl.rest)
+	if err != nil {
+		return nil, err
+	}
+	defer restore()
+	e.pl = &pl
+	defer func() { e.pl = nil }()
+	return e.measureRows(o, pl.part), nil
+}
+
+// measureRows runs o.rows() in every mode, rounds times, and keeps each
+// row's median run by calls/s; part names the part in the progress lines.
+func (e *env) measureRows(o *options, part string) []tpResult {
 	byKey := map[string][]tpResult{}
 	var order []string
 	for round := 1; round <= o.rounds; round++ {
 		for _, mode := range o.modes {
-			for _, sc := range scenarios {
-				if !slices.Contains(o.scenarios, sc.key) {
-					continue
-				}
-				fmt.Fprintf(e.log, "throughput %s %-11s round %d/%d ... ", mode, sc.key, round, o.rounds)
+			for _, sc := range o.rows() {
+				fmt.Fprintf(e.log, "%s %s %-11s round %d/%d ... ", part, mode, sc.key, round, o.rounds)
 				r := e.runScenario(o, mode, sc, round)
 				if r.err != nil {
 					fmt.Fprintf(e.log, "error: %v\n", r.err)
 				} else {
-					fmt.Fprintf(e.log, "%.0f calls/s, p50 %s, p99 %s, errors %d, misroutes %d\n",
+					fmt.Fprintf(e.log, "%.0f calls/s, p50 %s, p99 %s, errors %d, misroutes %d, proxy %.2f cores\n",
 						r.load.callsPerSec(), ms(percentile(r.load.lat, 50)), ms(percentile(r.load.lat, 99)),
-						r.load.errors+r.load.setupErrs, r.load.misroutes)
+						r.load.errors+r.load.setupErrs, r.load.misroutes, r.proxyCPU.Seconds()/r.load.window.Seconds())
 				}
 				k := mode + "/" + sc.key
 				if _, ok := byKey[k]; !ok {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -95,6 +96,40 @@ func machineCPU() (busy, total time.Duration) {
 		}
 	}
 	return time.Duration(sum-idle) * time.Second / clockTicks, time.Duration(sum) * time.Second / clockTicks
+}
+
+// cpusBusy returns the busy time of the given CPUs together, from their
+// cpuN lines of /proc/stat.
+func cpusBusy(cpus []int) time.Duration {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	var busy time.Duration
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 8 || !strings.HasPrefix(f[0], "cpu") || f[0] == "cpu" {
+			continue
+		}
+		if n, err := strconv.Atoi(f[0][3:]); err == nil && slices.Contains(cpus, n) {
+			busy += busyOf(f[1:])
+		}
+	}
+	return busy
+}
+
+// busyOf sums the busy columns of a /proc/stat cpu line (after the name):
+// all but idle and iowait, and without guest time (already in user).
+func busyOf(f []string) time.Duration {
+	var sum int64
+	for i, s := range f[:min(len(f), 8)] {
+		if i == 3 || i == 4 {
+			continue
+		}
+		v, _ := strconv.ParseInt(s, 10, 64)
+		sum += v
+	}
+	return time.Duration(sum) * time.Second / clockTicks
 }
 
 // nofileLimit returns the soft and hard RLIMIT_NOFILE.

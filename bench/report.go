@@ -31,6 +31,10 @@ type report struct {
 	flood         *floodResult
 	floodErr      error
 	charts        []string // chart files written beside the report
+
+	placement placement        // CPUs of the sidecar and proxybound parts
+	placed    []placedResult   // sidecar and proxybound parts, in the order run
+	profiles  []profileSummary // Caddy's CPU profile in the proxy-bound part
 }
 
 // mark renders a target check.
@@ -64,12 +68,19 @@ func (r *report) write(w io.Writer) {
 	fmt.Fprintf(w, "- Machine: %s, %d cores, %.0f GiB RAM, %s, open-file limit %d; load average at start %s\n",
 		m.cpu, m.cores, m.memGiB, m.kernel, m.nofile, m.load)
 	fmt.Fprintf(w, "- Software: %s; Caddy %s (./cmd/caddy, with the plugin); %s\n", m.goVersion, firstField(m.caddy), m.haproxy)
-	fmt.Fprintf(w, "- Everything (load generator, proxy, servers) shares these cores on loopback: compare ratios within one run, not absolute numbers across runs.\n\n")
+	if len(r.placed) > 0 {
+		fmt.Fprintf(w, "- Cores given to each process: sidecar and proxy-bound parts: %s. Other parts: every process on all %d cores.\n", r.placement.line(), m.cores)
+	}
+	fmt.Fprintf(w, "- Everything (load generator, proxy, servers) runs on these cores on loopback: compare ratios within one run, not absolute numbers across runs.\n\n")
 	if r.throughput != nil {
 		r.writeThroughput(w)
 		r.writeChartLinks(w, "calls", "p99", "cpu")
 	}
 	r.writeTargets(w)
+	for _, p := range r.placed {
+		r.writePlaced(w, p)
+	}
+	r.writeProfiles(w)
 	if r.firstEvent != nil || r.firstEventErr != nil {
 		r.writeFirstEvent(w)
 		r.writeChartLinks(w, "firstevent")

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // scenario is one row of the throughput table: a way to reach the servers.
@@ -15,8 +17,10 @@ type scenario struct {
 	servers int    // how many whoami servers behind it
 	kind    string // direct, caddy, replicas or haproxy
 	route   func(upstreams []string) string
-	group   string // rows compared with each other: "3" or "1" servers
-	sealed  bool   // the proxy seals session IDs: servers see IDs of their own
+	group   string   // rows compared with each other: "3" or "1" servers
+	sealed  bool     // the proxy seals session IDs: servers see IDs of their own
+	env     []string // more environment of the Caddy process (variants: GOGC=400)
+	h2c     bool     // proxies to the upstreams over h2c: only the doubles serve it
 }
 
 // scenarios are the rows, in the order they run and print.
@@ -54,15 +58,22 @@ type tpResult struct {
 	proxyCPU   time.Duration
 	serversCPU time.Duration
 	otherCPU   time.Duration // CPU the rest of the machine used in the window
-	err        error
+	// With a placement: CPU other processes than the row's used on the
+	// proxy's CPUs, and on the generator's and upstreams' CPUs.
+	otherOnProxy, otherOnRest time.Duration
+	err                       error
 }
 
 // runScenario starts fresh servers and the scenario's proxy, runs the load
 // and stops them.
 func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res tpResult) {
 	res = tpResult{mode: mode, sc: sc}
+	if sc.h2c && (e.pl == nil || e.pl.part != "proxybound") {
+		res.err = fmt.Errorf("h2c to the upstreams runs in the proxybound part only: the whoami servers (go-sdk on net/http) serve HTTP/1.1 only")
+		return res
+	}
 	defer e.stopAll()
-	servers, addrs, err := e.startServers(sc.servers, mode == "json")
+	servers, addrs, err := e.startUpstreams(sc.servers, mode)
 	if err != nil {
 		res.err = err
 		return res
@@ -70,9 +81,12 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 	var px *proxyProc
 	var others []*proxyProc // more processes of the proxy tier: the second replica, Redis
 	name := fmt.Sprintf("%s-%s-r%d", sc.key, mode, round)
+	if e.pl != nil {
+		name = e.pl.part + "-" + name
+	}
 	switch sc.kind {
 	case "caddy":
-		px, err = e.startCaddy(name, sc.route(addrs))
+		px, err = e.startCaddyEnv(name, "", sc.route(addrs), sc.env)
 	case "replicas":
 		var tier []*proxyProc
 		if tier, err = e.startReplicas(name, sc.route(addrs)); err == nil {
@@ -96,7 +110,7 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 
 	var cpu0, srv0 time.Duration
 	var busy0 time.Duration
-	var gen0 time.Duration
+	var gen0, onProxy0, onRest0 time.Duration
 	var profWG sync.WaitGroup
 	cfg := loadConfig{addrs: targets, callAddrs: callTargets, sessions: o.sessions, warmup: o.warmup, duration: o.duration, sealed: sc.sealed}
 	cfg.onWindow = func(open bool) {
@@ -113,8 +127,9 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 		for _, p := range others {
 			pcpu += procCPU(p.Pid())
 		}
+		onProxy, onRest := cpusBusy(e.proxyCPUs()), cpusBusy(e.restCPUs())
 		if open {
-			cpu0, srv0, busy0, gen0 = pcpu, srv, busy, gen
+			cpu0, srv0, busy0, gen0, onProxy0, onRest0 = pcpu, srv, busy, gen, onProxy, onRest
 			if o.pprofDir != "" && px != nil && px.admin != "" {
 				e.profile(o, px, name, &profWG)
 			}
@@ -122,6 +137,10 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 		}
 		res.proxyCPU, res.serversCPU = pcpu-cpu0, srv-srv0
 		res.otherCPU = max(busy-busy0-(gen-gen0)-res.proxyCPU-res.serversCPU, 0)
+		if e.pl != nil {
+			res.otherOnProxy = max(onProxy-onProxy0-res.proxyCPU, 0)
+			res.otherOnRest = max(onRest-onRest0-(gen-gen0)-res.serversCPU, 0)
+		}
 	}
 	res.load = runLoad(cfg)
 	profWG.Wait()
@@ -132,6 +151,16 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 		}
 	}
 	return res
+}
+
+// startUpstreams starts the row's upstreams: whoami servers, or in the
+// proxy-bound part upstream doubles (which also serve h2c, for the h2c
+// variant), answering POSTs in mode (json or sse).
+func (e *env) startUpstreams(n int, mode string) ([]*testproc.Proc, []string, error) {
+	if e.pl != nil && e.pl.part == "proxybound" {
+		return e.startDoublesSSE(n, time.Millisecond, time.Hour, true, mode == "sse")
+	}
+	return e.startServers(n, mode == "json")
 }
 
 // profile fetches a CPU and an allocation profile of the Caddy process over
