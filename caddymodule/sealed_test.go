@@ -689,15 +689,24 @@ func BenchmarkOpen(b *testing.B) {
 // session, plain and sealed: the table lookup, and with sealing the opening,
 // the header restored for the upstream and the response's ID replaced. The
 // upstream is a function that answers 200 repeating the session ID, as the
-// TypeScript SDK does on SSE responses.
+// TypeScript SDK does on SSE responses. "sealed, init 190 B" is a value
+// carrying the go-sdk client's initialize (minted by a table with failover,
+// which is then turned off so that only the longer value's cost shows).
 func BenchmarkServePinned(b *testing.B) {
-	for _, sealed := range []bool{false, true} {
-		b.Run(map[bool]string{false: "plain", true: "sealed"}[sealed], func(b *testing.B) {
-			f := newAffinityFixture(b)
-			if sealed {
+	for _, kind := range []string{"plain", "sealed", "sealed, init 190 B"} {
+		b.Run(kind, func(b *testing.B) {
+			f, init := newAffinityFixture(b), newRequest(http.MethodPost)
+			switch kind {
+			case "sealed":
 				f = newSealedFixture(b, "", newKey(b))
+			case "sealed, init 190 B":
+				f, init = newSealedFailoverFixture(b, "", newKey(b), 0), bodyRequest(testInitGo, "")
 			}
-			id := f.serve(b, newRequest(http.MethodPost), answer(200, testSessionID)).Header().Get(HeaderSessionID)
+			id := f.serve(b, init, answer(200, testSessionID)).Header().Get(HeaderSessionID)
+			if kind == "sealed, init 190 B" && versionOf(b, id) != sealVersionInit {
+				b.Fatalf("%s: the value is version %d", kind, versionOf(b, id))
+			}
+			f.h.table.setFailover(FailoverOff, 0)
 			f.h.logger = zap.NewNop() // as in production: no debug logging
 			f.h.table.SetLogger(f.h.logger)
 			f.proxy.respond = func(w http.ResponseWriter, r *http.Request, _ *reverseproxy.Upstream) {
