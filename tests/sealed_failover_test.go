@@ -65,6 +65,8 @@ type spreadSession struct {
 	get      int          // status of the GET reopened with its ID
 	statuses []int        // statuses of the calls after it
 	by       [][]identity // by replica: who answered its calls through it
+	echoed   int          // answers to the calls carrying the client's own Mcp-Session-Id
+	otherIDs int          // answers carrying any other Mcp-Session-Id
 }
 
 // openSpreadSessions opens n raw sessions through url, each with one call.
@@ -89,12 +91,28 @@ func (s *spreadSession) resumeAcross(t *testing.T, hc *http.Client, urls []strin
 	s.statuses, s.by = nil, make([][]identity, len(urls))
 	for range 2 {
 		for i, u := range urls {
-			status, who := rawWhoami(t, hc, u, s.id)
-			s.statuses = append(s.statuses, status)
-			if status == http.StatusOK {
+			ex := mcpPost(t, hc, u, s.id, tsWhoamiCall)
+			s.statuses = append(s.statuses, ex.status)
+			if ex.status == http.StatusOK {
+				who, err := tsWhoamiResult(ex.body)
+				if err != nil {
+					t.Fatalf("whoami in session %s: %v in %s", s.id, err, ex.body)
+				}
 				s.by[i] = append(s.by[i], who)
 			}
+			s.noteIDs(ex.header.Values("Mcp-Session-Id"))
 		}
+	}
+}
+
+// noteIDs counts an answer's Mcp-Session-Id fields: the client's own, or
+// any other (an upstream's ID leaked, or a fresh value).
+func (s *spreadSession) noteIDs(ids []string) {
+	switch {
+	case len(ids) == 1 && ids[0] == s.id:
+		s.echoed++
+	case len(ids) > 0:
+		s.otherIDs++
 	}
 }
 
@@ -102,9 +120,10 @@ func (s *spreadSession) resumeAcross(t *testing.T, hc *http.Client, urls []strin
 // GET and every call answered 200; through each replica, one upstream
 // session answered every call (a replica moves a session at most once);
 // a session of a dead server was answered by a live server in a session
-// of its own, any other by its first server under its own ID.
+// of its own, any other by its first server under its own ID; no answer
+// gave the client another Mcp-Session-Id than its own.
 func (s *spreadSession) ok(dead map[string]bool) bool {
-	if s.get != http.StatusOK {
+	if s.get != http.StatusOK || s.otherIDs != 0 {
 		return false
 	}
 	for _, st := range s.statuses {
@@ -151,11 +170,12 @@ func (s *spreadSession) upstreamSessions() int {
 // spreadSummary counts the sessions of dead servers and the others, those of
 // each that are ok, those broken, and the upstream sessions of the dead
 // servers' sessions that are ok.
-type spreadSummary struct{ onDead, deadOK, deadBroken, others, othersOK, newSessions int }
+type spreadSummary struct{ onDead, deadOK, deadBroken, others, othersOK, newSessions, echoed, otherIDs int }
 
 func summarizeSpread(ss []*spreadSession, dead map[string]bool) spreadSummary {
 	var r spreadSummary
 	for _, s := range ss {
+		r.echoed, r.otherIDs = r.echoed+s.echoed, r.otherIDs+s.otherIDs
 		ok := s.ok(dead)
 		if !dead[s.first.Server] {
 			r.others++
@@ -321,8 +341,8 @@ func TestFailoverSealedReplicas(t *testing.T) {
 		t.Errorf("negative control: want every session of the killed server lost without failover, the others kept; got %s", soff)
 	}
 	ron, roff := summarizeSpread(rawSs[0], dead), summarizeSpread(rawSs[1], dead)
-	t.Logf("raw clients (GET with the old ID through replica 2, then calls through both in turn), failover reinitialize: %d/%d sessions of the killed server ok, in %d upstream sessions; %d/%d others ok",
-		ron.deadOK, ron.onDead, ron.newSessions, ron.othersOK, ron.others)
+	t.Logf("raw clients (GET with the old ID through replica 2, then calls through both in turn), failover reinitialize: %d/%d sessions of the killed server ok, in %d upstream sessions; %d/%d others ok; "+
+		"answers carrying the client's own Mcp-Session-Id %d, another %d", ron.deadOK, ron.onDead, ron.newSessions, ron.othersOK, ron.others, ron.echoed, ron.otherIDs)
 	t.Logf("raw clients, failover off (negative control): %d/%d sessions of the killed server broken (404), %d/%d others ok", roff.deadBroken, roff.onDead, roff.othersOK, roff.others)
 	if ron.onDead == 0 || ron.deadOK != ron.onDead || ron.newSessions != 2*ron.onDead || ron.othersOK != ron.others {
 		t.Errorf("raw clients with failover: want every session ok, those of the killed server moved once on each replica (2 upstream sessions each); got %+v", ron)
@@ -379,6 +399,38 @@ func TestFailoverSealedReplicas(t *testing.T) {
 		}
 		if gone.status != http.StatusNotFound || !strings.Contains(gone.body, "upstream is gone") {
 			t.Errorf("a value without the initialize, of a dead server's session, through %s: %d %s; want the proxy's upstream-gone 404", u, gone.status, gone.body)
+		}
+	}
+}
+
+// TestFailoverSealedReplicasTS: raw sessions that never re-initialize, over
+// two sealed replicas with `failover reinitialize` in front of three
+// TypeScript SDK servers, which repeat Mcp-Session-Id on every response.
+// After one server is killed, every session works through both replicas,
+// each replica moving each session of the killed server once, and every
+// answer gives the client its own sealed value, never the new upstream
+// session's ID.
+func TestFailoverSealedReplicasTS(t *testing.T) {
+	node := tsNeedNode(t, "@modelcontextprotocol/sdk")
+	srv := startTSServers(t, node, 3, "tsr")
+	f := startSealedFleet(t, "tsfo", srv, true, []string{"MCP_SESSION_KEY=" + newSealKey(t)})
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	ss := openSpreadSessions(t, hc, f.rs[0].url(), 12)
+	srv[1].Kill()
+	<-srv[1].Done()
+	for _, s := range ss {
+		s.resumeAcross(t, hc, f.urls())
+	}
+	r := summarizeSpread(ss, map[string]bool{srv[1].Name(): true})
+	t.Logf("TypeScript SDK servers, %s killed: %d/%d of its sessions ok through both replicas, in %d upstream sessions; %d/%d others ok; "+
+		"answers carrying the client's own Mcp-Session-Id %d, another %d", srv[1].Name(), r.deadOK, r.onDead, r.newSessions, r.othersOK, r.others, r.echoed, r.otherIDs)
+	if r.onDead == 0 || r.deadOK != r.onDead || r.newSessions != 2*r.onDead || r.othersOK != r.others || r.echoed != 4*len(ss) || r.otherIDs != 0 {
+		t.Fatal("want every session ok, those of the killed server moved once on each replica, and every answer carrying the client's own sealed value")
+	}
+	for _, rep := range f.rs {
+		if moved, failed := failoversAt(t, rep.admin); moved != r.onDead || failed != 0 {
+			t.Errorf("%s moved %d sessions, failed %d; want %d and 0", rep.name, moved, failed, r.onDead)
 		}
 	}
 }
