@@ -192,6 +192,9 @@ func (pf *pinnedFailover) cause(r *http.Request, err error, wrote bool, dial str
 type failoverResult struct {
 	up   *Upstream
 	init *sessionInit
+	// followed: another instance had moved the session, as the shared
+	// store says, and the session followed that move.
+	followed bool
 }
 
 // failOver moves session id, which the request found on upstream from
@@ -201,11 +204,15 @@ type failoverResult struct {
 func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, from *Upstream, pf *pinnedFailover, cause FailoverCause) (*Upstream, error) {
 	v, err, _ := h.table.flights.Do(id, func() (any, error) {
 		if up, init := h.table.initOf(id); up != nil && init != nil && init != pf.init {
-			return failoverResult{up, init}, nil // moved by a request before this one
+			return failoverResult{up: up, init: init}, nil // moved by a request before this one
 		}
-		res, err := h.reinitialize(r, next, id, from, pf.init)
-		h.table.Stats.failovers.count(cause, err == nil)
-		h.logFailover(id, from, res.up, cause, err)
+		res, ok := h.table.movedInStore(id, from, pf.init)
+		var err error
+		if !ok {
+			res, err = h.reinitialize(r, next, id, from, pf.init)
+		}
+		h.table.Stats.failovers.count(cause, failoverOutcome(res, err))
+		h.logFailover(id, from, res, cause, err)
 		return res, err
 	})
 	if err != nil {
@@ -238,11 +245,26 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 	if err := h.notifyInitialized(r, next, to, newID, version); err != nil {
 		return failoverResult{}, err
 	}
-	moved := init.movedTo(newID)
-	if !h.table.moveSession(id, to, moved) {
-		return failoverResult{}, fmt.Errorf("the session left the table during its failover")
+	res, err := h.table.recordMove(id, from, init, to, init.movedTo(newID))
+	if res.followed {
+		h.endOrphan(r, next, to, newID, version)
 	}
-	return failoverResult{to, moved}, nil
+	return res, err
+}
+
+// endOrphan ends the session newID that a failover opened on upstream to
+// and that no client uses, because another instance moved the session
+// first: it sends DELETE, and ignores the answer (a server that does not
+// support it forgets the session when its own timeout runs out).
+func (h *Handler) endOrphan(r *http.Request, next caddyhttp.Handler, to *Upstream, newID, version string) {
+	dr := subrequest(r, nil)
+	dr.Method, dr.Body, dr.ContentLength = http.MethodDelete, http.NoBody, 0
+	dr.Header.Set(HeaderSessionID, newID)
+	if version != "" {
+		dr.Header.Set(HeaderProtocolVersion, version)
+	}
+	caddyhttp.SetVar(dr.Context(), varPinned, to)
+	_ = next.ServeHTTP(newUpstreamAnswer(), dr)
 }
 
 // notifyInitialized sends notifications/initialized of session newID,
@@ -350,13 +372,16 @@ func (h *Handler) serveFailoverFailed(w http.ResponseWriter, r *http.Request, id
 }
 
 // logFailover logs a failover at info level, or its failure at warn level.
-func (h *Handler) logFailover(id string, from, to *Upstream, cause FailoverCause, err error) {
+func (h *Handler) logFailover(id string, from *Upstream, res failoverResult, cause FailoverCause, err error) {
 	fields := []zap.Field{zap.String("session", fingerprint(id)), zap.String("from", from.Dial()), zap.Stringer("cause", cause)}
-	if err != nil {
+	switch {
+	case err != nil:
 		h.logger.Warn("failover failed; the session ends", append(fields, zap.Error(err))...)
-		return
+	case res.followed:
+		h.logger.Info("failover: followed the move another instance recorded in the store", append(fields, zap.String("to", res.up.Dial()))...)
+	default:
+		h.logger.Info("failover", append(fields, zap.String("to", res.up.Dial()))...)
 	}
-	h.logger.Info("failover", append(fields, zap.String("to", to.Dial()))...)
 }
 
 // restoreSessionID gives the client back its own session ID in a response

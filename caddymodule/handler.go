@@ -583,12 +583,10 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 		return
 	}
 	origin := Origin{Principal: principalOf(r, h.table.BindPrincipal()), Client: placeholderValue(r, h.table.ClientKey())}
-	if key := h.tableKey(ids[0]); h.table.LearnFrom(key, sel.Dial, origin) {
+	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*sessionInit)
+	if key := h.tableKey(ids[0]); h.table.learnInit(key, sel.Dial, origin, init) {
 		decide(r, decisionLearned, sel.Dial)
 		h.debug("learned", key, sel.Dial)
-		if init, ok := caddyhttp.GetVar(r.Context(), varInit).(*sessionInit); ok {
-			h.table.keepInit(key, init)
-		}
 	}
 }
 

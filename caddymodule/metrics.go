@@ -36,7 +36,7 @@ var (
 	descRequests = prometheus.NewDesc("caddy_mcp_requests_total",
 		"Requests seen by the mcp_session handler, by MCP protocol era.", []string{"table", "era"}, nil)
 	descFailovers = prometheus.NewDesc("caddy_mcp_failovers_total",
-		"Sessions whose upstream was gone, by cause (upstream_gone, refused, upstream_404, drain_deadline) and result: moved to another upstream by replaying their initialize (failover reinitialize), or failed, when no upstream took it and the session ended.", []string{"table", "cause", "result"}, nil)
+		"Sessions whose upstream was gone, by cause (upstream_gone, refused, upstream_404, drain_deadline) and result: moved to another upstream by replaying their initialize (failover reinitialize); followed, when another instance sharing the redis store had moved the session already and this one followed that move; or failed, when no upstream took it and the session ended.", []string{"table", "cause", "result"}, nil)
 	descClusterLive = prometheus.NewDesc("caddy_mcp_sessions_cluster_live",
 		"Sessions pinned to the upstream on every instance sharing the table's store.", []string{"table", "upstream"}, nil)
 	descShared = prometheus.NewDesc("caddy_mcp_sessions_shared_total",
@@ -116,8 +116,9 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 		counter(descRequests, s.Requests(e), t.name, e.String())
 	}
 	for _, c := range failoverCauses {
-		counter(descFailovers, s.Failovers(c, true), t.name, c.String(), "moved")
-		counter(descFailovers, s.Failovers(c, false), t.name, c.String(), "failed")
+		counter(descFailovers, s.Failovers(c, true), t.name, c.String(), failoverMoved)
+		counter(descFailovers, s.FailoversFollowed(c), t.name, c.String(), failoverFollowed)
+		counter(descFailovers, s.Failovers(c, false), t.name, c.String(), failoverFailed)
 	}
 	collectMethods(ch, t)
 	collectStore(ch, t)

@@ -39,9 +39,10 @@ const (
 	opProbe     = "probe"      // reaching Redis again after a failure
 	opWriteBack = "write_back" // what was learned while Redis was unreachable, or lost by it
 	opHashKey   = "hash_key"   // another instance uses another hash_key on the same table (keycheck.go)
+	opMove      = "move"       // a failover: reading where the session is, recording its move (sharedfailover.go)
 )
 
-var storeOps = [...]string{opGet, opPut, opFlush, opSync, opProbe, opWriteBack, opHashKey}
+var storeOps = [...]string{opGet, opPut, opFlush, opSync, opProbe, opWriteBack, opHashKey, opMove}
 
 func opIndex(op string) int {
 	for i, o := range storeOps {
@@ -135,11 +136,12 @@ func (c *redisConn) ttl() time.Duration {
 	return c.t.TTL() + touchInterval(c.t.TTL())
 }
 
-// get returns the upstream of session id in Redis and the principal it is
-// bound to, or "" when Redis does not hold it or did not answer in time.
-func (c *redisConn) get(id string) (string, principalSum) {
+// get returns session id as Redis holds it: its upstream ("" when Redis
+// does not hold it or did not answer in time), the principal it is bound
+// to, and its failover record.
+func (c *redisConn) get(id string) storedSession {
 	if !c.healthy.Load() {
-		return "", principalSum{}
+		return storedSession{}
 	}
 	h := c.ks.hash(id)
 	ctx, cancel := c.call()
@@ -149,12 +151,12 @@ func (c *redisConn) get(id string) (string, principalSum) {
 		if !errors.Is(err, redis.Nil) {
 			c.fail(opGet, err)
 		}
-		return "", principalSum{}
+		return storedSession{}
 	}
 	c.mu.Lock()
 	c.byHash[h] = id
 	c.mu.Unlock()
-	return parseValue(v)
+	return c.parse(id, v)
 }
 
 // peek is get without remembering the session: for the admin API.
@@ -168,14 +170,16 @@ func (c *redisConn) peek(id string) (string, principalSum) {
 	if v == "" {
 		return "", principalSum{}
 	}
-	return parseValue(v)
+	dial, bound, _ := parseValue(v)
+	return dial, bound
 }
 
-// put writes that dial owns session id, bound to bound, and reads back the
-// live sessions of the table's upstreams. It returns once Redis answered,
-// or failed to in time; then the session is written back later.
-func (c *redisConn) put(id, dial string, bound principalSum) {
-	h, v := c.ks.hash(id), value(dial, bound)
+// put writes that dial owns session id, bound to bound, with its failover
+// record, if any, and reads back the live sessions of the table's
+// upstreams. It returns once Redis answered, or failed to in time; then
+// the session is written back later.
+func (c *redisConn) put(id, dial string, bound principalSum, record string) {
+	h, v := c.ks.hash(id), value(dial, bound, record)
 	c.mu.Lock()
 	c.byHash[h] = id
 	delete(c.ends, h)
@@ -213,7 +217,7 @@ func (c *redisConn) writeSession(ctx context.Context, pipe redis.Pipeliner, h ke
 	if onlyNew {
 		args.Mode = "NX"
 	}
-	dial, _ := parseValue(v)
+	dial, _, _ := parseValue(v)
 	pipe.SetArgs(ctx, c.ks.session(h), v, args)
 	pipe.ZAdd(ctx, c.ks.upstream(dial), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: h.String()})
 	pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
@@ -242,23 +246,25 @@ func (c *redisConn) applyCounts(counts map[string]*redis.IntCmd) {
 	}
 }
 
-// touch queues a refresh of session id's idle timer in Redis.
-func (c *redisConn) touch(id, dial string, bound principalSum) {
+// touch queues a refresh of session id's idle timer in Redis, where its
+// value is v.
+func (c *redisConn) touch(id, v string) {
 	if !c.healthy.Load() {
 		return // the write-back after the outage refreshes it
 	}
 	c.mu.Lock()
-	c.touches[id] = value(dial, bound)
+	c.touches[id] = v
 	c.mu.Unlock()
 }
 
-// streaming records whether session id has GET streams open here: while
-// it has, its idle timer in Redis is refreshed every touch interval.
-func (c *redisConn) streaming(id, dial string, bound principalSum, open bool) {
+// streaming records whether session id, whose value is v, has GET streams
+// open here: while it has, its idle timer in Redis is refreshed every
+// touch interval.
+func (c *redisConn) streaming(id, v string, open bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if open {
-		c.streams[id] = value(dial, bound)
+		c.streams[id] = v
 	} else {
 		delete(c.streams, id)
 	}

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"crypto/cipher"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -30,7 +31,9 @@ func parseKeyHash(s string) (keyHash, bool) {
 //
 //	{p:t}:s:<hash>      string  the session's upstream (dial address), then, for a session
 //	                            bound to a principal, a space and the principal's keyed hash
-//	                            (hex); with the idle TTL
+//	                            (hex), then, with failover reinitialize, a space, "~" and the
+//	                            session's sealed failover record (sharedfailover.go); with the
+//	                            idle TTL
 //	{p:t}:u:<dial>      zset    the upstream's sessions: member <hash>, score the expiry (Unix ms)
 //	{p:t}:upstreams     zset    upstreams known to any instance: member <dial>, score last seen (Unix ms)
 //	{p:t}:draining      hash    draining upstreams: field <dial>
@@ -40,8 +43,9 @@ func parseKeyHash(s string) (keyHash, bool) {
 type keyspace struct {
 	tag         string
 	hmacs       sync.Pool
-	principal   []byte // the key of principal hashes, derived from hash_key
-	fingerprint string // names hash_key without revealing it, derived from hash_key
+	principal   []byte      // the key of principal hashes, derived from hash_key
+	records     cipher.AEAD // seals failover records, under a key derived from hash_key
+	fingerprint string      // names hash_key without revealing it, derived from hash_key
 }
 
 func newKeyspace(prefix, table string, hashKey []byte) *keyspace {
@@ -56,29 +60,39 @@ func newKeyspace(prefix, table string, hashKey []byte) *keyspace {
 	m = hmac.New(sha256.New, hashKey)
 	m.Write([]byte("mcp_sessions hash_key fingerprint"))
 	ks.fingerprint = hex.EncodeToString(m.Sum(nil)[:8])
+	ks.records = newRecordAEAD(hashKey)
 	return ks
 }
 
-// value is what Redis holds for a session: its upstream, and the keyed
-// hash of its principal when it is bound to one.
-func value(dial string, bound principalSum) string {
-	if bound == (principalSum{}) {
-		return dial
+// value is what Redis holds for a session: its upstream; the keyed hash
+// of its principal when it is bound to one; and its sealed failover record,
+// if any, marked by "~". A value without a record is the same as before
+// failover records existed.
+func value(dial string, bound principalSum, record string) string {
+	v := dial
+	if bound != (principalSum{}) {
+		v += " " + hex.EncodeToString(bound[:])
 	}
-	return dial + " " + hex.EncodeToString(bound[:])
+	if record != "" {
+		v += " ~" + record
+	}
+	return v
 }
 
 // parseValue splits a session's value in Redis; a malformed principal
 // hash reads as bound to a principal no request has (never as unbound).
-func parseValue(v string) (dial string, bound principalSum) {
-	dial, sum, ok := strings.Cut(v, " ")
-	if !ok {
-		return dial, principalSum{}
+func parseValue(v string) (dial string, bound principalSum, record string) {
+	dial, rest, _ := strings.Cut(v, " ")
+	if i := strings.Index(rest, "~"); i >= 0 && (i == 0 || rest[i-1] == ' ') {
+		rest, record = strings.TrimSuffix(rest[:i], " "), rest[i+1:]
 	}
-	if n, err := hex.Decode(bound[:], []byte(sum)); err != nil || n != len(bound) || bound == (principalSum{}) {
+	if rest == "" {
+		return dial, principalSum{}, record
+	}
+	if n, err := hex.Decode(bound[:], []byte(rest)); err != nil || n != len(bound) || bound == (principalSum{}) {
 		bound = principalSum{0xff}
 	}
-	return dial, bound
+	return dial, bound, record
 }
 
 // hash returns the keyed hash of session id.

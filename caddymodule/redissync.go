@@ -16,10 +16,12 @@ import (
 //	e <reason> <hash>   a session ended (reason as in EvictReason)
 //	u <dial>            every session of an upstream was evicted
 //	d 1 <dial>          an upstream started draining ("d 0": stopped)
+//	m <hash> <value>    a failover moved a session; value is its new value (sharedfailover.go)
 const (
 	msgEnded    = "e"
 	msgUpstream = "u"
 	msgDrain    = "d"
+	msgMoved    = "m"
 )
 
 // flushLoop sends the queued writes every flushEvery, or when woken.
@@ -101,7 +103,7 @@ func (c *redisConn) flush() {
 		c.writeSession(ctx, pipe, h, v, false)
 	}
 	for id, v := range q.touches {
-		c.writeSession(ctx, pipe, c.ks.hash(id), v, false)
+		c.writeTouch(ctx, pipe, c.ks.hash(id), v)
 	}
 	for h, e := range q.ends {
 		c.writeEnd(ctx, pipe, h, e)
@@ -380,7 +382,7 @@ func (c *redisConn) writeBatch(batch []sessionDial) error {
 	defer cancel()
 	pipe := c.client.Pipeline()
 	for _, s := range batch {
-		c.writeSession(ctx, pipe, c.ks.hash(s.id), value(s.dial, s.bound), true)
+		c.writeSession(ctx, pipe, c.ks.hash(s.id), value(s.dial, s.bound, s.record), true)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) { // nil: Redis held the session already
 		return err
@@ -445,5 +447,8 @@ func (c *redisConn) apply(msg string) {
 	case msgDrain:
 		flag, dial, _ := strings.Cut(rest, " ")
 		c.t.drainHere(c.t.storeUpstream(dial), flag == "1")
+	case msgMoved:
+		hs, v, _ := strings.Cut(rest, " ")
+		c.applyMoved(hs, v)
 	}
 }

@@ -418,40 +418,42 @@ func (t *Table) LookupAs(id, principal string) (up *Upstream, mismatch bool) {
 	sum := t.keys.Load().sum(principal) // outside the lock: it costs about a microsecond
 	e, mismatch, touch := t.lookupHere(id, sum)
 	if e.up != nil || mismatch {
-		if touch {
-			t.store.Load().touch(id, e.up.dial, e.principal)
+		if touch != "" {
+			t.store.Load().touch(id, touch)
 		}
 		return e.up, mismatch
 	}
 	if c := t.store.Load(); c != nil {
-		dial, bound := c.get(id)
-		return t.adoptShared(id, dial, bound, sum)
+		return t.adoptShared(id, c.get(id), sum)
 	}
 	return nil, false
 }
 
 // lookupHere is LookupAs in this process's table: the session's entry (a
-// zero entry when the table does not hold it). It reports whether the
-// shared store's idle timer of the session is due for a refresh.
-func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch, touch bool) {
+// zero entry when the table does not hold it). When the shared store's
+// idle timer of the session is due for a refresh, touch is the session's
+// value in the store.
+func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch bool, touch string) {
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, list, ok := t.peek(id)
 	if !ok {
-		return entry{}, false, false
+		return entry{}, false, ""
 	}
 	if t.expired(e, now) {
 		t.reason = EvictTTL
 		list.Remove(id)
-		return entry{}, false, false
+		return entry{}, false, ""
 	}
 	if t.refused(e.principal, sum) {
-		return entry{}, true, false
+		return entry{}, true, ""
 	}
 	// Every use is recorded exactly, so a session used more often than
 	// its TTL never expires, however short the TTL.
-	touch = t.store.Load() != nil && crossed(e.lastUsed, now, touchInterval(t.TTL()))
+	if t.store.Load() != nil && crossed(e.lastUsed, now, touchInterval(t.TTL())) {
+		touch = value(e.up.dial, e.principal, t.inits[id].record())
+	}
 	e.lastUsed = now
 	t.use(id, e, list)
 	return e, false, touch
@@ -469,21 +471,24 @@ func crossed(last, now int64, interval time.Duration) bool {
 	return last/int64(interval) != now/int64(interval)
 }
 
-// adoptShared puts session id, owned by dial and bound to bound according to the
-// shared store, in the table, and returns its upstream for a request with
-// principal sum; nil when dial is empty, or, with mismatch, when the
-// principal may not use the session. The session enters confirmed (see
-// [Table.adoptHere]).
-func (t *Table) adoptShared(id, dial string, bound, sum principalSum) (*Upstream, bool) {
-	if dial == "" {
+// adoptShared puts session id, as the shared store holds it (its
+// upstream, its principal, its failover record), in the table, and returns
+// its upstream for a request with principal sum; nil when the store does
+// not hold it, or, with mismatch, when the principal may not use the
+// session. The session enters confirmed (see [Table.adoptHere]).
+func (t *Table) adoptShared(id string, s storedSession, sum principalSum) (*Upstream, bool) {
+	if s.dial == "" {
 		return nil, false
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, _, ok := t.peek(id)
 	if !ok { // else learned meanwhile
-		e = t.adoptHere(id, t.upstream(dial), bound)
+		e = t.adoptHere(id, t.upstream(s.dial), s.bound)
 		t.Stats.shared.Add(1)
+		if _, held := t.confirmed.Peek(id); held && s.init != nil {
+			t.keepInitHere(id, s.init)
+		}
 	}
 	if t.refused(e.principal, sum) {
 		return nil, true
@@ -511,13 +516,30 @@ func (t *Table) Learn(id, dial string) bool { return t.LearnFrom(id, dial, Origi
 // there is no room: the new session is counted as learned and evicted
 // (reason lru) at once, and LearnFrom returns false.
 func (t *Table) LearnFrom(id, dial string, origin Origin) bool {
+	return t.learnInit(id, dial, origin, nil)
+}
+
+// learnInit is LearnFrom that keeps init, the session's initialize, for
+// failover, when not nil; with a shared store, the session's value there
+// carries it.
+func (t *Table) learnInit(id, dial string, origin Origin, init *sessionInit) bool {
 	sum := t.keys.Load().sum(origin.Principal)
 	up, changed := t.learnHere(id, dial, sum, origin.Client)
-	if c := t.store.Load(); c != nil && changed {
-		up.cluster.Add(1)
-		c.put(id, dial, sum)
+	if !changed {
+		return false
 	}
-	return changed
+	c := t.store.Load()
+	if c != nil && init != nil {
+		init = c.withRecord(id, init)
+	}
+	if init != nil {
+		t.keepInit(id, init)
+	}
+	if c != nil {
+		up.cluster.Add(1)
+		c.put(id, dial, sum, init.record())
+	}
+	return true
 }
 
 func (t *Table) learnHere(id, dial string, sum principalSum, client string) (*Upstream, bool) {
@@ -689,7 +711,7 @@ func (t *Table) addStreams(id string, delta int32) {
 	e.lastUsed = now
 	t.use(id, e, list) // a stream is use
 	if c := t.store.Load(); c != nil {
-		c.streaming(id, e.up.dial, e.principal, e.streams > 0)
+		c.streaming(id, value(e.up.dial, e.principal, t.inits[id].record()), e.streams > 0)
 	}
 }
 

@@ -41,13 +41,16 @@ type sessionInit struct {
 	// upstreamID is the session's ID on its current upstream once a
 	// failover changed it; "" while the upstream knows the client's ID.
 	upstreamID string
+	// stored is the sealed record of all the above in the session's value
+	// in the shared store (sharedfailover.go); "" without a store.
+	stored string
 }
 
 // movedTo returns a copy of s for the session's new upstream, which knows
 // it as id.
 func (s *sessionInit) movedTo(id string) *sessionInit {
 	c := *s
-	c.upstreamID = id
+	c.upstreamID, c.stored = id, ""
 	return &c
 }
 
@@ -83,19 +86,49 @@ func (c FailoverCause) String() string {
 	return failoverCauseNames[c]
 }
 
-// failoverStats count failovers by cause: moved, and failed (no upstream
-// took the replayed initialize).
+// The results of a failover, the `result` label of the failovers metric.
+const (
+	failoverMoved    = "moved"    // moved to another upstream
+	failoverFollowed = "followed" // another instance had moved it: it followed that move (shared store)
+	failoverFailed   = "failed"   // no upstream took the replayed initialize
+)
+
+// failoverStats count failovers by cause and result.
 type failoverStats struct {
-	moved, failed [len(failoverCauseNames)]atomic.Uint64
+	moved, followed, failed [len(failoverCauseNames)]atomic.Uint64
 }
 
-// count records one failover of cause.
-func (s *failoverStats) count(cause FailoverCause, ok bool) {
-	if ok {
+// failoverOutcome returns the result of a failover that ended in res and err.
+func failoverOutcome(res failoverResult, err error) string {
+	switch {
+	case err != nil:
+		return failoverFailed
+	case res.followed:
+		return failoverFollowed
+	}
+	return failoverMoved
+}
+
+// count records one failover of cause with result.
+func (s *failoverStats) count(cause FailoverCause, result string) {
+	switch result {
+	case failoverMoved:
 		s.moved[cause].Add(1)
-	} else {
+	case failoverFollowed:
+		s.followed[cause].Add(1)
+	default:
 		s.failed[cause].Add(1)
 	}
+}
+
+// FailoversFollowed returns how many sessions of an upstream gone for
+// cause this instance found moved by another instance, as the shared
+// store said, and followed, since the table was created.
+func (s *Stats) FailoversFollowed(cause FailoverCause) uint64 {
+	if cause == 0 || int(cause) >= len(failoverCauseNames) {
+		return 0
+	}
+	return s.failovers.followed[cause].Load()
 }
 
 // Failovers returns how many sessions were moved to another upstream for
@@ -136,11 +169,16 @@ func (t *Table) keepInit(id string, init *sessionInit) bool {
 	if _, _, ok := t.peek(id); !ok {
 		return false
 	}
+	t.keepInitHere(id, init)
+	return true
+}
+
+// keepInitHere is keepInit for a session the table holds; t.mu is held.
+func (t *Table) keepInitHere(id string, init *sessionInit) {
 	if t.inits == nil {
 		t.inits = map[string]*sessionInit{}
 	}
 	t.inits[id] = init
-	return true
 }
 
 // adoptInit records the initialize request of session id, which the table

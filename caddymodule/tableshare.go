@@ -132,10 +132,12 @@ func (t *Table) sweepUpstreams() int {
 	return n
 }
 
-// sessionDial is one session of the table, its upstream and its principal.
+// sessionDial is one session of the table, its upstream, its principal,
+// and its failover record in the store.
 type sessionDial struct {
 	id, dial string
 	bound    principalSum
+	record   string
 }
 
 // snapshot returns every session of the table, for writing back to a store.
@@ -146,7 +148,7 @@ func (t *Table) snapshot() []sessionDial {
 	for _, list := range t.lists() {
 		for _, id := range list.Keys() {
 			if e, ok := list.Peek(id); ok {
-				out = append(out, sessionDial{id, e.up.dial, e.principal})
+				out = append(out, sessionDial{id, e.up.dial, e.principal, t.inits[id].record()})
 			}
 		}
 	}

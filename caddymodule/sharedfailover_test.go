@@ -1,0 +1,189 @@
+package caddymodule
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
+)
+
+// failoverTables returns n tables of one name sharing the Redis at addr,
+// each with failover reinitialize, as n Caddy instances have them.
+func failoverTables(t *testing.T, addr string, n int) []*Table {
+	t.Helper()
+	out := make([]*Table, n)
+	for i := range out {
+		out[i] = sharedTable(t, addr, "fo/"+t.Name(), time.Second)
+		out[i].setFailover(FailoverReinitialize, 0)
+	}
+	// Moves published before an instance subscribed are lost to it, as
+	// after a lost connection: wait until every instance listens.
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	events := out[0].store.Load().ks.events()
+	if !eventually(5*time.Second, func() bool { return rc.PubSubNumSub(context.Background(), events).Val()[events] >= int64(n) }) {
+		t.Fatal("the instances did not subscribe to the table's events within 5 s")
+	}
+	return out
+}
+
+// testInit is a kept initialize as the handler captures it.
+func testInit() *sessionInit {
+	return &sessionInit{
+		body:   []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","clientInfo":{"name":"SECRETCLIENT"}}}`),
+		accept: "application/json, text/event-stream", contentType: "application/json",
+	}
+}
+
+// where returns the session's upstream and upstream ID in tbl, "" when
+// the table does not hold it or has no record.
+func where(tbl *Table, id string) (string, string) {
+	up, init := tbl.initOf(id)
+	if up == nil || init == nil {
+		return "", ""
+	}
+	return up.Dial(), init.upstreamID
+}
+
+// storedValue returns the value of session id in the Redis at addr.
+func storedValue(t *testing.T, addr string, tbl *Table, id string) string {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	c := tbl.store.Load()
+	v, _ := rc.Get(context.Background(), c.ks.session(c.ks.hash(id))).Result()
+	return v
+}
+
+// TestFailoverRecordShared: with failover and the redis store, an instance
+// that never saw a session adopts it with its kept initialize; a move on
+// one instance reaches the others (published, and read by instances that
+// adopt it afterwards); Redis sees neither the initialize nor the upstream
+// IDs in the clear; a touch of an instance holding the old upstream does
+// not undo the move.
+func TestFailoverRecordShared(t *testing.T) {
+	srv := redistest.Start(t)
+	ts := failoverTables(t, srv.Addr, 3)
+	a, b, c := ts[0], ts[1], ts[2]
+	a.learnInit(testSessionID, "10.0.0.1:80", Origin{}, testInit())
+	if up := b.Lookup(testSessionID); up == nil || up.Dial() != "10.0.0.1:80" {
+		t.Fatalf("b.Lookup = %v, want 10.0.0.1:80", up)
+	}
+	if _, init := b.initOf(testSessionID); init == nil || string(init.body) != string(testInit().body) || init.accept != testInit().accept || init.upstreamID != "" {
+		t.Fatalf("b adopted the session with record %+v, want the initialize a kept", init)
+	}
+	stale := storedValue(t, srv.Addr, a, testSessionID)
+
+	from, init := a.initOf(testSessionID)
+	res, err := a.recordMove(testSessionID, from, init, a.upstream("10.0.0.2:80"), init.movedTo("UPSTREAM-ID-2"))
+	if err != nil || res.followed || res.up.Dial() != "10.0.0.2:80" {
+		t.Fatalf("recordMove = %+v, %v; want moved to 10.0.0.2:80", res, err)
+	}
+	if !eventually(time.Second, func() bool { d, u := where(b, testSessionID); return d == "10.0.0.2:80" && u == "UPSTREAM-ID-2" }) {
+		d, u := where(b, testSessionID)
+		t.Fatalf("b, holding the session, did not follow the move within 1 s: %s %q", d, u)
+	}
+	c.Lookup(testSessionID)
+	if d, u := where(c, testSessionID); d != "10.0.0.2:80" || u != "UPSTREAM-ID-2" {
+		t.Fatalf("c adopted the moved session on %s as %q, want 10.0.0.2:80 as UPSTREAM-ID-2", d, u)
+	}
+	if dump := redisDump(t, srv.Addr); strings.Contains(dump, "SECRETCLIENT") || strings.Contains(dump, "UPSTREAM-ID-2") || strings.Contains(dump, testSessionID) {
+		t.Fatalf("Redis holds the initialize, an upstream ID or a session ID in the clear:\n%s", dump)
+	}
+
+	// A touch of the old value, queued by an instance that has not heard of
+	// the move, leaves the move in place.
+	moved := storedValue(t, srv.Addr, a, testSessionID)
+	conn := b.store.Load()
+	conn.touch(testSessionID, stale)
+	conn.flush()
+	if got := storedValue(t, srv.Addr, a, testSessionID); got != moved {
+		t.Fatalf("a stale touch changed the value from %q to %q", moved, got)
+	}
+	// A record moved under another session's key does not open.
+	dial, bound, rec := parseValue(moved)
+	if s := conn.parse("another-session", value(dial, bound, rec)); s.init != nil {
+		t.Fatal("a failover record opened under another session's key")
+	}
+}
+
+// TestFailoverConcurrentMoves: two instances failing the same session
+// over at once end with one record: one wins the compare-and-set, the
+// other follows its move, and every instance then sends the session to the
+// winner's upstream under the winner's upstream ID.
+func TestFailoverConcurrentMoves(t *testing.T) {
+	srv := redistest.Start(t)
+	ts := failoverTables(t, srv.Addr, 3)
+	ts[0].learnInit(testSessionID, "10.0.0.1:80", Origin{}, testInit())
+	for _, tbl := range ts[1:] {
+		tbl.Lookup(testSessionID)
+	}
+	results := make([]failoverResult, 2)
+	var wg sync.WaitGroup
+	for i, to := range []string{"10.0.0.2:80", "10.0.0.3:80"} {
+		wg.Go(func() {
+			tbl := ts[i]
+			from, init := tbl.initOf(testSessionID)
+			results[i], _ = tbl.recordMove(testSessionID, from, init, tbl.upstream(to), init.movedTo("ID-ON-"+to))
+		})
+	}
+	wg.Wait()
+	if results[0].followed == results[1].followed {
+		t.Fatalf("followed: %v and %v; want exactly one instance to follow the other's move", results[0].followed, results[1].followed)
+	}
+	winner := results[0]
+	if winner.followed {
+		winner = results[1]
+	}
+	want := winner.up.Dial()
+	ok := eventually(time.Second, func() bool {
+		for _, tbl := range ts {
+			if d, u := where(tbl, testSessionID); d != want || u != "ID-ON-"+want {
+				return false
+			}
+		}
+		return true
+	})
+	for i, tbl := range ts {
+		d, u := where(tbl, testSessionID)
+		t.Logf("instance %d: %s as %s", i, d, u)
+	}
+	if !ok {
+		t.Fatalf("the instances do not agree on %s as ID-ON-%s", want, want)
+	}
+}
+
+// TestFailoverStoreDown: a failover while Redis is down moves the session
+// on this instance, counts a store error (op move), and writes the move to
+// Redis once it answers again.
+func TestFailoverStoreDown(t *testing.T) {
+	srv := redistest.Start(t)
+	a := failoverTables(t, srv.Addr, 1)[0]
+	a.learnInit(testSessionID, "10.0.0.1:80", Origin{}, testInit())
+	srv.Stop()
+	from, init := a.initOf(testSessionID)
+	res, err := a.recordMove(testSessionID, from, init, a.upstream("10.0.0.2:80"), init.movedTo("ID-2"))
+	if err != nil || res.followed || res.up.Dial() != "10.0.0.2:80" {
+		t.Fatalf("recordMove with Redis down = %+v, %v; want moved here", res, err)
+	}
+	if d, u := where(a, testSessionID); d != "10.0.0.2:80" || u != "ID-2" || a.store.Load().errors(opMove) == 0 {
+		t.Fatalf("with Redis down: %s %q, %d move errors; want 10.0.0.2:80, ID-2, at least 1", d, u, a.store.Load().errors(opMove))
+	}
+	srv.Restart()
+	if !eventually(5*time.Second, func() bool {
+		d, _, _ := parseValue(storedValue(t, srv.Addr, a, testSessionID))
+		return d == "10.0.0.2:80"
+	}) {
+		t.Fatalf("Redis holds %q 5 s after it came back, want the move", storedValue(t, srv.Addr, a, testSessionID))
+	}
+	b := failoverTables(t, srv.Addr, 1)[0]
+	b.Lookup(testSessionID)
+	if d, u := where(b, testSessionID); d != "10.0.0.2:80" || u != "ID-2" {
+		t.Fatalf("another instance adopted the session on %s as %q after Redis came back", d, u)
+	}
+}
