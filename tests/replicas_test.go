@@ -171,6 +171,15 @@ type balancer struct {
 	answeredBy map[string]map[string]bool // session ID -> addresses that answered it 2xx
 }
 
+// newRoundRobin returns a balancer that sends each request to the next
+// replica in rotation: every request of a session reaches another replica
+// than the one before.
+func newRoundRobin(rs ...*replica) *balancer {
+	b := newBalancer(rs...)
+	b.roundRobin = true
+	return b
+}
+
 func newBalancer(rs ...*replica) *balancer {
 	b := &balancer{base: &http.Transport{MaxIdleConnsPerHost: 64}, served: map[string]int{}, failed: map[string]int{}}
 	for _, r := range rs {

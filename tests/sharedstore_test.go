@@ -141,12 +141,13 @@ func tableRoutes(ups string, tables ...string) string {
 	return b.String()
 }
 
-// startStoreReplicas starts n replicas c1..cn with global options and
-// body, and checks, when the test ends, that none reported a data race.
-func startStoreReplicas(t *testing.T, n int, global, body string) []*replica {
+// startStoreReplicas starts n replicas c1..cn with global options, body
+// and more environment variables env, and checks, when the test ends, that
+// none reported a data race.
+func startStoreReplicas(t *testing.T, n int, global, body string, env ...string) []*replica {
 	rs := make([]*replica, n)
 	for i := range rs {
-		rs[i] = startReplicaWith(t, fmt.Sprintf("c%d", i+1), global, body, "MCP_SESSIONS_HASH_KEY="+replicaHashKey)
+		rs[i] = startReplicaWith(t, fmt.Sprintf("c%d", i+1), global, body, append([]string{"MCP_SESSIONS_HASH_KEY=" + replicaHashKey}, env...)...)
 		r := rs[i]
 		t.Cleanup(func() {
 			r.stop()

@@ -1,0 +1,202 @@
+package tests
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
+)
+
+// foFleet is a Redis, three go-sdk servers and three Caddy replicas whose
+// tables share the Redis. Their site routes /<table>/mcp to an mcp_proxy
+// over the servers: "fo" with failover reinitialize; "nofo" without
+// failover (the negative control); "sealedfo" with failover reinitialize
+// and seal_session_ids.
+type foFleet struct {
+	redis *redistest.Server
+	srv   []*testproc.Proc
+	rs    []*replica
+}
+
+// foTables are the tables of a foFleet and their mcp_proxy options.
+var foTables = []struct{ name, options string }{
+	{"fo", "failover reinitialize"},
+	{"nofo", "failover off"},
+	{"sealedfo", "failover reinitialize\n\t\t\tseal_session_ids {env.FO_SEAL_KEY}"},
+}
+
+func startFailoverFleet(t *testing.T) *foFleet {
+	f := &foFleet{redis: redistest.Start(t), srv: startBackends(t, 3, false)}
+	global, body := storeLog, ""
+	for _, tb := range foTables {
+		global = fmt.Sprintf("mcp_sessions %s {\n\t\t%s\n\t}\n\t%s", tb.name, redisStore(f.redis.Addr, sharedTimeout), global)
+		body += fmt.Sprintf("handle_path /%s/* {\n\t\tmcp_proxy %s {\n\t\t\ttable %s\n\t\t\t%s\n\t\t}\n\t}\n\t", tb.name, upstreams(f.srv), tb.name, tb.options)
+	}
+	f.rs = startStoreReplicas(t, 3, global, body, "FO_SEAL_KEY="+newSealKey(t))
+	return f
+}
+
+// failoversAt returns the failovers of table on every replica with result.
+func (f *foFleet) failoversAt(t testing.TB, table, result string) int {
+	return int(metricSum(t, f.rs, "caddy_mcp_failovers_total", map[string]string{"table": table, "result": result}))
+}
+
+// TestFailoverReplicas: three Caddy replicas sharing Redis, over three
+// go-sdk servers, each request of every client to the next replica (round
+// robin). Per table, 30 go-sdk sessions call whoami while one server is
+// killed, and 12 raw sessions then reopen their GET stream with their old
+// ID and call, never re-initializing. With failover reinitialize, plain or
+// sealed IDs, every session survives on every replica: each session of the
+// killed server moves once, to one new upstream session that every replica
+// then uses, and calls failed <= calls in flight at the kill. Without
+// failover (negative control, same fleet and run), the sessions of the
+// killed server are lost. Then two or three replicas meeting a dead
+// upstream with the same session at once converge on one new upstream
+// session.
+func TestFailoverReplicas(t *testing.T) {
+	t.Parallel()
+	f := startFailoverFleet(t)
+	t.Run("killed upstream under load", func(t *testing.T) { testFailoverReplicasKill(t, f) })
+	t.Run("replicas failing a session over at once", func(t *testing.T) { testFailoverReplicasConverge(t, f) })
+}
+
+func testFailoverReplicasKill(t *testing.T, f *foFleet) {
+	const n, raw = 30, 12
+	url := func(table string) string { return tableURL(f.rs[0], table) }
+	lbs, vs := map[string]*balancer{}, map[string][]*vsSession{}
+	for _, tb := range foTables {
+		lbs[tb.name] = newRoundRobin(f.rs...)
+		vs[tb.name] = openVSSessions(t, lbs[tb.name].client(), url(tb.name), raw)
+	}
+	runs := map[string][]*foSession{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	ready, kill := make(chan struct{}, len(foTables)), make(chan struct{})
+	for _, tb := range foTables {
+		wg.Go(func() {
+			ss := foRunWith(t, url(tb.name), lbs[tb.name].client(), n, 3*time.Second, func() { ready <- struct{}{}; <-kill })
+			mu.Lock()
+			runs[tb.name] = ss
+			mu.Unlock()
+		})
+	}
+	for range foTables {
+		<-ready
+	}
+	killed := time.Now()
+	f.srv[1].Kill()
+	<-f.srv[1].Done()
+	dead := time.Now()
+	close(kill)
+	wg.Wait()
+	dn := f.srv[1].Name()
+	for _, tb := range foTables {
+		for _, v := range vs[tb.name] {
+			v.resume(t, lbs[tb.name].client(), url(tb.name))
+		}
+		s := summarizeFailover(runs[tb.name], dn, killed, dead)
+		onDead, deadOK, others, othersOK := vsSummary(vs[tb.name], dn)
+		moved, followed := f.failoversAt(t, tb.name, "moved"), f.failoversAt(t, tb.name, "followed")
+		t.Logf("table %s (%s), 3 replicas round robin: go-sdk clients: %s", tb.name, tb.options, s)
+		t.Logf("table %s: raw clients reopening GET then POSTing: %d/%d sessions of the killed server ok, %d/%d others ok; "+
+			"failovers on all replicas: moved %d, followed another replica's move %d; 5xx answers %d",
+			tb.name, deadOK, onDead, othersOK, others, moved, followed, len(lbs[tb.name].serverErrors()))
+		if tb.name == "nofo" {
+			if s.onDead == 0 || s.lostOnDead != s.onDead || onDead == 0 || deadOK != 0 || othersOK != others {
+				t.Errorf("negative control: want every session of the killed server lost without failover, the others ok")
+			}
+			continue
+		}
+		if s.connErrs != 0 || s.onDead == 0 || s.movedOK != s.onDead || s.lost != 0 || s.othersOK != n-s.onDead ||
+			s.inconsistent != 0 || s.failedCalls > s.inFlight {
+			t.Errorf("table %s: want every go-sdk session of the killed server moved to one new upstream session and working, none lost, failed calls <= in flight", tb.name)
+		}
+		if onDead == 0 || deadOK != onDead || othersOK != others {
+			t.Errorf("table %s: want every raw session ok on every replica", tb.name)
+		}
+		if moved != s.onDead+onDead {
+			t.Errorf("table %s: %d failovers moved a session, want one per session of the killed server: %d", tb.name, moved, s.onDead+onDead)
+		}
+		if errs := lbs[tb.name].serverErrors(); len(errs) != 0 {
+			t.Errorf("table %s: answers 5xx: %v", tb.name, errs)
+		}
+	}
+}
+
+// testFailoverReplicasConverge: sessions whose calls went through every
+// replica lose their server; then one call of each goes to every replica
+// at the same moment. Every call is answered, by one server under one
+// session ID, the same for every replica, and the next calls through each
+// replica reach it too: the replicas that lost the compare-and-set follow
+// the winner's move.
+func testFailoverReplicasConverge(t *testing.T, f *foFleet) {
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	victim := f.srv[0]
+	tables := []string{"fo", "sealedfo"}
+	ids := map[string][]string{}
+	before := map[string][2]int{}
+	for _, table := range tables {
+		for len(ids[table]) < 4 {
+			id := mcpInitialize(t, hc, tableURL(f.rs[len(ids[table])%3], table))
+			if _, who := rawWhoami(t, hc, tableURL(f.rs[0], table), id); who.Server == victim.Name() {
+				ids[table] = append(ids[table], id)
+			}
+		}
+		for _, id := range ids[table] { // every replica holds the session on the victim
+			for _, r := range f.rs {
+				if st, who := rawWhoami(t, hc, tableURL(r, table), id); st != http.StatusOK || who.Server != victim.Name() {
+					t.Fatalf("table %s: before the kill, %s answered %d from %q", table, r.name, st, who.Server)
+				}
+			}
+		}
+		before[table] = [2]int{f.failoversAt(t, table, "moved"), f.failoversAt(t, table, "followed")}
+	}
+	victim.Kill()
+	<-victim.Done()
+	for _, table := range tables {
+		agreed := 0
+		for _, id := range ids[table] {
+			if atOnce(t, hc, f, table, id, victim.Name()) {
+				agreed++
+			}
+		}
+		moved, followed := f.failoversAt(t, table, "moved")-before[table][0], f.failoversAt(t, table, "followed")-before[table][1]
+		t.Logf("table %s: %d sessions on the killed %s, each called through 3 replicas at once: %d answered by one live server under one session ID on every replica; "+
+			"failovers: moved %d, followed another replica's move %d", table, len(ids[table]), victim.Name(), agreed, moved, followed)
+		if agreed != len(ids[table]) || moved != len(ids[table]) {
+			t.Errorf("table %s: want every session answered alike on every replica, and moved exactly once", table)
+		}
+	}
+}
+
+// atOnce calls whoami in session id through every replica at the same
+// moment, then twice more through each, and reports whether every call was
+// answered by one server other than dead, under one session ID.
+func atOnce(t *testing.T, hc *http.Client, f *foFleet, table, id, dead string) bool {
+	got := make([]identity, len(f.rs))
+	status := make([]int, len(f.rs))
+	var start, wg sync.WaitGroup
+	start.Add(1)
+	for i, r := range f.rs {
+		wg.Go(func() { start.Wait(); status[i], got[i] = rawWhoami(t, hc, tableURL(r, table), id) })
+	}
+	start.Done()
+	wg.Wait()
+	same := got[0].Server != "" && got[0].Server != dead
+	for i, r := range f.rs {
+		same = same && status[i] == http.StatusOK && got[i] == got[0]
+		for range 2 {
+			st, who := rawWhoami(t, hc, tableURL(r, table), id)
+			same = same && st == http.StatusOK && who == got[0]
+		}
+	}
+	if !same {
+		t.Logf("table %s: replicas disagree on a session after the kill: statuses %v, answered by %+v", table, status, got)
+	}
+	return same
+}
