@@ -83,9 +83,21 @@ func BenchmarkFirstRequestElsewhere(b *testing.B) {
 // BenchmarkRedisBytesPerSession measures what a session costs in Redis:
 // used_memory after learning 20,000 sessions of go-sdk-shaped IDs over 3
 // upstreams, less before, per session. Run it with -benchtime 1x.
-func BenchmarkRedisBytesPerSession(b *testing.B) {
+func BenchmarkRedisBytesPerSession(b *testing.B) { benchRedisBytes(b, nil) }
+
+// BenchmarkRedisBytesPerSessionFailover is BenchmarkRedisBytesPerSession
+// for a table with failover reinitialize: each session's value carries its
+// failover record, here the go-sdk client's 190-byte initialize.
+func BenchmarkRedisBytesPerSessionFailover(b *testing.B) {
+	benchRedisBytes(b, &sessionInit{body: []byte(testInitBody), accept: "application/json, text/event-stream", contentType: "application/json"})
+}
+
+func benchRedisBytes(b *testing.B, init *sessionInit) {
 	srv := redistest.Start(b)
 	tbl := sharedTable(b, srv.Addr, "default", time.Second)
+	if init != nil {
+		tbl.setFailover(FailoverReinitialize, 0)
+	}
 	before := usedMemory(b, srv.Addr)
 	const n = 20_000
 	ids := make([]string, n)
@@ -93,7 +105,7 @@ func BenchmarkRedisBytesPerSession(b *testing.B) {
 	pool := testPool()
 	b.ResetTimer()
 	for i, id := range ids {
-		tbl.Learn(id, pool[i%len(pool)].Dial)
+		tbl.learnInit(id, pool[i%len(pool)].Dial, Origin{}, init)
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(usedMemory(b, srv.Addr)-before)/n, "B/session")

@@ -102,8 +102,11 @@ func (c *redisConn) flush() {
 	for h, v := range q.puts {
 		c.writeSession(ctx, pipe, h, v, false)
 	}
+	touched := map[string]*redis.Cmd{}
 	for id, v := range q.touches {
-		c.writeTouch(ctx, pipe, c.ks.hash(id), v)
+		if cmd := c.writeTouch(ctx, pipe, c.ks.hash(id), v); cmd != nil {
+			touched[id] = cmd
+		}
 	}
 	for h, e := range q.ends {
 		c.writeEnd(ctx, pipe, h, e)
@@ -117,7 +120,9 @@ func (c *redisConn) flush() {
 	if _, err := pipe.Exec(ctx); err != nil {
 		c.fail(opFlush, err)
 		c.requeue(q)
+		return
 	}
+	c.followTouched(touched)
 }
 
 // writeEnd queues the removal of an ended session and tells the instances.

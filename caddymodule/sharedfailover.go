@@ -193,16 +193,30 @@ redis.call('ZADD', KEYS[3], 'GT', ARGV[5], ARGV[6])
 return 1`)
 
 // writeTouch queues the refresh of session h, whose value is v: as
-// writeSession, or, for a value with a failover record, by touchScript.
-func (c *redisConn) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string) {
+// writeSession, or, for a value with a failover record, by touchScript,
+// whose command it returns (nil for the other).
+func (c *redisConn) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string) *redis.Cmd {
 	dial, _, rec := parseValue(v)
 	if rec == "" {
 		c.writeSession(ctx, pipe, h, v, false)
-		return
+		return nil
 	}
 	now := time.Now()
 	keys := []string{c.ks.session(h), c.ks.upstream(dial), c.ks.upstreams()}
-	touchScript.Eval(ctx, pipe, keys, v, c.ttl().Milliseconds(), h.String(), now.Add(c.ttl()).UnixMilli(), now.UnixMilli(), dial)
+	return touchScript.Eval(ctx, pipe, keys, v, c.ttl().Milliseconds(), h.String(), now.Add(c.ttl()).UnixMilli(), now.UnixMilli(), dial)
+}
+
+// followTouched makes the sessions whose touch found another value in
+// Redis follow it: another instance moved them, and this one missed the
+// message.
+func (c *redisConn) followTouched(cmds map[string]*redis.Cmd) {
+	for id, cmd := range cmds {
+		if n, err := cmd.Int(); err == nil && n == 0 {
+			if s, ok := c.current(id); ok {
+				c.t.follow(id, s)
+			}
+		}
+	}
 }
 
 // applyMoved applies another instance's move of the session whose key hash

@@ -105,6 +105,14 @@ func TestFailoverRecordShared(t *testing.T) {
 	if got := storedValue(t, srv.Addr, a, testSessionID); got != moved {
 		t.Fatalf("a stale touch changed the value from %q to %q", moved, got)
 	}
+	// An instance that missed the move's message follows it at its touch.
+	d := failoverTables(t, srv.Addr, 1)[0]
+	d.adoptShared(testSessionID, d.store.Load().parse(testSessionID, stale), principalSum{})
+	d.store.Load().touch(testSessionID, stale)
+	d.store.Load().flush()
+	if dial, u := where(d, testSessionID); dial != "10.0.0.2:80" || u != "UPSTREAM-ID-2" {
+		t.Fatalf("an instance holding the old upstream touched the session and kept %s %q, want the move", dial, u)
+	}
 	// A record moved under another session's key does not open.
 	dial, bound, rec := parseValue(moved)
 	if s := conn.parse("another-session", value(dial, bound, rec)); s.init != nil {
