@@ -250,16 +250,6 @@ func (t *Table) follow(id string, s storedSession) (*Upstream, *sessionInit, boo
 	return to, s.init, true
 }
 
-// storeValue returns session id's value in the shared store as this table
-// has it, and whether the table holds the session; t.mu is held.
-func (t *Table) storeValue(id string) (string, bool) {
-	e, _, ok := t.peek(id)
-	if !ok {
-		return "", false
-	}
-	return value(e.up.dial, e.principal, t.inits[id].record()), true
-}
-
 // record returns the stored failover record of s; "" for none.
 func (s *sessionInit) record() string {
 	if s == nil {

@@ -3,6 +3,7 @@ package tests
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -101,7 +102,11 @@ func testFailoverReplicasKill(t *testing.T, f *foFleet) {
 		s := summarizeFailover(runs[tb.name], dn, killed, dead)
 		onDead, deadOK, others, othersOK := vsSummary(vs[tb.name], dn)
 		moved, followed := f.failoversAt(t, tb.name, "moved"), f.failoversAt(t, tb.name, "followed")
-		t.Logf("table %s (%s), 3 replicas round robin: go-sdk clients: %s", tb.name, tb.options, s)
+		split := splitSessions(runs[tb.name])
+		if tb.name == "sealedfo" { // the creator sees the upstream ID inside the client's sealed one
+			s.inconsistent = split
+		}
+		t.Logf("table %s (%s), 3 replicas round robin: go-sdk clients: %s", tb.name, strings.ReplaceAll(tb.options, "\n\t\t\t", ", "), s)
 		t.Logf("table %s: raw clients reopening GET then POSTing: %d/%d sessions of the killed server ok, %d/%d others ok; "+
 			"failovers on all replicas: moved %d, followed another replica's move %d; answers 5xx (requests in flight at the kill) %d",
 			tb.name, deadOK, onDead, othersOK, others, moved, followed, len(lbs[tb.name].serverErrors()))
@@ -110,10 +115,6 @@ func testFailoverReplicasKill(t *testing.T, f *foFleet) {
 				t.Errorf("negative control: want every session of the killed server lost without failover, the others ok")
 			}
 			continue
-		}
-		split := splitSessions(runs[tb.name])
-		if tb.name == "sealedfo" { // the creator sees the upstream ID inside the client's sealed one
-			s.inconsistent = split
 		}
 		if s.connErrs != 0 || s.onDead == 0 || s.movedOK != s.onDead || s.lost != 0 || s.othersOK != n-s.onDead ||
 			s.inconsistent != 0 || split != 0 || s.failedCalls > s.inFlight {
