@@ -202,7 +202,11 @@ type Handler struct {
 	// that never reached an upstream, or that it answered 404, are sent
 	// again. The kept initialize lives in this Caddy's table; with
 	// `seal_session_ids` the client's sealed session ID carries it too, so
-	// that any replica can fail the session over. Default: `off`.
+	// that any replica can fail the session over. With the redis store, the
+	// kept initialize and the new upstream's session ID travel in the
+	// session's value in Redis (sealed under a key derived from its
+	// hash_key), so that any replica fails the session over, and a move
+	// applies on every replica. Default: `off`.
 	Failover string `json:"failover,omitempty"`
 
 	// The largest initialize request body, in bytes, that the table keeps

@@ -29,6 +29,14 @@ func sharedTableKey(t testing.TB, addr, name, hashKey string, timeout time.Durat
 	if err != nil {
 		t.Fatal(err)
 	}
+	attachStore(t, tbl, addr, name, hashKey, timeout)
+	return tbl
+}
+
+// attachStore connects tbl to Redis at addr as table name, through a redis
+// store with the given hash_key and timeout.
+func attachStore(t testing.TB, tbl *Table, addr, name, hashKey string, timeout time.Duration) {
+	t.Helper()
 	s := &RedisStore{Addresses: []string{addr}, HashKey: hashKey, Timeout: caddy.Duration(timeout)}
 	if err := s.Provision(newContext(t)); err != nil {
 		t.Fatal(err)
@@ -36,7 +44,6 @@ func sharedTableKey(t testing.TB, addr, name, hashKey string, timeout time.Durat
 	c := newRedisConn(tbl, s.opts, newKeyspace(s.KeyPrefix, name, s.hashKey), s.timeout, s.logger)
 	t.Cleanup(func() { _ = c.Destruct() })
 	tbl.setStore(c)
-	return tbl
 }
 
 // eventually polls cond every 20 ms for up to d and reports whether it held.

@@ -305,13 +305,14 @@ func (t *Table) recordMove(id string, from *Upstream, init *sessionInit, to *Ups
 			return res, nil
 		}
 		s := c.parse(id, cur)
-		if s.dial != from.dial {
-			if up, won, ok := t.follow(id, s); ok {
-				return failoverResult{up: up, init: won, followed: true}, nil
-			}
-			break
+		if s.init == nil || s.dial == from.dial && s.init.upstreamID == init.upstreamID {
+			old = cur // where this instance found it, under other bytes
+			continue
 		}
-		old = cur
+		if up, won, ok := t.follow(id, s); ok { // moved: to the same upstream too, after its restart
+			return failoverResult{up: up, init: won, followed: true}, nil
+		}
+		break
 	}
 	return res, nil
 }

@@ -2,11 +2,15 @@ package caddymodule
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
@@ -193,5 +197,93 @@ func TestFailoverStoreDown(t *testing.T) {
 	b.Lookup(testSessionID)
 	if d, u := where(b, testSessionID); d != "10.0.0.2:80" || u != "ID-2" {
 		t.Fatalf("another instance adopted the session on %s as %q after Redis came back", d, u)
+	}
+}
+
+// restartingUpstream answers as one MCP server that mints NEW1, NEW2, ...
+// for initialize requests and forgets sessions on restart; before it
+// answers the next initialize, it calls beforeInit once.
+type restartingUpstream struct {
+	mu         sync.Mutex
+	minted     int
+	live       map[string]bool
+	deleted    []string
+	beforeInit func()
+}
+
+func (u *restartingUpstream) respond(w http.ResponseWriter, r *http.Request, _ *reverseproxy.Upstream) {
+	body, _ := io.ReadAll(r.Body)
+	id := r.Header.Get(HeaderSessionID)
+	u.mu.Lock()
+	before := u.beforeInit
+	if id == "" {
+		u.beforeInit = nil
+	}
+	u.mu.Unlock()
+	if id == "" && before != nil {
+		before()
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	switch {
+	case id == "" && isInitialize(body, false):
+		u.minted++
+		id = fmt.Sprintf("NEW%d", u.minted)
+		u.live[id] = true
+		w.Header().Set(HeaderSessionID, id)
+		_, _ = io.WriteString(w, `{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25"}}`)
+	case !u.live[id]:
+		w.WriteHeader(http.StatusNotFound)
+	case r.Method == http.MethodDelete:
+		delete(u.live, id)
+		u.deleted = append(u.deleted, id)
+	case strings.Contains(string(body), "notifications/initialized"):
+		w.WriteHeader(http.StatusAccepted)
+	default:
+		_, _ = io.WriteString(w, "answered in "+id)
+	}
+}
+
+// TestFailoverLoserFollows: two instances sharing Redis meet the 404 of
+// a restarted server for one session; the second replays its initialize
+// while the first's failover completes. The second loses the
+// compare-and-set, sends its request to the first's new upstream session,
+// and ends the session it opened with DELETE: the server keeps one session.
+func TestFailoverLoserFollows(t *testing.T) {
+	srv := redistest.Start(t)
+	up := &restartingUpstream{live: map[string]bool{}}
+	var fs [2]*affinityFixture
+	for i := range fs {
+		h, logs := provisionHandler(t, &Handler{Table: fmt.Sprintf("fo/%s/%d", t.Name(), i)})
+		attachStore(t, h.table, srv.Addr, "shared", testHashKey, time.Second)
+		h.table.setFailover(FailoverReinitialize, 0)
+		policy := provisionPolicy(t, &SessionSelection{Table: h.Table})
+		fs[i] = &affinityFixture{h: h, logs: logs, proxy: &fakeProxy{policy: policy, pool: testPool()[:1]}}
+	}
+	a, b := fs[0], fs[1]
+	a.serve(t, bodyRequest(testInitBody, ""), up.respond)
+	if rec := b.serve(t, bodyRequest(`{"jsonrpc":"2.0","id":2,"method":"ping"}`, "NEW1"), up.respond); rec.Body.String() != "answered in NEW1" {
+		t.Fatalf("b, reading the session from Redis: %d %q", rec.Code, rec.Body.String())
+	}
+	up.mu.Lock()
+	up.live = map[string]bool{} // the server restarts
+	var aBody string
+	up.beforeInit = func() { // b replays; a fails the session over meanwhile, and first
+		aBody = a.serve(t, bodyRequest(`{"jsonrpc":"2.0","id":3,"method":"ping"}`, "NEW1"), up.respond).Body.String()
+	}
+	up.mu.Unlock()
+	bBody := b.serve(t, bodyRequest(`{"jsonrpc":"2.0","id":4,"method":"ping"}`, "NEW1"), up.respond).Body.String()
+	next := b.serve(t, bodyRequest(`{"jsonrpc":"2.0","id":5,"method":"ping"}`, "NEW1"), up.respond).Body.String()
+	t.Logf("a: %q, b: %q then %q; the server holds %v, ended %v; a moved %d, b followed %d",
+		aBody, bBody, next, up.live, up.deleted, a.h.table.Stats.Failovers(FailoverUpstream404, true), b.h.table.Stats.FailoversFollowed(FailoverUpstream404))
+	if aBody != "answered in NEW2" || bBody != "answered in NEW2" || next != "answered in NEW2" {
+		t.Fatal("want both instances to answer in the session the first failover opened")
+	}
+	if len(up.live) != 1 || len(up.deleted) != 1 || up.deleted[0] != "NEW3" {
+		t.Fatal("want the server to hold one session, the loser's ended with DELETE")
+	}
+	if a.h.table.Stats.Failovers(FailoverUpstream404, true) != 1 || b.h.table.Stats.FailoversFollowed(FailoverUpstream404) != 1 {
+		t.Fatal("want one move on a, one followed on b")
 	}
 }
