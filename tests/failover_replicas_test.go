@@ -200,7 +200,7 @@ func atOnce(t *testing.T, hc *http.Client, f *foFleet, table, id, dead string) b
 	var start, wg sync.WaitGroup
 	start.Add(1)
 	for i, r := range f.rs {
-		wg.Go(func() { start.Wait(); status[i], got[i] = rawWhoami(t, hc, tableURL(r, table), id) })
+		wg.Go(func() { start.Wait(); status[i], got[i] = whoamiID(t, hc, tableURL(r, table), id, 10+i) })
 	}
 	start.Done()
 	wg.Wait()
@@ -216,4 +216,21 @@ func atOnce(t *testing.T, hc *http.Client, f *foFleet, table, id, dead string) b
 		t.Logf("table %s: replicas disagree on a session after the kill: statuses %v, answered by %+v", table, status, got)
 	}
 	return same
+}
+
+// whoamiID is rawWhoami with JSON-RPC request ID rpcID: calls in flight at
+// once in one session need distinct IDs (go-sdk servers answer a duplicate
+// with 400).
+func whoamiID(t testing.TB, hc *http.Client, url, id string, rpcID int) (int, identity) {
+	t.Helper()
+	ex := mcpPost(t, hc, url, id, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`, rpcID))
+	if ex.status != http.StatusOK {
+		t.Logf("whoami in session %s through %s: %d %s", id, url, ex.status, ex.body)
+		return ex.status, identity{}
+	}
+	who, err := tsWhoamiResult(ex.body)
+	if err != nil {
+		t.Fatalf("whoami in session %s: %v in %s", id, err, ex.body)
+	}
+	return ex.status, who
 }
