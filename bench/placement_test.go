@@ -222,6 +222,9 @@ func TestProfileSummary(t *testing.T) {
 	if top := topEntries(es, 2, true); top[0].name != "net/http.(*conn).serve" || top[1].name != "internal/runtime/syscall/linux.Syscall6" {
 		t.Errorf("top cum: %+v", top)
 	}
+	if top := topParts(es, 3); len(top) != 3 || top[0].name != "runtime.mallocgc" || top[1].name != "runtime.gcBgMarkWorker" || top[2].name != "go.uber.org/zap.(*Logger).With" {
+		t.Errorf("top parts: %+v, want mallocgc, gcBgMarkWorker (one of the two 10 %% entries), zap.With; not the serving chain", top)
+	}
 	if s := shortName(es[3].name); s != "caddymodule.(*Table).Lookup" {
 		t.Errorf("shortName = %q", s)
 	}
@@ -234,7 +237,7 @@ func TestPlacedReport(t *testing.T) {
 	r := sampleReport()
 	row := func(key, label, kind string, calls int, p50 time.Duration, proxyCPU time.Duration) tpResult {
 		return tpResult{mode: "json", sc: scenario{key: key, label: label, kind: kind, group: "3"}, proxyCPU: proxyCPU,
-			serversCPU: 6 * time.Second, otherOnProxy: time.Second,
+			serversCPU: 6 * time.Second, otherOnProxy: 1010 * time.Millisecond,
 			load: loadResult{window: 10 * time.Second, calls: calls, lat: latencies(1001, p50/2, p50*3/2)}}
 	}
 	r.o.modes = []string{"json"}
@@ -257,10 +260,19 @@ func TestPlacedReport(t *testing.T) {
 		"mcp_proxy calls/s ≥ 0.98× HAProxy: 0.962× — **missed**",
 		"mcp_proxy p50 added over direct ≤ 2× HAProxy's: +1000 µs vs +500 µs — met",
 		"| json | `gogc=400` | 5500 | 1.10 | 5.00 ms | 1.00 | 160.0 | 0.89 |",
+		"**Noisy run**: other processes used up to 0.10 cores",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
+	}
+	for i := range r.placed[0].rows {
+		r.placed[0].rows[i].otherOnProxy = 0
+	}
+	md.Reset()
+	r.write(&md)
+	if strings.Contains(md.String(), "Noisy run") {
+		t.Errorf("a run without other load on the proxy's CPU is called noisy")
 	}
 	if _, err := parseReport(out); err == nil {
 		t.Errorf("parseReport read a throughput table from a report with the sidecar part only")

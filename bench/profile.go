@@ -117,6 +117,27 @@ func topEntries(es []pprofEntry, n int, byCum bool) []pprofEntry {
 	return out[:min(n, len(out))]
 }
 
+// partsBelow is the cum share under which an entry is a part of the work
+// rather than the serving chain every request passes (conn.serve, Caddy's
+// middleware wrappers, the plugin's handler, reverse_proxy's loop).
+const partsBelow = 25.0
+
+// topParts returns the n largest entries by cum share below partsBelow,
+// one per call chain: an entry with the same cum share as the one before
+// it (its caller or callee on one path) is left out.
+func topParts(es []pprofEntry, n int) []pprofEntry {
+	var out []pprofEntry
+	for _, e := range topEntries(es, len(es), true) {
+		if e.cum >= partsBelow || (len(out) > 0 && out[len(out)-1].cum == e.cum) {
+			continue
+		}
+		if out = append(out, e); len(out) == n {
+			break
+		}
+	}
+	return out
+}
+
 // shortName trims the module paths off a function name.
 func shortName(s string) string {
 	for _, p := range []string{"github.com/caddyserver/caddy/v2/modules/", "github.com/caddyserver/caddy/v2.", "github.com/caddy-mcp-affinity/caddy-mcp-affinity/", "go.uber.org/"} {
@@ -144,7 +165,7 @@ func (e *env) profileSummaries(o *options) []profileSummary {
 		}
 		var es []pprofEntry
 		s.total, es = parsePprofTop(string(b))
-		s.groups, s.flat, s.cum = groupProfile(es), topEntries(es, 10, false), topEntries(es, 10, true)
+		s.groups, s.flat, s.cum = groupProfile(es), topEntries(es, 10, false), topParts(es, 10)
 		out = append(out, s)
 	}
 	return out

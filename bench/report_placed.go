@@ -63,6 +63,10 @@ func (r *report) writePlaced(w io.Writer, p placedResult) {
 		fmt.Fprintln(w, placedRow(p, t))
 	}
 	fmt.Fprintln(w)
+	if worst := noisiest(p.rows); worst > noisyCores {
+		fmt.Fprintf(w, "**Noisy run**: other processes used up to %.2f cores' worth of the proxy's CPUs during a window; "+
+			"calls/s and latency then measure the machine's load more than the proxy (CPU µs per call is steadier). Run again on a quiet machine.\n\n", worst)
+	}
 	r.writePlacedTargets(w, p)
 	r.writeVariants(w, p)
 }
@@ -72,6 +76,22 @@ var placedIntro = map[string]string{
 		"limit or a dedicated core would have it: the proxy no longer takes CPU from the servers",
 	"proxybound": "The proxy alone on its core(s) in front of upstream doubles (`bench double`: a whoami-shaped answer to every " +
 		"call, JSON or one SSE event, a few µs of CPU each), so that the proxy is the bottleneck: its capacity per core",
+}
+
+// noisyCores is how much CPU other processes may use on the proxy's CPUs
+// in a window, in cores, before the report calls the run noisy.
+const noisyCores = 0.1
+
+// noisiest returns the most CPU, in cores, that other processes used on
+// the proxy's CPUs in any row's window.
+func noisiest(rows []tpResult) float64 {
+	var worst float64
+	for _, t := range rows {
+		if t.err == nil && t.load.window > 0 {
+			worst = max(worst, t.otherOnProxy.Seconds()/t.load.window.Seconds())
+		}
+	}
+	return worst
 }
 
 // placedRow formats one row of a placed part's table.
@@ -183,7 +203,7 @@ func (r *report) writeProfiles(w io.Writer) {
 		for _, g := range s.groups {
 			fmt.Fprintf(w, "| %s | %.1f %% |\n", g.name, g.share)
 		}
-		fmt.Fprintf(w, "\n| top flat | flat | cum | | top cum | flat | cum |\n|---|--:|--:|---|---|--:|--:|\n")
+		fmt.Fprintf(w, "\n| top flat | flat | cum | | top cum below %.0f %%, one per call chain | flat | cum |\n|---|--:|--:|---|---|--:|--:|\n", partsBelow)
 		for i := range max(len(s.flat), len(s.cum)) {
 			fmt.Fprintf(w, "| %s | | %s |\n", entryCells(s.flat, i), entryCells(s.cum, i))
 		}
