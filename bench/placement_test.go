@@ -256,7 +256,7 @@ func TestPlacedReport(t *testing.T) {
 	for _, want := range []string{
 		"32 sessions, 10s measured",
 		"Cores given to each process: sidecar and proxy-bound parts: proxy process on CPU 1 (Caddy GOMAXPROCS=1",
-		"| json | Caddy mcp_proxy (3) | 5000 | 1.25 | 0.96 | 5.00 ms | +1000 µs | 7.45 ms | +1490 µs | 0.90 | 180.0 | 4.68 | 5556 | 0.60 | 0.10 / 0.00 | 0 | 0 |",
+		"| json | Caddy mcp_proxy (3) | 5000 | 1.25 | 0.96 | 5.00 ms | +1000 µs | 7.45 ms | +1490 µs | 0.90 | 180.0 | 4.68 | 5556 | 0.60 | 120.0 | 0.10 / 0.00 | 0 | 0 |",
 		"mcp_proxy calls/s ≥ 0.98× HAProxy: 0.962× — **missed**",
 		"mcp_proxy p50 added over direct ≤ 2× HAProxy's: +1000 µs vs +500 µs — met",
 		"| json | `gogc=400` | 5500 | 1.10 | 5.00 ms | 1.00 | 160.0 | 0.89 |",

@@ -56,9 +56,9 @@ func (r *report) writePlaced(w io.Writer, p placedResult) {
 		"*Calls/s per proxy core* is calls/s divided by the proxy's CPU use; the proxy is saturated when *proxy cores* is near %d. "+
 		"*Others on proxy / rest CPUs*: cores' worth of CPU that other processes of the machine used on those CPUs during the window (noise: on a quiet machine both are near 0).\n\n",
 		placedIntro[p.part], p.sessions, r.o.duration, r.o.warmup, pl.line(), formatCPUList(pl.rest), len(pl.proxy))
-	fmt.Fprintf(w, "| mode | row | calls/s | ×direct | ×HAProxy | p50 | +p50 | p99 | +p99 | proxy cores (of %d) | proxy µs/call | ×HAProxy | calls/s per proxy core | generator + upstreams cores (of %d) | others on proxy / rest CPUs | errors | misroutes |\n",
+	fmt.Fprintf(w, "| mode | row | calls/s | ×direct | ×HAProxy | p50 | +p50 | p99 | +p99 | proxy cores (of %d) | proxy µs/call | ×HAProxy | calls/s per proxy core | generator + upstreams cores (of %d) | upstreams µs/call | others on proxy / rest CPUs | errors | misroutes |\n",
 		len(pl.proxy), len(pl.rest))
-	fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	fmt.Fprintf(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, t := range p.rows {
 		fmt.Fprintln(w, placedRow(p, t))
 	}
@@ -75,7 +75,8 @@ var placedIntro = map[string]string{
 	"sidecar": "The throughput rows (whoami servers) with the proxy pinned to its own core(s), as a sidecar container with a CPU " +
 		"limit or a dedicated core would have it: the proxy no longer takes CPU from the servers",
 	"proxybound": "The proxy alone on its core(s) in front of upstream doubles (`bench double`: a whoami-shaped answer to every " +
-		"call, JSON or one SSE event, a few µs of CPU each), so that the proxy is the bottleneck: its capacity per core",
+		"call, JSON or one SSE event, written from pooled buffers; its CPU per call is the *upstreams µs/call* column), " +
+		"so that the proxy is the bottleneck: its capacity per core",
 }
 
 // noisyCores is how much CPU other processes may use on the proxy's CPUs
@@ -97,7 +98,7 @@ func noisiest(rows []tpResult) float64 {
 // placedRow formats one row of a placed part's table.
 func placedRow(p placedResult, t tpResult) string {
 	if t.err != nil {
-		return fmt.Sprintf("| %s | %s | error: %s |||||||||||||||", t.mode, t.sc.label, oneLine(t.err.Error()))
+		return fmt.Sprintf("| %s | %s | error: %s ||||||||||||||||", t.mode, t.sc.label, oneLine(t.err.Error()))
 	}
 	d, h := p.find(t.mode, "direct"+t.sc.group), p.find(t.mode, "haproxy"+t.sc.group)
 	cps, win := t.load.callsPerSec(), t.load.window
@@ -119,9 +120,10 @@ func placedRow(p placedResult, t tpResult) string {
 			perCore = fmt.Sprintf("%.0f", 1e6/u)
 		}
 	}
-	return fmt.Sprintf("| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %d | %d |",
+	return fmt.Sprintf("| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %s / %s | %d | %d |",
 		t.mode, t.sc.label, cps, ratio(cps, dc), ratio(cps, hc), ms(p50), dp50, ms(p99), dp99,
-		proxy, us, xh, perCore, cores(t.serversCPU+t.load.genCPU, win), cores(t.otherOnProxy, win), cores(t.otherOnRest, win),
+		proxy, us, xh, perCore, cores(t.serversCPU+t.load.genCPU, win), perCall(t.serversCPU, t.load.calls),
+		cores(t.otherOnProxy, win), cores(t.otherOnRest, win),
 		t.load.errors+t.load.setupErrs, t.load.misroutes)
 }
 
