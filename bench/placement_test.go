@@ -100,11 +100,11 @@ func TestPinSelf(t *testing.T) {
 // TestVariants parses a -variants list and adapts each variant's
 // Caddyfile with the plugin, so that every setting is one Caddy accepts.
 func TestVariants(t *testing.T) {
-	vs, err := parseVariants("gogc=200, gogc=400+memlimit=1GiB,keepalive_idle_conns=64+read_buffer=8KiB,flush_interval=-1,h2c")
+	vs, err := parseVariants("gogc=200, gogc=400+memlimit=1GiB,keepalive_idle_conns=64+read_buffer=8KiB,flush_interval=-1,h2c,proxy_log=off")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(vs) != 5 || !slices.Equal(vs[1].env, []string{"GOGC=400", "GOMEMLIMIT=1GiB"}) {
+	if len(vs) != 6 || !slices.Equal(vs[1].env, []string{"GOGC=400", "GOMEMLIMIT=1GiB"}) {
 		t.Fatalf("variants: %+v", vs)
 	}
 	base := scenarios[slices.IndexFunc(scenarios, func(s scenario) bool { return s.key == "mcp_proxy3" })]
@@ -112,9 +112,10 @@ func TestVariants(t *testing.T) {
 		t.Errorf("h2c scenario: %+v", sc)
 	}
 	ups := []string{"127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9003"}
-	want := []string{"", "", `"max_idle_conns":64},"protocol":"http","read_buffer_size":8192`, `"flush_interval":-1`, `"versions":["h2c"]`}
+	want := []string{"", "", `"max_idle_conns":64},"protocol":"http","read_buffer_size":8192`, `"flush_interval":-1`, `"versions":["h2c"]`, `"exclude":["http.handlers.reverse_proxy"]`}
 	for i, v := range vs {
-		cfg := caddyfileWith(8080, 2019, "", v.scenario(base).route(ups))
+		sc := v.scenario(base)
+		cfg := caddyfileWith(8080, 2019, sc.global, sc.route(ups))
 		js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
 		if err != nil {
 			t.Errorf("variant %s: %v\n%s", v.name, err, cfg)
@@ -124,7 +125,7 @@ func TestVariants(t *testing.T) {
 			t.Errorf("variant %s: config lacks %s: %s", v.name, want[i], js)
 		}
 	}
-	for _, bad := range []string{"gogc", "gc=100", "keepalive_idle_conns=", "h2c=1"} {
+	for _, bad := range []string{"gogc", "gc=100", "keepalive_idle_conns=", "h2c=1", "proxy_log=on"} {
 		if _, err := parseVariants(bad); err == nil {
 			t.Errorf("parseVariants(%q): no error", bad)
 		}

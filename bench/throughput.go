@@ -21,6 +21,7 @@ type scenario struct {
 	sealed  bool     // the proxy seals session IDs: servers see IDs of their own
 	env     []string // more environment of the Caddy process (variants: GOGC=400)
 	h2c     bool     // proxies to the upstreams over h2c: only the doubles serve it
+	global  string   // more global options of the Caddyfile (variants: proxy_log=off)
 }
 
 // scenarios are the rows, in the order they run and print.
@@ -86,7 +87,7 @@ func (e *env) runScenario(o *options, mode string, sc scenario, round int) (res 
 	}
 	switch sc.kind {
 	case "caddy":
-		px, err = e.startCaddyEnv(name, "", sc.route(addrs), sc.env)
+		px, err = e.startCaddyEnv(name, sc.global, sc.route(addrs), sc.env)
 	case "replicas":
 		var tier []*proxyProc
 		if tier, err = e.startReplicas(name, sc.route(addrs)); err == nil {

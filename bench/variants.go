@@ -11,7 +11,7 @@ import (
 // the Caddy process or the generated Caddyfile, run beside the default row
 // so that before and after are measured in one run.
 //
-//	-variants 'gogc=200,gogc=400+memlimit=1GiB,keepalive_idle_conns=64,flush_interval=-1,h2c'
+//	-variants 'gogc=200,gogc=400+memlimit=1GiB,keepalive_idle_conns=64,flush_interval=-1,h2c,proxy_log=off'
 //
 // Variants are separated by commas, settings within one by "+".
 
@@ -27,12 +27,21 @@ var variantTransport = []string{
 // variantProxy are subdirectives of reverse_proxy itself.
 var variantProxy = []string{"flush_interval", "request_buffers", "response_buffers", "stream_buffer_size"}
 
+// proxyLogOff is the global option of the proxy_log=off variant: the
+// default log leaves out reverse_proxy's logger, so that logger has no core
+// and its per-request `zap.Logger.With` encodes nothing.
+const proxyLogOff = `
+	log default {
+		exclude http.handlers.reverse_proxy
+	}`
+
 // variant is one extra mcp_proxy row.
 type variant struct {
 	name      string   // as given: gogc=400+memlimit=1GiB
 	env       []string // GOGC=400, GOMEMLIMIT=1GiB
 	transport []string // lines of `transport http { }`
 	proxy     []string // lines of the mcp_proxy block
+	global    string   // global options
 }
 
 // parseVariants reads the -variants flag.
@@ -58,6 +67,8 @@ func parseVariant(name string) (variant, error) {
 		switch {
 		case key == "h2c" && !hasVal:
 			v.transport = append(v.transport, "versions h2c")
+		case set == "proxy_log=off":
+			v.global = proxyLogOff
 		case !hasVal || val == "":
 			return v, fmt.Errorf("variant %q: %q needs a value (key=value); only h2c stands alone", name, set)
 		case variantEnv[key] != "":
@@ -67,7 +78,7 @@ func parseVariant(name string) (variant, error) {
 		case slices.Contains(variantProxy, key):
 			v.proxy = append(v.proxy, key+" "+val)
 		default:
-			return v, fmt.Errorf("variant %q: unknown setting %q; known: h2c, %s, %s, %s", name, key,
+			return v, fmt.Errorf("variant %q: unknown setting %q; known: h2c, proxy_log=off, %s, %s, %s", name, key,
 				strings.Join(slices.Sorted(maps.Keys(variantEnv)), ", "), strings.Join(variantTransport, ", "), strings.Join(variantProxy, ", "))
 		}
 	}
@@ -94,6 +105,9 @@ func (v variant) block() string {
 // would write them (GOGC=400, keepalive_idle_conns 64).
 func (v variant) label(base string) string {
 	parts := slices.Concat(v.env, v.proxy, v.transport)
+	if v.global != "" {
+		parts = append(parts, "reverse_proxy logger excluded")
+	}
 	return base + " " + strings.Join(parts, ", ")
 }
 
@@ -101,7 +115,7 @@ func (v variant) label(base string) string {
 func (v variant) scenario(base scenario) scenario {
 	sc := base
 	sc.key, sc.label, sc.env = base.key+"+"+v.name, v.label(base.label), v.env
-	sc.h2c = slices.Contains(v.transport, "versions h2c")
+	sc.h2c, sc.global = slices.Contains(v.transport, "versions h2c"), v.global
 	sc.route = func(u []string) string { return mcpProxyRoute(u, 0, v.block()) }
 	return sc
 }
