@@ -165,7 +165,9 @@ func (u *Upstream) Draining() bool { return u.draining.Load() }
 // it is stored inline in the LRU's list element, one per live session.
 type entry struct {
 	up *Upstream
-	// lastUsed is the time of the last use in nanoseconds since the table's epoch.
+	// lastUsed is the time of the last use in nanoseconds since the table's
+	// epoch, as recorded per touch interval: up to the end of the current
+	// interval (see [Table.usedAt]).
 	lastUsed int64
 	// created is when the session was learned, in seconds since the table's epoch.
 	created uint32
@@ -194,6 +196,8 @@ type SessionInfo struct {
 	// Age is the time since the session was learned, at 1 s resolution.
 	Age time.Duration
 	// Idle is the time since the session was last used, at 1 s resolution.
+	// Uses are recorded per touch interval (see [Table.LookupAs]): it is 0
+	// until the end of an interval in which the session was used twice.
 	Idle time.Duration
 	// OpenStreams is the number of GET streams of the session open through the proxy.
 	OpenStreams int
@@ -284,7 +288,7 @@ type Table struct {
 	clientKey    atomic.Pointer[string]
 	clientCapped atomic.Bool
 
-	mu sync.Mutex
+	mu sync.RWMutex // the read lock serves lookups that record nothing (lookupRecorded)
 	// unconfirmed holds the sessions not used since they were learned,
 	// confirmed the others. Their own size bounds are never reached: the
 	// table enforces max itself (admission.go).
@@ -411,8 +415,9 @@ func (t *Table) Lookup(id string) *Upstream {
 // may not use it. A session bound to a principal may be used only by
 // requests carrying the same principal; an unbound one by any request.
 // mismatch reports a held session refused for its principal. A hit counts
-// as use: it refreshes the idle TTL and the session's LRU position; a
-// mismatch changes nothing. With a shared store, a session this table does
+// as use: it refreshes the idle TTL and the session's LRU position, at the
+// resolution of one touch interval (see [Table.usedAt]); a mismatch
+// changes nothing. With a shared store, a session this table does
 // not hold is looked up in the store, once: the table keeps it from then on.
 func (t *Table) LookupAs(id, principal string) (up *Upstream, mismatch bool) {
 	sum := t.keys.Load().sum(principal) // outside the lock: it costs about a microsecond
@@ -435,6 +440,9 @@ func (t *Table) LookupAs(id, principal string) (up *Upstream, mismatch bool) {
 // value in the store.
 func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch bool, touch string) {
 	now := t.clock()
+	if e, mismatch, ok := t.lookupRecorded(id, sum, now); ok {
+		return e, mismatch, ""
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, list, ok := t.peek(id)
@@ -449,14 +457,53 @@ func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch bool,
 	if t.refused(e.principal, sum) {
 		return entry{}, true, ""
 	}
-	// Every use is recorded exactly, so a session used more often than
-	// its TTL never expires, however short the TTL.
 	if t.store.Load() != nil && crossed(e.lastUsed, now, touchInterval(t.TTL())) {
 		touch = value(e.up.dial, e.principal, t.inits[id].record())
 	}
-	e.lastUsed = now
+	if list == t.confirmed {
+		e.lastUsed = t.usedAt(e.lastUsed, now)
+	} else {
+		e.lastUsed = now // its first use, which confirms it, is recorded exactly
+	}
 	t.use(id, e, list)
 	return e, false, touch
+}
+
+// lookupRecorded is lookupHere under the read lock, for the lookups that
+// change nothing: a session the table does not hold, one refused for its
+// principal, and a confirmed session whose use at now is already recorded
+// (see [Table.usedAt]). ok is false when the lookup must record a use.
+func (t *Table) lookupRecorded(id string, sum principalSum, now int64) (e entry, mismatch, ok bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	e, held := t.confirmed.Peek(id)
+	switch {
+	case !held:
+		return entry{}, false, !t.unconfirmed.Contains(id)
+	case t.expired(e, now):
+		return entry{}, false, false
+	case t.refused(e.principal, sum):
+		return entry{}, true, true
+	}
+	return e, false, now <= e.lastUsed
+}
+
+// usedAt returns the lastUsed to record for a use at now of a confirmed
+// session whose recorded lastUsed is last. Uses are recorded per touch
+// interval (an eighth of the TTL, 1 s to 1 min), which also orders the
+// LRU lists: the first use in an interval (and the first use of a
+// session) is recorded exactly and moves the session to the front; a
+// second one records the end of the interval instead, so that the uses
+// after it, up to then, are recorded already and neither write nor move
+// anything. A session is therefore never forgotten before it was idle for
+// the TTL; one used more than once within its last interval is forgotten
+// up to one interval later.
+func (t *Table) usedAt(last, now int64) int64 {
+	every := int64(touchInterval(t.TTL()))
+	if now > last && now/every != last/every {
+		return now
+	}
+	return max(last, (now/every+1)*every-1)
 }
 
 // refused reports whether a request with principal sum may not use a
@@ -717,15 +764,15 @@ func (t *Table) addStreams(id string, delta int32) {
 
 // Len returns the number of sessions in the table, expired ones not yet swept included.
 func (t *Table) Len() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	return t.len()
 }
 
 // Unconfirmed returns the number of sessions not used since they were learned.
 func (t *Table) Unconfirmed() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	return t.unconfirmed.Len()
 }
 
@@ -805,16 +852,16 @@ func (t *Table) AnyDraining() bool { return t.draining.Load() > 0 }
 // in the store, which knows its upstream and whether it is bound.
 func (t *Table) Info(id string) (SessionInfo, bool) {
 	now := t.clock()
-	t.mu.Lock()
+	t.mu.RLock()
 	e, _, ok := t.peek(id)
-	t.mu.Unlock()
+	t.mu.RUnlock()
 	if !ok || t.expired(e, now) {
 		return t.infoShared(id)
 	}
 	return SessionInfo{
 		Upstream:    e.up.dial,
 		Age:         time.Duration(now/int64(time.Second)-int64(e.created)) * time.Second,
-		Idle:        time.Duration(now - e.lastUsed).Truncate(time.Second),
+		Idle:        time.Duration(max(now-e.lastUsed, 0)).Truncate(time.Second),
 		OpenStreams: int(e.streams),
 		Bound:       e.principal != principalSum{},
 	}, true
@@ -822,8 +869,8 @@ func (t *Table) Info(id string) (SessionInfo, bool) {
 
 // MaxSessions returns the table's bound.
 func (t *Table) MaxSessions() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	return t.max
 }
 

@@ -788,3 +788,72 @@ func TestInvalidEvictReason(t *testing.T) {
 		}
 	}
 }
+
+// TestTableTouchResolution: the uses of a confirmed session are recorded
+// per touch interval (an eighth of the TTL here). A use within the interval
+// that a recorded use covers does not move the session in the LRU order,
+// a use after the interval does; and a session used within an interval is
+// still forgotten once idle for the TTL: never before, at most one interval
+// after.
+func TestTableTouchResolution(t *testing.T) {
+	const ttl = 80 * time.Second
+	every := touchInterval(ttl) // 10 s
+	for _, tc := range []struct {
+		name  string
+		gap   time.Duration // from the recorded uses to the last use of "a"
+		wantA bool          // whether "a" survives the learn of "c"
+	}{
+		{"used within the interval: not moved", every / 2, false},
+		{"used after the interval: moved", every, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl, clk := newTestTable(t, 2, ttl)
+			tbl.Learn("a", "up:a")
+			tbl.Learn("b", "up:b")
+			for range 2 { // the first use confirms, the second covers the interval
+				lookupDial(tbl, "a")
+				lookupDial(tbl, "b")
+				clk.Advance(time.Second)
+			}
+			clk.Advance(tc.gap - 2*time.Second)
+			lookupDial(tbl, "a")
+			tbl.Learn("c", "up:c") // pushes out the least recently used
+			if got := lookupDial(tbl, "a") != ""; got != tc.wantA {
+				t.Errorf("a present = %v after learning c, want %v", got, tc.wantA)
+			}
+			if got := lookupDial(tbl, "b") != ""; got == tc.wantA {
+				t.Errorf("b present = %v after learning c, want %v", got, !tc.wantA)
+			}
+			wantEvictions(t, tbl, map[EvictReason]uint64{EvictLRU: 1})
+		})
+	}
+	t.Run("idle session expires", func(t *testing.T) {
+		tbl, clk := newTestTable(t, 2, ttl)
+		tbl.Learn("s", "a:1")
+		lookupDial(tbl, "s") // confirms s, recorded exactly
+		clk.Advance(time.Second)
+		lookupDial(tbl, "s") // records the end of the interval, 10 s
+		clk.Advance(4 * time.Second)
+		if lookupDial(tbl, "s") != "a:1" { // recorded already, at 5 s
+			t.Fatal("s not found")
+		}
+		if info, _ := tbl.Info("s"); info.Idle != 0 {
+			t.Errorf("Idle = %v within the recorded interval, want 0", info.Idle)
+		}
+		clk.Advance(ttl) // idle for exactly the ttl since its last use
+		if n := tbl.Sweep(); n != 0 {
+			t.Fatalf("Sweep() = %d at ttl after the last use, want 0", n)
+		}
+		clk.Advance(every - 5*time.Second - time.Nanosecond) // the end of the interval plus the ttl
+		if n := tbl.Sweep(); n != 0 {
+			t.Fatalf("Sweep() = %d at the interval's end plus the ttl, want 0", n)
+		}
+		clk.Advance(time.Nanosecond)
+		if n := tbl.Sweep(); n != 1 {
+			t.Fatalf("Sweep() = %d one interval past the ttl, want 1", n)
+		}
+		if lookupDial(tbl, "s") != "" {
+			t.Error("expired session still found")
+		}
+	})
+}

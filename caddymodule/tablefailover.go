@@ -201,8 +201,8 @@ func (t *Table) adoptInit(id string, init *sessionInit) bool {
 // initOf returns the session's upstream and what the table keeps of it for
 // failover, without counting it as use; a nil init when the table has none.
 func (t *Table) initOf(id string) (*Upstream, *sessionInit) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	e, _, ok := t.peek(id)
 	if !ok {
 		return nil, nil

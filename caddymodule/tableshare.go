@@ -142,8 +142,8 @@ type sessionDial struct {
 
 // snapshot returns every session of the table, for writing back to a store.
 func (t *Table) snapshot() []sessionDial {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	out := make([]sessionDial, 0, t.len())
 	for _, list := range t.lists() {
 		for _, id := range list.Keys() {
