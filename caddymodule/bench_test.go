@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -142,6 +144,51 @@ func BenchmarkPinnedLookup(b *testing.B) {
 	})
 }
 
+// benchMap is a bare map of the IDs of benchTable, the baseline of the decision.
+var benchMap = sync.OnceValue(func() map[string]*Upstream {
+	_, ids := benchTable()
+	m := make(map[string]*Upstream, len(ids))
+	for _, id := range ids {
+		m[id] = &Upstream{}
+	}
+	return m
+})
+
+// vsMap runs a decide made by newDecide on random IDs of ids in every
+// goroutine of RunParallel, in chunks of 1,000 that alternate with as many bare map
+// lookups of random IDs, and reports the decision's and the map lookup's
+// ns per operation on one goroutine, and their ratio (x-map): load that
+// comes and goes on a shared machine weighs on both alike.
+func vsMap(b *testing.B, ids []string, newDecide func() func(id string) bool) {
+	const chunk = 1000
+	m := benchMap()
+	var tMap, tDecide atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		decide := newDecide()
+		for n := chunk; n == chunk; {
+			start := time.Now()
+			for n = 0; n < chunk && pb.Next(); n++ {
+				if m[ids[mrand.IntN(len(ids))]] == nil {
+					panic("session not found")
+				}
+			}
+			mid := time.Now()
+			for range n {
+				if !decide(ids[mrand.IntN(len(ids))]) {
+					panic("no upstream")
+				}
+			}
+			tDecide.Add(int64(time.Since(mid)))
+			tMap.Add(int64(mid.Sub(start)))
+		}
+	})
+	b.ReportMetric(float64(tDecide.Load())/float64(b.N), "ns/decision")
+	b.ReportMetric(float64(tMap.Load())/float64(b.N), "ns/map-lookup")
+	b.ReportMetric(float64(tDecide.Load())/float64(tMap.Load()), "x-map")
+}
+
 // BenchmarkPinnedLookupParallel is BenchmarkPinnedLookup from GOMAXPROCS
 // goroutines at once, to show contention on the table's lock (lookups of
 // sessions in use take its read lock). Compare -cpu 1,2,4.
@@ -158,6 +205,13 @@ func BenchmarkPinnedLookupParallel(b *testing.B) {
 					panic("session not found")
 				}
 			}
+		})
+	})
+	b.Run("lookup+select-vs-map", func(b *testing.B) {
+		inUse(b, tbl, ids)
+		vsMap(b, ids, func() func(string) bool {
+			r := newRequest(http.MethodPost)
+			return func(id string) bool { return pinnedDecision(tbl, s, pool, r, id) != nil }
 		})
 	})
 	b.Run("lookup+select", func(b *testing.B) {
