@@ -234,3 +234,57 @@ func whoamiID(t testing.TB, hc *http.Client, url, id string, rpcID int) (int, id
 	}
 	return ex.status, who
 }
+
+// TestFailoverReplicasRedisDown: with Redis down, a session whose server
+// is killed still fails over, on each replica on its own: every call is
+// answered 200 by a live server, none 5xx, and the replicas count the
+// store errors of the moves (op move). Without failover (negative control,
+// same fleet), the sessions of the killed server get 404.
+func TestFailoverReplicasRedisDown(t *testing.T) {
+	t.Parallel()
+	f := startFailoverFleet(t)
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	victim := f.srv[0]
+	ids := map[string][]string{}
+	for _, table := range []string{"fo", "nofo"} {
+		for len(ids[table]) < 3 {
+			id := mcpInitialize(t, hc, tableURL(f.rs[0], table))
+			if _, who := rawWhoami(t, hc, tableURL(f.rs[1], table), id); who.Server == victim.Name() {
+				ids[table] = append(ids[table], id)
+			}
+		}
+	}
+	f.redis.Stop()
+	victim.Kill()
+	<-victim.Done()
+	statuses := map[string][]int{}
+	servedBy := map[string]bool{}
+	for table, list := range ids {
+		for _, id := range list {
+			for _, r := range f.rs[:2] {
+				st, who := rawWhoami(t, hc, tableURL(r, table), id)
+				statuses[table] = append(statuses[table], st)
+				if table == "fo" {
+					servedBy[who.Server] = true
+				}
+			}
+		}
+	}
+	moveErrs := metricSum(t, f.rs, "caddy_mcp_store_errors_total", map[string]string{"table": "fo", "op": "move"})
+	t.Logf("Redis down, %s killed: failover reinitialize answered %v (servers %v); without failover (negative control) %v; store errors op=move on the replicas: %.0f",
+		victim.Name(), statuses["fo"], servedBy, statuses["nofo"], moveErrs)
+	for _, st := range statuses["fo"] {
+		if st != http.StatusOK {
+			t.Fatalf("with failover and Redis down: want every call answered 200, got %v", statuses["fo"])
+		}
+	}
+	for _, st := range statuses["nofo"] {
+		if st != http.StatusNotFound {
+			t.Fatalf("negative control: want 404 for the killed server's sessions without failover, got %v", statuses["nofo"])
+		}
+	}
+	if servedBy[victim.Name()] || moveErrs < 1 {
+		t.Fatalf("want no call answered by the killed server and the moves' store errors counted; got servers %v, %.0f errors", servedBy, moveErrs)
+	}
+}
