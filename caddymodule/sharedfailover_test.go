@@ -88,9 +88,9 @@ func TestFailoverRecordShared(t *testing.T) {
 	if err != nil || res.followed || res.up.Dial() != "10.0.0.2:80" {
 		t.Fatalf("recordMove = %+v, %v; want moved to 10.0.0.2:80", res, err)
 	}
-	if !eventually(time.Second, func() bool { d, u := where(b, testSessionID); return d == "10.0.0.2:80" && u == "UPSTREAM-ID-2" }) {
+	if !eventually(5*time.Second, func() bool { d, u := where(b, testSessionID); return d == "10.0.0.2:80" && u == "UPSTREAM-ID-2" }) {
 		d, u := where(b, testSessionID)
-		t.Fatalf("b, holding the session, did not follow the move within 1 s: %s %q", d, u)
+		t.Fatalf("b, holding the session, did not follow the move within 5 s: %s %q", d, u)
 	}
 	c.Lookup(testSessionID)
 	if d, u := where(c, testSessionID); d != "10.0.0.2:80" || u != "UPSTREAM-ID-2" {
@@ -153,7 +153,7 @@ func TestFailoverConcurrentMoves(t *testing.T) {
 		winner = results[1]
 	}
 	want := winner.up.Dial()
-	ok := eventually(time.Second, func() bool {
+	ok := eventually(5*time.Second, func() bool {
 		for _, tbl := range ts {
 			if d, u := where(tbl, testSessionID); d != want || u != "ID-ON-"+want {
 				return false
