@@ -136,6 +136,8 @@ func (h *Handler) failoverFor(w http.ResponseWriter, r *http.Request, id string)
 		pf.header = w.Header().Clone()
 		if r.Method == http.MethodPost {
 			pf.keepBody(r)
+		} else {
+			pf.kept = true // a GET has no body to keep
 		}
 	}
 	return pf
@@ -158,10 +160,17 @@ func (pf *pinnedFailover) keepBody(r *http.Request) {
 	}
 }
 
-// holds404 reports whether a response of status to r must be held back:
-// a 404 to a POST, which a failover can answer instead.
-func (pf *pinnedFailover) holds404(r *http.Request, status int) bool {
-	return pf != nil && pf.again && status == http.StatusNotFound && r.Method == http.MethodPost
+// holds404 reports whether a response of status to r, from upstream up,
+// must be held back: a 404 that means the session is unknown there, which
+// a failover can answer instead. That is a 404 to a POST, or to a GET when
+// up has served a session's GET stream before: an upstream without a GET
+// route answers every GET 404 (see evictAfter), which must not move its
+// sessions away.
+func (pf *pinnedFailover) holds404(r *http.Request, up *Upstream, status int) bool {
+	if pf == nil || !pf.again || status != http.StatusNotFound {
+		return false
+	}
+	return r.Method == http.MethodPost || r.Method == http.MethodGet && up.servedStream.Load()
 }
 
 // cause returns why the request must fail over after the upstream

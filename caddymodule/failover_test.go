@@ -92,6 +92,65 @@ func TestFailoverOnUpstream404(t *testing.T) {
 	}
 }
 
+// getRequest returns the GET stream request of session id.
+func getRequest(id string) *http.Request {
+	r := bodyRequest("", id)
+	r.Method, r.Body = http.MethodGet, http.NoBody
+	r.Header.Set("Accept", "text/event-stream")
+	return r
+}
+
+// TestFailoverOnGET404: with failover reinitialize, a GET that its upstream
+// answers 404 fails the session over when that upstream has served a GET
+// stream before (it was restarted and forgot the session), and passes
+// through, moving nothing, when it never has (it may have no GET route).
+func TestFailoverOnGET404(t *testing.T) {
+	for _, streamed := range []bool{true, false} {
+		// a subtest each: its own table, whose upstreams have served no GET yet
+		t.Run(map[bool]string{true: "served-streams", false: "no-GET-route"}[streamed], func(t *testing.T) {
+			get404FailsOver(t, streamed)
+		})
+	}
+}
+
+// get404FailsOver runs TestFailoverOnGET404 with an upstream that has a GET
+// route (streamed) or none.
+func get404FailsOver(t *testing.T, streamed bool) {
+	f := newAffinityFixture(t)
+	f.h.table.setFailover(FailoverReinitialize, 0)
+	f.proxy.pool = f.proxy.pool[:1]
+	up, minted := lostSessionUpstream("OLD", "NEW")
+	if !streamed { // no GET route: every GET gets the router's 404
+		mcp := up
+		up = func(w http.ResponseWriter, r *http.Request, u *reverseproxy.Upstream) {
+			if r.Method == http.MethodGet {
+				http.Error(w, "Cannot GET /mcp", http.StatusNotFound)
+				return
+			}
+			mcp(w, r, u)
+		}
+	}
+	f.serve(t, bodyRequest(testInitBody, ""), up)
+	if rec := f.serve(t, getRequest("OLD"), up); (rec.Code == http.StatusOK) != streamed {
+		t.Fatalf("GET stream before the restart: %d", rec.Code)
+	}
+	delete(minted, "OLD") // the upstream restarts and forgets it
+	rec := f.serve(t, getRequest("OLD"), up)
+	moves := f.h.table.Stats.Failovers(FailoverUpstream404, true)
+	if !streamed {
+		if rec.Code != http.StatusNotFound || moves != 0 || f.h.table.Lookup("OLD") == nil {
+			t.Fatalf("no GET route: %d, %d moves, session held %v; want the 404 passed, nothing moved, the session kept",
+				rec.Code, moves, f.h.table.Lookup("OLD") != nil)
+		}
+		return
+	}
+	if rec.Code != http.StatusOK || !strings.HasPrefix(rec.Body.String(), "answered in NEW") ||
+		rec.Header().Get(HeaderSessionID) != "OLD" || moves != 1 {
+		t.Fatalf("restarted upstream: %d %v %q, %d moves; want the GET answered in the new session under the client's ID, 1 move",
+			rec.Code, rec.Header(), rec.Body.String(), moves)
+	}
+}
+
 // BenchmarkServePinnedFailover measures a pinned POST through the handler
 // with failover off and with `failover reinitialize` (the session's
 // initialize kept: the handler also looks it up and keeps the request's

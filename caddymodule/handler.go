@@ -606,7 +606,9 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 // answers 404 (Express: "Cannot GET /mcp") where the spec asks for 405.
 // Clients carry on with POSTs, which must keep working. A session that is
 // really gone loses nothing by this: its next POST or DELETE gets the
-// upstream's 404 and ends it there.
+// upstream's 404 and ends it there. With failover reinitialize, a 404 to a
+// GET from an upstream that has served GET streams before fails the
+// session over instead (pinnedFailover.holds404).
 func (h *Handler) evictAfter(r *http.Request, id string, status int) {
 	switch { // the table logs the eviction
 	case status == http.StatusNotFound && (r.Method == http.MethodPost || r.Method == http.MethodDelete):

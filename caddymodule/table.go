@@ -137,14 +137,17 @@ func (e Era) String() string {
 // identified by its dial address (reverseproxy.Upstream.Dial), which stays the
 // same across config reloads, unlike *reverseproxy.Upstream values.
 type Upstream struct {
-	dial       string
-	live       atomic.Int64
-	streams    atomic.Int64 // GET streams of its sessions open through the proxy
-	draining   atomic.Bool
-	cluster    atomic.Int64 // live sessions on every instance, with a shared store
-	lastSeen   atomic.Int64 // last use here, in nanoseconds since the table's epoch
-	seenAway   atomic.Int64 // last use by another instance, as the shared store says; same unit
-	configured atomic.Bool  // a reverse_proxy of the running config lists it
+	dial    string
+	live    atomic.Int64
+	streams atomic.Int64 // GET streams of its sessions open through the proxy
+	// servedStream: it answered a session's GET with a stream (200), so it
+	// has a GET route, and a 404 to a GET there means the session is unknown.
+	servedStream atomic.Bool
+	draining     atomic.Bool
+	cluster      atomic.Int64 // live sessions on every instance, with a shared store
+	lastSeen     atomic.Int64 // last use here, in nanoseconds since the table's epoch
+	seenAway     atomic.Int64 // last use by another instance, as the shared store says; same unit
+	configured   atomic.Bool  // a reverse_proxy of the running config lists it
 	// drainDeadline is when draining ends for the remaining sessions, which
 	// then fail over, in nanoseconds since the table's epoch; 0 for none.
 	drainDeadline atomic.Int64

@@ -40,7 +40,7 @@ func (sw *sessionWriter) WriteHeader(status int) {
 	if sw.held() {
 		return
 	}
-	if !sw.wroteHeader && status >= 200 && sw.fo.holds404(sw.r, status) {
+	if !sw.wroteHeader && status >= 200 && sw.fo.holds404(sw.r, sw.up, status) {
 		sw.fo.held = true // a failover answers instead
 		return
 	}
@@ -64,6 +64,9 @@ func (sw *sessionWriter) observe(status int) {
 	switch {
 	case sw.up != nil:
 		sw.h.evictAfter(sw.r, sw.id, status)
+		if status == http.StatusOK && sw.r.Method == http.MethodGet && !sw.up.servedStream.Load() {
+			sw.up.servedStream.Store(true)
+		}
 	case status >= 200 && status < 300:
 		sw.h.learn(sw.r, sw.Header())
 		sw.watchLegacyStream(status)

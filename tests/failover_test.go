@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -731,5 +732,55 @@ func TestFailoverUpstreamRemoved(t *testing.T) {
 		srv[0].Name(), goneOK, onGone, othersOK, others, moved)
 	if onGone == 0 || goneOK != onGone || othersOK != others || int(moved) != onGone {
 		t.Fatal("want every session of the removed upstream moved (cause upstream_gone) and the others untouched")
+	}
+}
+
+// TestFailoverRestartedUpstream: a server is restarted at its address (a
+// redeploy, a crash and a supervisor's restart) and forgets its sessions.
+// Raw sessions that opened their GET stream, then reopen it with their old
+// ID and call tools, never re-initializing (the VS Code behaviour), get 200
+// to the GET and every call through a proxy with failover reinitialize:
+// the restarted server's 404 to the GET is held back and the session fails
+// over (cause upstream_404). Through a proxy without failover (negative
+// control, same servers) the GET gets the 404 and every call after it too.
+func TestFailoverRestartedUpstream(t *testing.T) {
+	srv := startBackends(t, 2, true)
+	ps := startProxies(t, failoverSite(upstreams(srv), "restartfo", true), failoverSite(upstreams(srv), "restartnofo", false))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	vs := [][]*vsSession{openVSSessions(t, hc, ps[0].url(), 10), openVSSessions(t, hc, ps[1].url(), 10)}
+	for i, p := range ps {
+		for _, v := range vs[i] {
+			if st := reopenGET(t, hc, p.url(), v.id); st != http.StatusOK {
+				t.Fatalf("GET stream of session %s before the restart: %d", v.id, st)
+			}
+		}
+	}
+	srv[0].Kill()
+	<-srv[0].Done()
+	addr := srv[0].Addr()
+	again := launch(t, "s1-restarted", addr, exec.Command(whoamiBin, "-name", "s1-restarted", "-listen", addr, "-json"))
+	ready(t, whoamiTimeout, []*testproc.Proc{again}, testproc.Listening())
+	for i, p := range ps {
+		for _, v := range vs[i] {
+			v.resume(t, hc, p.url())
+		}
+	}
+	onDead, deadOK, others, othersOK := vsSummary(vs[0], srv[0].Name())
+	offDead, offDeadOK, offOthers, offOthersOK := vsSummary(vs[1], srv[0].Name())
+	fam, _ := scrape(t)
+	moved := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": "restartfo", "cause": "upstream_404", "result": "moved"})
+	t.Logf("s1 restarted at %s: with failover %d/%d of its sessions ok (GET then 3 calls), %d/%d others ok, failovers{cause=upstream_404,result=moved} %v; "+
+		"without failover (negative control) %d/%d ok, %d/%d others ok", addr, deadOK, onDead, othersOK, others, moved, offDeadOK, offDead, offOthersOK, offOthers)
+	if onDead == 0 || deadOK != onDead || othersOK != others || int(moved) != onDead {
+		t.Errorf("with failover: want every session of the restarted server ok, moved on the 404 to its GET, and the others untouched")
+	}
+	if offDead == 0 || offDeadOK != 0 || offOthersOK != offOthers {
+		t.Errorf("negative control: want every session of the restarted server broken without failover, the others ok")
+	}
+	for _, v := range vs[1] {
+		if v.creator == srv[0].Name() && (v.get != http.StatusNotFound || slices.ContainsFunc(v.posts, func(st int) bool { return st != http.StatusNotFound })) {
+			t.Errorf("negative control: session %s got GET %d and calls %v; want 404 to each", v.id, v.get, v.posts)
+		}
 	}
 }
