@@ -143,40 +143,54 @@ func foRunWith(t *testing.T, url string, hc *http.Client, n int, hold time.Durat
 	return ss
 }
 
+// foCounts are what every failover summary counts of a run's sessions.
+type foCounts struct {
+	sessions, connErrs, calls, failedCalls, inFlight, lost int
+	errs                                                   []string
+}
+
+// add counts session x of a run whose server was killed between killed
+// and dead, and reports whether x connected at all.
+func (c *foCounts) add(x *foSession, killed, dead time.Time) bool {
+	c.sessions++
+	if x.connErr != nil {
+		c.connErrs++
+		c.errs = append(c.errs, x.connErr.Error())
+		return false
+	}
+	c.calls += x.calls
+	c.failedCalls += len(x.failed)
+	for _, sp := range x.spans {
+		if sp.start.Before(dead) && sp.end.After(killed) {
+			c.inFlight++
+		}
+	}
+	for _, err := range x.lastErrs {
+		if len(c.errs) < 4 {
+			c.errs = append(c.errs, err.Error())
+		}
+	}
+	if x.lost {
+		c.lost++
+	}
+	return true
+}
+
 // foSummary sums up the sessions of a failover run against the server
 // that was killed between killed and dead.
 type foSummary struct {
-	sessions, onDead, lost, lostOnDead, movedOK, othersOK int
-	calls, failedCalls, inFlight, inconsistent, connErrs  int
-	errs                                                  []string
+	foCounts
+	onDead, lostOnDead, movedOK, othersOK, inconsistent int
 }
 
 func summarizeFailover(ss []*foSession, deadServer string, killed, dead time.Time) foSummary {
 	var s foSummary
 	for _, x := range ss {
-		s.sessions++
-		if x.connErr != nil {
-			s.connErrs++
-			s.errs = append(s.errs, x.connErr.Error())
+		if !s.add(x, killed, dead) {
 			continue
-		}
-		s.calls += x.calls
-		s.failedCalls += len(x.failed)
-		for _, sp := range x.spans {
-			if sp.start.Before(dead) && sp.end.After(killed) {
-				s.inFlight++
-			}
-		}
-		for _, err := range x.lastErrs {
-			if len(s.errs) < 4 {
-				s.errs = append(s.errs, err.Error())
-			}
 		}
 		if !x.consistent() {
 			s.inconsistent++
-		}
-		if x.lost {
-			s.lost++
 		}
 		if x.creator != deadServer {
 			if !x.lost && x.servers() == 1 {

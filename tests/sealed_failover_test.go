@@ -199,9 +199,8 @@ func summarizeSpread(ss []*spreadSession, dead map[string]bool) spreadSummary {
 // sealedFoSummary sums up the go-sdk sessions of a run over a sealed
 // fleet, whose server dead was killed between killed and deadAt.
 type sealedFoSummary struct {
-	sessions, connErrs, onDead, deadOK, lostOnDead, others, othersOK, lost int
-	calls, failedCalls, inFlight, newSessions                              int
-	errs                                                                   []string
+	foCounts
+	onDead, deadOK, lostOnDead, others, othersOK, newSessions int
 }
 
 // summarizeSealedFailover counts a session of the dead server as ok if it
@@ -212,26 +211,8 @@ type sealedFoSummary struct {
 func summarizeSealedFailover(ss []*foSession, lb *balancer, dead string, killed, deadAt time.Time) sealedFoSummary {
 	var s sealedFoSummary
 	for _, x := range ss {
-		s.sessions++
-		if x.connErr != nil {
-			s.connErrs++
-			s.errs = append(s.errs, x.connErr.Error())
+		if !s.add(x, killed, deadAt) {
 			continue
-		}
-		s.calls += x.calls
-		s.failedCalls += len(x.failed)
-		for _, sp := range x.spans {
-			if sp.start.Before(deadAt) && sp.end.After(killed) {
-				s.inFlight++
-			}
-		}
-		for _, err := range x.lastErrs {
-			if len(s.errs) < 4 {
-				s.errs = append(s.errs, err.Error())
-			}
-		}
-		if x.lost {
-			s.lost++
 		}
 		live := map[identity]bool{}
 		for srv, ids := range x.seen {
