@@ -172,7 +172,7 @@ func (AdminAPI) servePost(w http.ResponseWriter, r *http.Request, do func(adminR
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		return apiError(http.StatusBadRequest, "decoding the JSON body (fields: table, upstream, session_id): %v", err)
+		return apiError(http.StatusBadRequest, "decoding the JSON body (fields: table, upstream, session_id, deadline): %v", err)
 	}
 	if err := req.check(strings.TrimPrefix(r.URL.Path, "/mcp_sessions/")); err != nil {
 		return err
