@@ -137,7 +137,7 @@ func (h *Handler) failoverFor(w http.ResponseWriter, r *http.Request, id string)
 		if r.Method == http.MethodPost {
 			pf.keepBody(r)
 		} else {
-			pf.kept = true // a GET has no body to keep
+			pf.kept = true // only a POST's body is sent again
 		}
 	}
 	return pf

@@ -89,11 +89,12 @@ func (c *unhealthyClock) note(dial string, down bool, now int64) int64 {
 // with since when u has been failing active health checks (0 if it is not).
 func (s *SessionSelection) noteHealth(u *reverseproxy.Upstream) (health, time.Time) {
 	h := s.healthOf(u)
+	down := h == healthActiveDown
 	var now int64 // read only for an upstream that is down: the clock costs more than the rest
-	if h == healthActiveDown {
+	if down {
 		now = time.Now().UnixNano()
 	}
-	since := s.unhealthy.note(u.Dial, h == healthActiveDown, now)
+	since := s.unhealthy.note(u.Dial, down, now)
 	if since == 0 {
 		return h, time.Time{}
 	}
