@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
 // MCP request headers of protocol 2026-07-28, in Go's canonical spelling
@@ -57,6 +58,12 @@ type exchange struct {
 	status   int             // the final status written through the handler, 0 before
 	decision decision
 	pinned   string // dial address of the session's upstream
+
+	// owner is the upstream that owns the request's session, which the
+	// selection policy must pick; nil for a request without a known session.
+	owner *Upstream
+	// selected is the upstream the selection policy picked last, nil before.
+	selected *reverseproxy.Upstream
 }
 
 // exchangeOf returns the request's exchange, creating it on first use.
@@ -71,6 +78,24 @@ func exchangeOf(r *http.Request) *exchange {
 	}
 	ex.provide(r)
 	return ex
+}
+
+// pin records that r's session is pinned to up: the selection policy
+// picks it, and the {mcp.*} placeholders name it.
+func pin(r *http.Request, up *Upstream) {
+	ex := exchangeOf(r)
+	ex.owner, ex.decision, ex.pinned = up, decisionPinned, up.dial
+}
+
+// clearSelection forgets what the handler and the selection policy decided
+// for r, so that it can be served again: the session's upstream, the one
+// selected, and the policy's marks.
+func clearSelection(r *http.Request) {
+	ex := exchangeOf(r)
+	ex.owner, ex.selected = nil, nil
+	for _, k := range []string{varGone, varUnavailable, varLastResort} {
+		caddyhttp.SetVar(r.Context(), k, nil)
+	}
 }
 
 // newExchange reads what the request's headers say about it.

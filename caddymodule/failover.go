@@ -272,7 +272,7 @@ func (h *Handler) endOrphan(r *http.Request, next caddyhttp.Handler, to *Upstrea
 	if version != "" {
 		dr.Header.Set(HeaderProtocolVersion, version)
 	}
-	caddyhttp.SetVar(dr.Context(), varPinned, to)
+	exchangeOf(dr).owner = to
 	_ = next.ServeHTTP(newUpstreamAnswer(), dr)
 }
 
@@ -286,7 +286,7 @@ func (h *Handler) notifyInitialized(r *http.Request, next caddyhttp.Handler, to 
 	if version != "" {
 		nr.Header.Set(HeaderProtocolVersion, version)
 	}
-	caddyhttp.SetVar(nr.Context(), varPinned, to)
+	exchangeOf(nr).owner = to
 	ans := newUpstreamAnswer()
 	if err := next.ServeHTTP(ans, nr); err != nil || !ans.ok() {
 		return fmt.Errorf("%w: notifications/initialized got status %d, error %v", errNoFailover, ans.status, err)
@@ -304,7 +304,7 @@ func subrequest(r *http.Request, body []byte) *http.Request {
 	if own == nil {
 		own = map[string]any{}
 	}
-	for _, k := range []string{varPinned, varSelected, varGone, varUnavailable, varLastResort, varExchange} {
+	for _, k := range []string{varGone, varUnavailable, varLastResort, varExchange} {
 		delete(own, k)
 	}
 	sr := r.Clone(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, own))
@@ -332,9 +332,7 @@ func setInitHeaders(h http.Header, init *sessionInit) {
 // which knows it as upstreamID: fresh request variables of the handler and
 // policy, the new ID, the kept body, and w's headers as before the attempt.
 func (h *Handler) prepareRetry(w http.ResponseWriter, r *http.Request, pf *pinnedFailover, upstreamID string) {
-	for _, k := range []string{varPinned, varSelected, varGone, varUnavailable, varLastResort} {
-		caddyhttp.SetVar(r.Context(), k, nil)
-	}
+	clearSelection(r)
 	caddyhttp.SetVar(r.Context(), varFailedOver, true)
 	r.Header[HeaderSessionID] = []string{upstreamID}
 	if pf.kept && r.Method == http.MethodPost {

@@ -30,7 +30,7 @@ type frozenNext struct {
 
 func (n *frozenNext) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 	up := n.pool[int(n.calls.Add(1)-1)%len(n.pool)]
-	caddyhttp.SetVar(r.Context(), varSelected, up)
+	exchangeOf(r).selected = up
 	body, _ := io.ReadAll(r.Body)
 	n.bodies = append(n.bodies, string(body))
 	if n.frozen[up.Dial] {

@@ -41,12 +41,9 @@ const (
 	UnknownSessionForward = "forward"
 )
 
-// Request variables through which the handler and the selection policy talk.
+// Request variables through which the handler and the selection policy
+// talk, besides the request's exchange (exchange.owner, exchange.selected).
 const (
-	// varPinned holds the *Upstream that owns the request's session.
-	varPinned = "mcp_session.pinned"
-	// varSelected holds the *reverseproxy.Upstream the policy picked last.
-	varSelected = "mcp_session.selected"
 	// varGone is true when the pinned upstream was not in the pool, or
 	// failed active health checks for longer than the grace.
 	varGone = "mcp_session.upstream_gone"
@@ -462,8 +459,7 @@ func (h *Handler) serveMismatch(w http.ResponseWriter, r *http.Request, id strin
 // servePinned proxies a request of a known session to its upstream and
 // applies the upstream's answer to the table.
 func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, up *Upstream) error {
-	caddyhttp.SetVar(r.Context(), varPinned, up)
-	decide(r, decisionPinned, up.Dial())
+	pin(r, up)
 	h.table.Stats.pinned.Add(1)
 	h.debug("pinned", id, up.Dial())
 	if r.Method == http.MethodGet {

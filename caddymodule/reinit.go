@@ -45,9 +45,7 @@ func staleInitialize(r *http.Request, pf *pinnedFailover) bool {
 func (h *Handler) serveAsNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, pf *pinnedFailover) error {
 	h.table.Evict(id, EvictUpstreamGone)
 	h.debug("reinitialize_stale_session", id, "")
-	for _, k := range []string{varPinned, varSelected, varGone, varUnavailable, varLastResort} {
-		caddyhttp.SetVar(r.Context(), k, nil)
-	}
+	clearSelection(r)
 	delete(r.Header, HeaderSessionID)
 	if pf != nil && pf.kept {
 		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(pf.body)), int64(len(pf.body))

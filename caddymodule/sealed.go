@@ -518,8 +518,7 @@ func (h *Handler) sealDial(r *http.Request, up *Upstream) (dial, sent string) {
 // selectedUpstream returns the upstream the selection policy picked last
 // for r, or nil.
 func selectedUpstream(r *http.Request) *reverseproxy.Upstream {
-	sel, _ := caddyhttp.GetVar(r.Context(), varSelected).(*reverseproxy.Upstream)
-	return sel
+	return exchangeOf(r).selected
 }
 
 // adminKey returns the table key of a session ID given to the admin API:

@@ -144,16 +144,16 @@ func withTable(raw json.RawMessage, table string) (json.RawMessage, error) {
 // Select returns the upstream that owns the request's session, or, for a
 // request without a known session, the fallback policy's choice.
 func (s *SessionSelection) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
-	ctx := r.Context()
+	ex := exchangeOf(r)
 	var up *reverseproxy.Upstream
-	if pinned, _ := caddyhttp.GetVar(ctx, varPinned).(*Upstream); pinned != nil {
-		up = s.selectPinned(pool, r, pinned.dial)
+	if ex.owner != nil {
+		up = s.selectPinned(pool, r, ex.owner.dial)
 	} else {
 		s.notePool(pool)
 		up = s.selectNew(s.candidates(pool, r), r, w)
 	}
 	if up != nil {
-		caddyhttp.SetVar(ctx, varSelected, up)
+		ex.selected = up
 	}
 	return up
 }

@@ -13,7 +13,7 @@ import (
 // pinnedRequest returns a request whose session the handler found pinned to dial.
 func pinnedRequest(dial string) *http.Request {
 	r := newRequest(http.MethodPost, testSessionID)
-	caddyhttp.SetVar(r.Context(), varPinned, &Upstream{dial: dial})
+	exchangeOf(r).owner = &Upstream{dial: dial}
 	return r
 }
 
@@ -27,8 +27,8 @@ func TestSelectionFallbackSpreads(t *testing.T) {
 		if up == nil {
 			t.Fatal("Select = nil for a request without a session")
 		}
-		if sel, _ := caddyhttp.GetVar(r.Context(), varSelected).(*reverseproxy.Upstream); sel != up {
-			t.Errorf("selected variable = %v, want %v", sel, up)
+		if sel := selectedUpstream(r); sel != up {
+			t.Errorf("selected upstream = %v, want %v", sel, up)
 		}
 		counts[up]++
 	}
@@ -102,9 +102,9 @@ func TestSelectPinned(t *testing.T) {
 			if gone != tc.wantGone {
 				t.Errorf("gone = %v, want %v", gone, tc.wantGone)
 			}
-			sel := caddyhttp.GetVar(r.Context(), varSelected)
+			sel := selectedUpstream(r)
 			if (want == nil) != (sel == nil) {
-				t.Errorf("selected variable = %v, want %v", sel, want)
+				t.Errorf("selected upstream = %v, want %v", sel, want)
 			}
 		})
 	}
