@@ -291,7 +291,7 @@ type Table struct {
 	clientKey    atomic.Pointer[string]
 	clientCapped atomic.Bool
 
-	mu sync.RWMutex // the read lock serves lookups that record nothing (lookupRecorded)
+	mu stripedLock // a session's read lock serves lookups that record nothing (lookupRecorded)
 	// unconfirmed holds the sessions not used since they were learned,
 	// confirmed the others. Their own size bounds are never reached: the
 	// table enforces max itself (admission.go).
@@ -477,8 +477,9 @@ func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch bool,
 // principal, and a confirmed session whose use at now is already recorded
 // (see [Table.usedAt]). ok is false when the lookup must record a use.
 func (t *Table) lookupRecorded(id string, sum principalSum, now int64) (e entry, mismatch, ok bool) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
+	l := t.mu.stripe(id)
+	l.RLock()
+	defer l.RUnlock()
 	e, held := t.confirmed.Peek(id)
 	switch {
 	case !held:
