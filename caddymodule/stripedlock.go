@@ -14,8 +14,8 @@ const lockStripes = 8
 // writer takes them all. The table's most frequent operation is a lookup
 // of a session in use under a read lock, on every request; with a single
 // sync.RWMutex, lookups on different cores all write its reader count,
-// one cache line, which cost about 50 ns per lookup on two cores
-// (BenchmarkPinnedLookupParallel). Writes (learning a session, recording
+// one cache line: cached lookups from 2 goroutines took 236 ns/op against
+// 90 striped (medians, BenchmarkPinnedLookupParallel/lookup-active1k). Writes (learning a session, recording
 // a use once per touch interval, evicting) take lockStripes locks, about
 // 0.2 µs more. A reader-biased lock such as BRAVO's turns its bias off for
 // a while after each write, and the table writes on every initialize.
