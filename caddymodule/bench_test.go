@@ -199,6 +199,20 @@ func vsMap(b *testing.B, ids []string, newDecide func() func(id string) bool) {
 	b.ReportMetric(float64(tDecide.Load())/float64(tMap.Load()), "x-map")
 }
 
+// lookupsParallel looks up random sessions in use of ids from every
+// goroutine of RunParallel.
+func lookupsParallel(b *testing.B, tbl *Table, ids []string) {
+	inUse(b, tbl, ids)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if tbl.Lookup(ids[mrand.IntN(len(ids))]) == nil {
+				panic("session not found")
+			}
+		}
+	})
+}
+
 // BenchmarkPinnedLookupParallel is BenchmarkPinnedLookup from GOMAXPROCS
 // goroutines at once, to show contention on the table's lock (lookups of
 // sessions in use take a read lock). Compare -cpu 1,2,4; lookup-active1k,
@@ -207,29 +221,8 @@ func BenchmarkPinnedLookupParallel(b *testing.B) {
 	tbl, ids := benchTable()
 	pool := testPool()
 	s := benchPolicy(b)
-	b.Run("lookup", func(b *testing.B) {
-		inUse(b, tbl, ids)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if tbl.Lookup(ids[mrand.IntN(len(ids))]) == nil {
-					panic("session not found")
-				}
-			}
-		})
-	})
-	b.Run("lookup-active1k", func(b *testing.B) {
-		active := ids[:1000]
-		inUse(b, tbl, active)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if tbl.Lookup(active[mrand.IntN(len(active))]) == nil {
-					panic("session not found")
-				}
-			}
-		})
-	})
+	b.Run("lookup", func(b *testing.B) { lookupsParallel(b, tbl, ids) })
+	b.Run("lookup-active1k", func(b *testing.B) { lookupsParallel(b, tbl, ids[:1000]) })
 	b.Run("lookup+select-vs-map", func(b *testing.B) {
 		inUse(b, tbl, ids)
 		vsMap(b, ids, func() func(string) bool {
