@@ -14,8 +14,9 @@ import (
 	"go.uber.org/zap"
 )
 
-// testInitBody is the initialize request of the MCP go-sdk client (190 bytes).
-const testInitBody = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"roots":{"listChanged":true}},"clientInfo":{"name":"affinity-test","version":"v0"}}}`
+// testInitBody is the initialize request of the MCP go-sdk client (190
+// bytes), the one the README's memory figures name.
+const testInitBody = testInitGo
 
 // bodyRequest returns a POST of body carrying Caddy's request variables
 // and, if id is not empty, Mcp-Session-Id id.
