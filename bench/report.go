@@ -287,9 +287,8 @@ func (r *report) writeTargets(w io.Writer) {
 		}
 		b, m := d.find("BenchmarkPinnedLookup/lookup+select", 1), d.find("BenchmarkPinnedLookup/map-baseline", 1)
 		if b != nil && m != nil {
-			x := b.nsOp / m.nsOp
-			add("pinned-request decision at 1M sessions ≤ 2× a bare map lookup of the same IDs and 0 allocs/op: %.0f ns/op, %.2f× map-baseline (%.0f ns/op), %.0f allocs/op — %s",
-				b.nsOp, x, m.nsOp, b.allocs, mark(x <= 2 && b.allocs == 0))
+			add("pinned-request decision at 1M sessions 0 allocs/op: %.0f allocs/op (%.0f ns/op, %.2f× map-baseline's %.0f ns/op in a separate run, which the machine's load weighs on differently; the ratio target is the alternating one above) — %s",
+				b.allocs, b.nsOp, b.nsOp/m.nsOp, m.nsOp, mark(b.allocs == 0))
 		}
 	}
 	if mem := r.memory; mem != nil {

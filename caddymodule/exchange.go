@@ -93,7 +93,7 @@ func pin(r *http.Request, up *Upstream) {
 func clearSelection(r *http.Request) {
 	ex := exchangeOf(r)
 	ex.owner, ex.selected = nil, nil
-	for _, k := range []string{varGone, varUnavailable, varLastResort} {
+	for _, k := range policyVars {
 		caddyhttp.SetVar(r.Context(), k, nil)
 	}
 }

@@ -297,16 +297,18 @@ func (h *Handler) notifyInitialized(r *http.Request, next caddyhttp.Handler, to 
 // subrequest returns a POST with body, for the proxy's own exchange with an
 // upstream on behalf of r: r's headers (its credentials among them) without
 // its session and MCP request headers, and r's request variables without
-// the handler's and policy's.
+// the policy's, with an empty exchange of its own: nothing decided for it
+// yet, and no placeholders added to r's replacer.
 func subrequest(r *http.Request, body []byte) *http.Request {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	own := maps.Clone(vars)
 	if own == nil {
 		own = map[string]any{}
 	}
-	for _, k := range []string{varGone, varUnavailable, varLastResort, varExchange} {
+	for _, k := range policyVars {
 		delete(own, k)
 	}
+	own[varExchange] = new(exchange)
 	sr := r.Clone(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, own))
 	sr.Method = http.MethodPost
 	sr.Body, sr.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))

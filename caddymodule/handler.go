@@ -58,6 +58,10 @@ const (
 	varInit = "mcp_session.init"
 )
 
+// policyVars are the request variables the selection policy sets for a
+// request; they start afresh when the request is served again.
+var policyVars = []string{varGone, varUnavailable, varLastResort}
+
 // Handler gives MCP Streamable HTTP sessions affinity to the upstream that
 // created them. Order it before `reverse_proxy` and use the `mcp_session`
 // selection policy in that `reverse_proxy` (the `mcp_proxy` directive sets
