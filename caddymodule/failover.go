@@ -191,7 +191,7 @@ func (pf *pinnedFailover) cause(r *http.Request, err error, wrote bool, dial str
 	if gone, _ := caddyhttp.GetVar(r.Context(), varGone).(bool); gone {
 		return FailoverGone
 	}
-	if upstreamGone(r, err) {
+	if upstreamGone(r, err, dial) {
 		return FailoverRefused
 	}
 	return 0

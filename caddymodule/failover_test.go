@@ -2,9 +2,12 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"runtime"
 	"strings"
 	"testing"
@@ -209,4 +212,40 @@ func BenchmarkInitializeMemory(b *testing.B) {
 	runtime.KeepAlive(tbl)
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(float64(m1.HeapAlloc-m0.HeapAlloc)/n, "B/session")
+}
+
+// TestUpstreamGoneClosedUnread: a request that found its kept-alive
+// connection closed before the upstream read it (Go's transport: "server
+// closed idle connection") means the upstream is gone when nothing listens
+// at its address any more, and not while something does; an error after
+// the request was written (EOF) never does. The end-to-end case, a server
+// killed between two calls, is TestFailoverReplicasRedisDown.
+func TestUpstreamGoneClosedUnread(t *testing.T) {
+	live, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	deadLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := deadLn.Addr().String()
+	deadLn.Close()
+	closedIdle := &url.Error{Op: "Post", URL: "http://" + dead + "/mcp", Err: errors.New("http: server closed idle connection")}
+	broken := errors.New("net/http: HTTP/1.x transport connection broken: EOF")
+	for _, tc := range []struct {
+		name string
+		err  error
+		dial string
+		want bool
+	}{
+		{"closed unread, nothing listens", closedIdle, dead, true},
+		{"closed unread, still listening", closedIdle, live.Addr().String(), false},
+		{"broken after the request was written", broken, dead, false},
+	} {
+		if got := upstreamGone(newRequest(http.MethodPost), tc.err, tc.dial); got != tc.want {
+			t.Errorf("%s: upstreamGone = %v, want %v", tc.name, got, tc.want)
+		}
+	}
 }

@@ -502,7 +502,7 @@ func (h *Handler) serveFailed(w http.ResponseWriter, r *http.Request, next caddy
 	if retryAfter, ok := caddyhttp.GetVar(r.Context(), varUnavailable).(int); ok && !refused(r, up.Dial()) {
 		return h.writeUnavailable(w, id, up, retryAfter)
 	}
-	if !upstreamGone(r, err) {
+	if !upstreamGone(r, err, up.Dial()) {
 		return err
 	}
 	if staleInitialize(r, nil) {
@@ -526,10 +526,12 @@ func (h *Handler) writeUnavailable(w http.ResponseWriter, id string, up *Upstrea
 }
 
 // upstreamGone reports whether err, returned by reverse_proxy for a pinned
-// request, means the session's upstream is gone: the policy found it removed,
-// or unhealthy for longer than the grace, or unhealthy and refusing
-// connections; or dialing it failed.
-func upstreamGone(r *http.Request, err error) bool {
+// request to the upstream dialed at dial, means the session's upstream is
+// gone: the policy found it removed, or unhealthy for longer than the
+// grace, or unhealthy and refusing connections; or dialing it failed; or
+// it closed the kept-alive connection before reading the request and
+// nothing listens at its address any more: it died between two requests.
+func upstreamGone(r *http.Request, err error, dial string) bool {
 	if gone, _ := caddyhttp.GetVar(r.Context(), varGone).(bool); gone {
 		return true
 	}
@@ -537,7 +539,17 @@ func upstreamGone(r *http.Request, err error) bool {
 		return true // and refusing connections, or serveFailed would have answered 503
 	}
 	var dialErr reverseproxy.DialError
-	return errors.As(err, &dialErr)
+	return errors.As(err, &dialErr) || closedUnread(err) && refused(r, dial)
+}
+
+// closedUnread reports whether err says the upstream closed a kept-alive
+// connection before it read the request sent on it: Go's transport returns
+// "http: server closed idle connection" when the connection's end was read
+// before any byte of a response (net/http errServerClosedIdle, golang/go#19943),
+// and retries it itself only for idempotent requests. The request never
+// reached the upstream.
+func closedUnread(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "server closed idle connection")
 }
 
 // refused reports whether nothing listens at the upstream dialed at dial: a
