@@ -152,7 +152,7 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 	case "max_initialize_size":
 		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxInitializeSize) }
 	case "max_unconfirmed_per_client":
-		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxUnconfirmedPerClient) }
+		set = func(v string) error { return parseCap(d, name, v, &h.MaxUnconfirmedPerClient) }
 	case "client_key":
 		set = func(v string) error { h.ClientKey = v; return nil }
 	case "initialize_timeout":
@@ -237,10 +237,24 @@ func (h *Handler) unmarshalLegacySSE(d *caddyfile.Dispenser, seen map[string]boo
 		h.DisableLegacySSE = true
 	case slices.Contains(args, "off"):
 		return 0, d.Err("legacy_sse: 'off' cannot be listed with query parameters")
+	case slices.ContainsFunc(args, badQueryName):
+		return 0, d.Errf("legacy_sse: %q has a name with '?', '&', '=', '#' or a space; list query parameter names, such as 'legacy_sse session_id'", args)
+	case slices.Contains(args, "on"):
+		return 0, d.Errf("legacy_sse: 'on' would be read as a query parameter name; legacy SSE sessions are pinned by default, by %s: leave legacy_sse out, or list the parameter names", strings.Join(DefaultLegacySSEParams, ", "))
 	default:
 		h.LegacySSEParams = args
 	}
 	return 1 + len(args), nil
+}
+
+// parseCap parses a cap whose 0, its default, means no cap.
+func parseCap(d *caddyfile.Dispenser, name, v string, dst *int) error {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return d.Errf("%s: '%s' is not a whole number; 0 (the default) sets no cap", name, v)
+	}
+	*dst = n
+	return nil
 }
 
 func parsePositiveInt(d *caddyfile.Dispenser, name, v string, dst *int) error {

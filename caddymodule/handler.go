@@ -346,10 +346,16 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("failover must be %q or %q, got %q", FailoverOff, FailoverReinitialize, h.Failover)
 	case h.MaxInitializeSize < 0:
 		return fmt.Errorf("max_initialize_size must be positive, got %d", h.MaxInitializeSize)
-	case slices.Contains(h.LegacySSEParams, ""):
-		return fmt.Errorf("legacy_sse_params has an empty name; list query parameter names such as %q", DefaultLegacySSEParams)
+	case slices.ContainsFunc(h.LegacySSEParams, badQueryName):
+		return fmt.Errorf("legacy_sse_params %q has an empty name or one with '?', '&', '=', '#' or a space; list query parameter names such as %q", h.LegacySSEParams, DefaultLegacySSEParams)
 	}
 	return nil
+}
+
+// badQueryName reports whether name cannot be a URL query parameter's name
+// as a legacy SSE endpoint writes it (`?<name>=<session>`).
+func badQueryName(name string) bool {
+	return name == "" || strings.ContainsAny(name, "?&=# ")
 }
 
 // ServeHTTP pins the request to its session's upstream, or lets it be

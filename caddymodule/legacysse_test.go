@@ -244,3 +244,24 @@ func TestLegacySSEStreamAborted(t *testing.T) {
 		t.Errorf("after an aborted stream: %d sessions, %d stream_closed evictions; want 0, 1", f.h.table.Len(), f.h.table.Evictions(EvictStreamClosed))
 	}
 }
+
+// TestLegacySSEParamsValidate: a JSON config's legacy_sse_params must be
+// names a legacy endpoint can write as `?<name>=<session>`.
+func TestLegacySSEParamsValidate(t *testing.T) {
+	for _, tc := range []struct {
+		params []string
+		ok     bool
+	}{
+		{nil, true},
+		{[]string{"session_id", "sid"}, true},
+		{[]string{""}, false},
+		{[]string{"session_id", "?x="}, false},
+		{[]string{"a&b"}, false},
+		{[]string{"session id"}, false},
+	} {
+		err := (&Handler{LegacySSEParams: tc.params}).Validate()
+		if (err == nil) != tc.ok {
+			t.Errorf("Validate with legacy_sse_params %q: %v, want ok %v", tc.params, err, tc.ok)
+		}
+	}
+}
