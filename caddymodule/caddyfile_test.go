@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -242,5 +243,35 @@ func checkAdaptError(t *testing.T, file, cfg, want string, err error) {
 	}
 	if !strings.Contains(err.Error(), "Caddyfile:") {
 		t.Errorf("%s: error %q does not name the line", file, err)
+	}
+}
+
+// TestCaddyfileExampleDefaults: the options Caddyfile.example shows
+// commented out with their defaults, uncommented as a user would, adapt.
+func TestCaddyfileExampleDefaults(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "Caddyfile.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	option := regexp.MustCompile(`^(\t\t)# ([a-z_]+ +.*?)(\s*\(off by default\))?$`)
+	var cfg strings.Builder
+	n, inDefaults := 0, false
+	for line := range strings.Lines(string(data)) {
+		line = strings.TrimSuffix(line, "\n")
+		switch m := option.FindStringSubmatch(line); {
+		case strings.Contains(line, "defaults shown"):
+			inDefaults = true
+		case strings.TrimSpace(line) == "":
+			inDefaults = false
+		case inDefaults && m != nil:
+			line, n = m[1]+m[2], n+1
+		}
+		cfg.WriteString(line + "\n")
+	}
+	if n < 15 {
+		t.Fatalf("found %d commented options under \"defaults shown\" in Caddyfile.example; want every mcp_proxy option", n)
+	}
+	if _, _, err := adapt(cfg.String()); err != nil {
+		t.Errorf("Caddyfile.example with its %d default options uncommented: %v", n, err)
 	}
 }
