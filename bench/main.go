@@ -380,12 +380,20 @@ func (e *env) placedPart(o *options, pl placement) ([]tpResult, error) {
 
 // measureRows runs o.rows() in every mode, rounds times, and keeps each
 // row's median run by calls/s; part names the part in the progress lines.
+// Each round starts one row later than the one before (round 2 runs the
+// rows from the second on, then the first), so that no row always runs
+// first: a row's place in the round moves its calls/s by several percent.
 func (e *env) measureRows(o *options, part string) []tpResult {
 	byKey := map[string][]tpResult{}
 	var order []string
 	for round := 1; round <= o.rounds; round++ {
+		rows := o.rows()
+		if len(rows) > 0 {
+			k := (round - 1) % len(rows)
+			rows = slices.Concat(rows[k:], rows[:k])
+		}
 		for _, mode := range o.modes {
-			for _, sc := range o.rows() {
+			for _, sc := range rows {
 				fmt.Fprintf(e.log, "%s %s %-11s round %d/%d ... ", part, mode, sc.key, round, o.rounds)
 				r := e.runScenario(o, mode, sc, round)
 				if r.err != nil {
@@ -406,6 +414,12 @@ func (e *env) measureRows(o *options, part string) []tpResult {
 	var out []tpResult
 	for _, k := range order {
 		rs := byKey[k]
+		byRound := make([]float64, len(rs))
+		for i, r := range rs {
+			if r.err == nil {
+				byRound[i] = r.load.callsPerSec()
+			}
+		}
 		slices.SortFunc(rs, func(a, b tpResult) int {
 			switch {
 			case a.load.callsPerSec() < b.load.callsPerSec():
@@ -415,7 +429,9 @@ func (e *env) measureRows(o *options, part string) []tpResult {
 			}
 			return 0
 		})
-		out = append(out, rs[len(rs)/2])
+		med := rs[len(rs)/2]
+		med.byRound = byRound
+		out = append(out, med)
 	}
 	return out
 }

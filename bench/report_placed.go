@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 )
@@ -160,7 +161,7 @@ func (r *report) writeVariants(w io.Writer, p placedResult) {
 		return
 	}
 	fmt.Fprintf(w, "Variants of `mcp_proxy (3)`, against the default row of the same mode in this part:\n\n")
-	fmt.Fprintf(w, "| mode | variant | calls/s | ×default | p50 | ×default | proxy µs/call | ×default |\n|---|---|--:|--:|--:|--:|--:|--:|\n")
+	fmt.Fprintf(w, "| mode | variant | calls/s | ×default | ×default paired by round: median (range) | p50 | ×default | proxy µs/call | ×default |\n|---|---|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, mode := range r.o.modes {
 		base := p.find(mode, "mcp_proxy3")
 		for _, v := range r.o.variants {
@@ -181,8 +182,33 @@ func variantRow(mode, name string, t, base *tpResult) string {
 	if base != nil {
 		bc, bp, bu = base.load.callsPerSec(), float64(percentile(base.load.lat, 50)), perCall(base.proxyCPU, base.load.calls)
 	}
-	return fmt.Sprintf("| %s | `%s` | %.0f | %s | %s | %s | %.1f | %s |", mode, name, cps, ratio(cps, bc),
+	paired := "–"
+	if base != nil {
+		paired = pairedRatio(t.byRound, base.byRound)
+	}
+	return fmt.Sprintf("| %s | `%s` | %.0f | %s | %s | %s | %s | %.1f | %s |", mode, name, cps, ratio(cps, bc), paired,
 		ms(p50), ratio(float64(p50), bp), us, ratio(us, bu))
+}
+
+// pairedRatio is the median and range of a row's calls/s over the default
+// row's in the same round, over the rounds both ran: it cancels what
+// drifts between rounds, which the ratio of two medians does not.
+func pairedRatio(row, base []float64) string {
+	var rs []float64
+	for i := range min(len(row), len(base)) {
+		if row[i] > 0 && base[i] > 0 {
+			rs = append(rs, row[i]/base[i])
+		}
+	}
+	if len(rs) == 0 {
+		return "–"
+	}
+	slices.Sort(rs)
+	med := rs[len(rs)/2]
+	if len(rs)%2 == 0 {
+		med = (rs[len(rs)/2-1] + rs[len(rs)/2]) / 2
+	}
+	return fmt.Sprintf("%.2f (%.2f–%.2f, %d rounds)", med, rs[0], rs[len(rs)-1], len(rs))
 }
 
 // writeProfiles writes the profile summaries of the proxy-bound part.

@@ -84,7 +84,7 @@ func (e *env) holdStreams(o *options, key string) (*streamsResult, error) {
 	}
 	extra := ""
 	if h2c {
-		extra = "\t\ttransport http {\n\t\t\tversions h2c\n\t\t}\n"
+		extra = "\t\ttransport mcp {\n\t\t\tversions h2c\n\t\t}\n"
 	}
 	route := mcpProxyRoute(addrs, max(n+1000, 100_000), extra)
 	if key == "stock" {

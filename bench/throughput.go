@@ -62,7 +62,10 @@ type tpResult struct {
 	// With a placement: CPU other processes than the row's used on the
 	// proxy's CPUs, and on the generator's and upstreams' CPUs.
 	otherOnProxy, otherOnRest time.Duration
-	err                       error
+	// byRound is the calls/s of the row's run in each round, in round
+	// order (0 for a failed run), when the row ran in rounds.
+	byRound []float64
+	err     error
 }
 
 // runScenario starts fresh servers and the scenario's proxy, runs the load

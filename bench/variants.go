@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -39,7 +40,8 @@ const proxyLogOff = `
 type variant struct {
 	name      string   // as given: gogc=400+memlimit=1GiB
 	env       []string // GOGC=400, GOMEMLIMIT=1GiB
-	transport []string // lines of `transport http { }`
+	transport []string // lines of the transport block
+	protocol  string   // the transport module: mcp (mcp_proxy's default) or http
 	proxy     []string // lines of the mcp_proxy block
 	global    string   // global options
 }
@@ -65,6 +67,8 @@ func parseVariant(name string) (variant, error) {
 	for _, set := range strings.Split(name, "+") {
 		key, val, hasVal := strings.Cut(set, "=")
 		switch {
+		case key == "transport" && (val == "http" || val == "mcp"):
+			v.protocol = val
 		case key == "h2c" && !hasVal:
 			v.transport = append(v.transport, "versions h2c")
 		case set == "proxy_log=off":
@@ -78,7 +82,7 @@ func parseVariant(name string) (variant, error) {
 		case slices.Contains(variantProxy, key):
 			v.proxy = append(v.proxy, key+" "+val)
 		default:
-			return v, fmt.Errorf("variant %q: unknown setting %q; known: h2c, proxy_log=off, %s, %s, %s", name, key,
+			return v, fmt.Errorf("variant %q: unknown setting %q; known: h2c, proxy_log=off, transport=http|mcp, %s, %s, %s", name, key,
 				strings.Join(slices.Sorted(maps.Keys(variantEnv)), ", "), strings.Join(variantTransport, ", "), strings.Join(variantProxy, ", "))
 		}
 	}
@@ -91,8 +95,8 @@ func (v variant) block() string {
 	for _, l := range v.proxy {
 		fmt.Fprintf(&b, "\t\t%s\n", l)
 	}
-	if len(v.transport) > 0 {
-		b.WriteString("\t\ttransport http {\n")
+	if len(v.transport) > 0 || v.protocol != "" {
+		fmt.Fprintf(&b, "\t\ttransport %s {\n", cmp.Or(v.protocol, "mcp"))
 		for _, l := range v.transport {
 			fmt.Fprintf(&b, "\t\t\t%s\n", l)
 		}
@@ -105,6 +109,9 @@ func (v variant) block() string {
 // would write them (GOGC=400, keepalive_idle_conns 64).
 func (v variant) label(base string) string {
 	parts := slices.Concat(v.env, v.proxy, v.transport)
+	if v.protocol != "" {
+		parts = append(parts, "transport "+v.protocol)
+	}
 	if v.global != "" {
 		parts = append(parts, "reverse_proxy logger excluded")
 	}

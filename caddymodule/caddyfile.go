@@ -395,8 +395,9 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //
 // Defaults that differ from reverse_proxy's, each overridable in the block:
 // `lb_retries 2`, `fail_duration 10s`, `header_up Host {mcp.host_for_upstream}`
-// (except to HTTPS upstreams, which get Caddy's own default), and for the
-// http transport `keepalive 1s`.
+// (except to HTTPS upstreams, which get Caddy's own default), the `mcp`
+// transport (the http transport's options; see [Transport]) and for it
+// `keepalive 1s`.
 func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 	if !h.Next() {
 		return nil, h.ArgErr()
@@ -424,7 +425,7 @@ func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) 
 	}
 	adjustHostForTLS(rp)
 	adjustForSocketSource(rp, used)
-	if rp.TransportRaw, err = withIdleConnTimeout(rp.TransportRaw); err != nil {
+	if rp.TransportRaw, err = mcpTransport(rp.TransportRaw, used["transport"]); err != nil {
 		return nil, h.Errf("transport: %v", err)
 	}
 	if msg := healthURIWarning(rp, userMatcherSet); msg != "" {
@@ -553,31 +554,42 @@ func adjustHostForTLS(rp *reverseproxy.Handler) {
 }
 
 // tlsTransport reports whether raw, a reverse_proxy transport, is the http
-// transport with TLS to the upstreams.
+// or mcp transport with TLS to the upstreams.
 func tlsTransport(raw json.RawMessage) bool {
 	var t struct {
 		Protocol string          `json:"protocol"`
 		TLS      json.RawMessage `json:"tls"`
 	}
-	return json.Unmarshal(raw, &t) == nil && t.Protocol == "http" && t.TLS != nil
+	return json.Unmarshal(raw, &t) == nil && (t.Protocol == "http" || t.Protocol == "mcp") && t.TLS != nil
 }
 
-// withIdleConnTimeout gives the transport of an mcp_proxy the default idle
-// connection timeout, proxyIdleConnTimeout: the http transport when none
-// is configured, and a configured http transport that sets neither
-// `keepalive <duration>` nor `keepalive off`. Other transports are left as
-// they are.
-func withIdleConnTimeout(raw json.RawMessage) (json.RawMessage, error) {
+// mcpTransport gives an mcp_proxy its default transport: the mcp
+// transport (see [Transport]) in place of the http transport that
+// reverse_proxy sets up when the block names none (explicit is false), with
+// the default idle connection timeout, proxyIdleConnTimeout, unless
+// `keepalive <duration>` or `keepalive off` is set. A transport the block
+// names is kept; when it is http or mcp, it gets the idle connection
+// timeout too. Other transports are left as they are.
+func mcpTransport(raw json.RawMessage, explicit bool) (json.RawMessage, error) {
 	idle := caddy.Duration(proxyIdleConnTimeout)
 	if raw == nil {
-		t := &reverseproxy.HTTPTransport{KeepAlive: &reverseproxy.KeepAlive{IdleConnTimeout: idle}}
-		return caddyconfig.JSONModuleObject(t, "protocol", "http", nil), nil
+		ht := reverseproxy.HTTPTransport{KeepAlive: &reverseproxy.KeepAlive{IdleConnTimeout: idle}}
+		if explicit { // reverse_proxy leaves out a `transport http` without options
+			return caddyconfig.JSONModuleObject(&ht, "protocol", "http", nil), nil
+		}
+		return caddyconfig.JSONModuleObject(&Transport{ht}, "protocol", "mcp", nil), nil
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &fields); err != nil {
 		return nil, err
 	}
-	if string(fields["protocol"]) != `"http"` {
+	switch string(fields["protocol"]) {
+	case `"http"`:
+		if !explicit {
+			fields["protocol"] = json.RawMessage(`"mcp"`)
+		}
+	case `"mcp"`:
+	default:
 		return raw, nil
 	}
 	var ka map[string]json.RawMessage
@@ -586,14 +598,13 @@ func withIdleConnTimeout(raw json.RawMessage) (json.RawMessage, error) {
 			return nil, err
 		}
 	}
-	if ka["idle_timeout"] != nil || string(ka["enabled"]) == "false" {
-		return raw, nil
+	if ka["idle_timeout"] == nil && string(ka["enabled"]) != "false" {
+		if ka == nil {
+			ka = map[string]json.RawMessage{}
+		}
+		ka["idle_timeout"] = caddyconfig.JSON(idle, nil)
+		fields["keep_alive"] = caddyconfig.JSON(ka, nil)
 	}
-	if ka == nil {
-		ka = map[string]json.RawMessage{}
-	}
-	ka["idle_timeout"] = caddyconfig.JSON(idle, nil)
-	fields["keep_alive"] = caddyconfig.JSON(ka, nil)
 	return json.Marshal(fields)
 }
 

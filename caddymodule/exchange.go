@@ -52,6 +52,7 @@ type exchange struct {
 	body      *rpcHead // what the body says, nil if it was unreadable
 	bodyFault *fault   // why the body was unreadable
 	raw       []byte   // the whole body, when it was read and parsed
+	sent      []byte   // the whole body as the mcp transport sends it, once read
 
 	repl     *caddy.Replacer // the request's replacer, once the placeholders are registered with it
 	serving  bool            // an mcp_session handler is serving the request
