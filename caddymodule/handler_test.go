@@ -846,3 +846,46 @@ func TestGetStreamOpen(t *testing.T) {
 		})
 	}
 }
+
+// TestUnderscoredSessionHeaderRefused: a header that is Mcp-Session-Id with
+// underscores for hyphens, in any letter case, gets 400 and reaches no
+// upstream: CGI, WSGI and FastCGI servers would read it as the session
+// while the proxy checked none. Headers that only resemble it pass.
+func TestUnderscoredSessionHeaderRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		headers map[string]string
+		refused bool
+	}{
+		{"Mcp_Session_Id", map[string]string{"Mcp_Session_Id": testSessionID}, true},
+		{"lower case", map[string]string{"mcp_session_id": testSessionID}, true},
+		{"one underscore", map[string]string{"MCP-SESSION_ID": testSessionID}, true},
+		{"the other underscore", map[string]string{"mcp_Session-Id": testSessionID}, true},
+		{"beside Mcp-Session-Id", map[string]string{"Mcp-Session-Id": testSessionID, "Mcp_Session_Id": "another"}, true},
+		{"longer name", map[string]string{"Mcp_Session_Idx": testSessionID}, false},
+		{"other prefix", map[string]string{"X-Mcp_Session_Id": testSessionID}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, _ := provisionHandler(t, &Handler{})
+			next := new(countingNext)
+			rec := httptest.NewRecorder()
+			r := newRequest(http.MethodPost)
+			for k, v := range tc.headers {
+				r.Header.Add(k, v) // canonicalized as Go's HTTP servers do
+			}
+			if err := h.ServeHTTP(rec, r, next); err != nil {
+				t.Fatalf("ServeHTTP: %v", err)
+			}
+			if !tc.refused {
+				if next.calls != 1 {
+					t.Errorf("next called %d times, want the request balanced", next.calls)
+				}
+				return
+			}
+			if next.calls != 0 {
+				t.Errorf("next called %d times, want 0", next.calls)
+			}
+			checkRPCError(t, rec, http.StatusBadRequest, CodeInvalidRequest, "reads as Mcp-Session-Id with underscores")
+		})
+	}
+}
