@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
@@ -169,7 +170,15 @@ var benchMap = sync.OnceValue(func() map[string]*Upstream {
 // lookups of random IDs, and reports the decision's and the map lookup's
 // ns per operation on one goroutine, and their ratio (x-map): load that
 // comes and goes on a shared machine weighs on both alike.
-func vsMap(b *testing.B, ids []string, newDecide func() func(id string) bool) {
+//
+// With serial, each lookup's ID depends on the result of the lookup before
+// it (through a value that is always 0 but that the CPU must wait for), so
+// that a lookup cannot start before the previous one has finished: each
+// costs its latency, as the one lookup of a request does. Without it,
+// independent lookups in a tight loop overlap their cache misses, which
+// the bare map does and the table's read lock (locked instructions, which
+// order memory) prevents.
+func vsMap(b *testing.B, ids []string, serial bool, newDecide func() func(id string) unsafe.Pointer) {
 	const chunk = 1000
 	m := benchMap()
 	var tMap, tDecide atomic.Int64
@@ -177,17 +186,29 @@ func vsMap(b *testing.B, ids []string, newDecide func() func(id string) bool) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		decide := newDecide()
+		var prev unsafe.Pointer // the previous lookup's result, with serial
+		next := func() string {
+			return ids[(mrand.IntN(len(ids))+int(uintptr(prev)>>63))%len(ids)]
+		}
 		for n := chunk; n == chunk; {
 			start := time.Now()
 			for n = 0; n < chunk && pb.Next(); n++ {
-				if m[ids[mrand.IntN(len(ids))]] == nil {
+				p := unsafe.Pointer(m[next()])
+				if p == nil {
 					panic("session not found")
+				}
+				if serial {
+					prev = p
 				}
 			}
 			mid := time.Now()
 			for range n {
-				if !decide(ids[mrand.IntN(len(ids))]) {
+				p := decide(next())
+				if p == nil {
 					panic("no upstream")
+				}
+				if serial {
+					prev = p
 				}
 			}
 			tDecide.Add(int64(time.Since(mid)))
@@ -223,12 +244,17 @@ func BenchmarkPinnedLookupParallel(b *testing.B) {
 	s := benchPolicy(b)
 	b.Run("lookup", func(b *testing.B) { lookupsParallel(b, tbl, ids) })
 	b.Run("lookup-active1k", func(b *testing.B) { lookupsParallel(b, tbl, ids[:1000]) })
+	decide := func() func(string) unsafe.Pointer {
+		r := newRequest(http.MethodPost)
+		return func(id string) unsafe.Pointer { return unsafe.Pointer(pinnedDecision(tbl, s, pool, r, id)) }
+	}
 	b.Run("lookup+select-vs-map", func(b *testing.B) {
 		inUse(b, tbl, ids)
-		vsMap(b, ids, func() func(string) bool {
-			r := newRequest(http.MethodPost)
-			return func(id string) bool { return pinnedDecision(tbl, s, pool, r, id) != nil }
-		})
+		vsMap(b, ids, false, decide)
+	})
+	b.Run("lookup+select-vs-map-serial", func(b *testing.B) {
+		inUse(b, tbl, ids)
+		vsMap(b, ids, true, decide)
 	})
 	b.Run("lookup+select", func(b *testing.B) {
 		inUse(b, tbl, ids)
