@@ -62,6 +62,19 @@ func chartsOf(r *report) chartData {
 	return c
 }
 
+// recordedCharts takes the charts' figures from the report r writes, as
+// `bench charts` reads them from a recorded report, so that the charts a
+// run writes match its report byte for byte; from r's results when the
+// report has no throughput table.
+func recordedCharts(r *report) chartData {
+	var md bytes.Buffer
+	r.write(&md)
+	if c, err := parseReport(md.String()); err == nil {
+		return c
+	}
+	return chartsOf(r)
+}
+
 // chart is one SVG file the bench writes beside its report.
 type chart struct {
 	suffix, alt string

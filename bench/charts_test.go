@@ -172,3 +172,45 @@ func TestRecordedCharts(t *testing.T) {
 		}
 	}
 }
+
+// TestRunChartsMatchRedrawn: the charts a run writes beside its report are
+// the ones `bench charts` redraws from that report, byte for byte, so that
+// TestRecordedCharts holds right after a run. Charts drawn from the run's
+// unrounded figures (chartsOf), the negative control, differ.
+func TestRunChartsMatchRedrawn(t *testing.T) {
+	r := sampleReport()
+	dir := t.TempDir()
+	out := filepath.Join(dir, "results.md")
+	written, err := writeCharts(recordedCharts(r), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.charts = written
+	var md bytes.Buffer
+	r.write(&md)
+	parsed, err := parseReport(md.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	redrawn := filepath.Join(t.TempDir(), "results.md")
+	if _, err := writeCharts(parsed, redrawn); err != nil {
+		t.Fatal(err)
+	}
+	unrounded := filepath.Join(t.TempDir(), "results.md")
+	if _, err := writeCharts(chartsOf(r), unrounded); err != nil {
+		t.Fatal(err)
+	}
+	differs := false
+	for _, c := range charts {
+		run, _ := os.ReadFile(chartPath(out, c.suffix))
+		again, _ := os.ReadFile(chartPath(redrawn, c.suffix))
+		raw, _ := os.ReadFile(chartPath(unrounded, c.suffix))
+		if len(run) == 0 || !bytes.Equal(run, again) {
+			t.Errorf("%s chart: the run's (%d bytes) differs from the one redrawn from its report (%d bytes)", c.suffix, len(run), len(again))
+		}
+		differs = differs || !bytes.Equal(raw, again)
+	}
+	if !differs {
+		t.Errorf("charts from the unrounded figures match the redrawn ones too: the sample report shows nothing")
+	}
+}

@@ -343,7 +343,7 @@ func run() error {
 	}
 	rep.elapsed = time.Since(started)
 	if o.out != "" {
-		if rep.charts, err = writeCharts(chartsOf(rep), o.out); err != nil {
+		if rep.charts, err = writeCharts(recordedCharts(rep), o.out); err != nil {
 			return err
 		}
 	}
