@@ -377,11 +377,6 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			"this proxy listens on loopback and serves only localhost names (DNS rebinding protection); "+
 			"behind a trusted proxy on this machine, set localhost_protection off", r.Host))
 	}
-	if name := underscoredSessionHeader(r.Header); name != "" {
-		decide(r, decisionRejected, "")
-		return writeBadSession(w, fmt.Sprintf("header %s reads as Mcp-Session-Id with underscores for hyphens, "+
-			"which CGI, WSGI and FastCGI servers take for Mcp-Session-Id, unseen by this proxy's session checks; send Mcp-Session-Id", name))
-	}
 	ids := r.Header[HeaderSessionID]
 	if len(ids) == 0 {
 		return h.serveWithoutHeader(w, r, next)
@@ -762,27 +757,6 @@ func namedInConnection(h http.Header, name string) bool {
 		}
 	}
 	return false
-}
-
-// underscoredSessions are the spellings of Mcp-Session-Id with an
-// underscore for one or both hyphens, as Go's HTTP servers canonicalize
-// them (a letter after an underscore is not capitalized).
-var underscoredSessions = [...]string{"Mcp_session_id", "Mcp_session-Id", "Mcp-Session_id"}
-
-// underscoredSessionHeader returns the name of a header of h that is
-// Mcp-Session-Id with underscores for hyphens, or "". CGI (RFC 3875
-// §4.1.18), WSGI and FastCGI servers pass both spellings to the application
-// as HTTP_MCP_SESSION_ID, so an upstream behind them would take such a
-// header for the session while the proxy, seeing none, balances the request
-// unchecked: past bind_principal to any upstream. nginx drops such headers
-// (underscores_in_headers off), gunicorn since 22.0 too (header_map drop).
-func underscoredSessionHeader(h http.Header) string {
-	for _, k := range underscoredSessions {
-		if _, ok := h[k]; ok {
-			return k
-		}
-	}
-	return ""
 }
 
 // checkSessionID returns why id is not a usable Mcp-Session-Id, or "" if it
