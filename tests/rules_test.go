@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -270,6 +271,40 @@ func TestBadSessionHeader(t *testing.T) {
 	}
 	if ex := send(t, hc, http.MethodPost, p.url(), sid(good), `{}`); ex.status != http.StatusOK {
 		t.Fatalf("the good session was lost: %d %s", ex.status, ex.body)
+	}
+}
+
+// TestUnderscoredSessionHeaderDropped (README, "What happens when":
+// Mcp-Session-Id with underscores): CGI, WSGI and FastCGI servers read
+// Mcp_Session_Id as Mcp-Session-Id, which would carry a session past the
+// proxy's checks (bind_principal) to any upstream. Caddy drops header names
+// with underscores before any handler (GHSA-f59h-q822-g45g): the request is
+// one without a session, and no upstream sees the header or the ID. This
+// guards the plugin's reliance on that default.
+func TestUnderscoredSessionHeaderDropped(t *testing.T) {
+	ds := startDoubles(t, 2)
+	p := startProxy(t, "mcp_proxy "+upstreams(ds))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	good := initialize(t, hc, p.url())
+	before := ds[0].sawSession(good) + ds[1].sawSession(good)
+	for _, name := range []string{"mcp_session_id", "MCP-SESSION_ID", "Mcp_Session-Id"} {
+		ex := send(t, hc, http.MethodPost, p.url(), map[string][]string{name: {good}}, `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`)
+		if ex.status != http.StatusOK {
+			t.Errorf("%s: %d %s, want the answer to a request without a session", name, ex.status, ex.body)
+		}
+	}
+	for _, d := range ds {
+		for _, r := range d.requests() {
+			for k, v := range r.header {
+				if strings.Contains(k, "_") || slices.Contains(v, good) && k != "Mcp-Session-Id" {
+					t.Errorf("upstream %s got header %s: %v", d.name, k, v)
+				}
+			}
+		}
+	}
+	if after := ds[0].sawSession(good) + ds[1].sawSession(good); after != before {
+		t.Errorf("%d requests reached an upstream with the session", after-before)
 	}
 }
 
