@@ -423,6 +423,10 @@ func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) 
 	if err := rp.FinalizeUnmarshalCaddyfile(h); err != nil {
 		return nil, err
 	}
+	if len(rp.Upstreams) == 0 && rp.DynamicUpstreamsRaw == nil {
+		return nil, h.Err("mcp_proxy has no upstreams, so it would answer every request 503: list them after the directive " +
+			"(mcp_proxy 127.0.0.1:9001 127.0.0.1:9002), with 'to', or as a 'dynamic' source")
+	}
 	adjustHostForTLS(rp)
 	adjustForSocketSource(rp, used)
 	if rp.TransportRaw, err = mcpTransport(rp.TransportRaw, used["transport"]); err != nil {
