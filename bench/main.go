@@ -151,7 +151,7 @@ func parseFlags() (*options, error) {
 	flag.IntVar(&o.memSessions, "memory-sessions", 1_000_000, "`N` sessions in the table (memory and memcaddy parts)")
 	flag.StringVar(&o.decisionCPU, "decision-cpu", "1,2,4", "-cpu list of the decision benchmarks")
 	flag.StringVar(&o.benchtime, "decision-benchtime", "2000000x", "-benchtime of the decision benchmarks")
-	flag.StringVar(&variants, "variants", "", "extra mcp_proxy (3) rows under other settings: `list` of variants, settings joined by + (gogc=400+memlimit=1GiB,keepalive_idle_conns=64,flush_interval=-1,h2c)")
+	flag.StringVar(&variants, "variants", "", "extra mcp_proxy (3) rows under other settings: `list` of variants, settings joined by + (transport=http,gogc=400+memlimit=1GiB,keepalive_idle_conns=64,flush_interval=-1,h2c; bench/README.md lists them)")
 	flag.IntVar(&o.boundSessions, "proxybound-sessions", 64, "`N` concurrent MCP sessions in the proxybound part (enough to keep the proxy's core busy)")
 	flag.StringVar(&o.proxyCPUs, "proxy-cpus", "", "sidecar and proxybound parts: `CPUs` of the proxy process (cpuset list: 1, 2-3); default the last CPU")
 	flag.StringVar(&o.restCPUs, "rest-cpus", "", "sidecar and proxybound parts: `CPUs` of the load generator and the upstreams; default all CPUs not given to the proxy")

@@ -69,6 +69,27 @@ func readRPC(r *http.Request, limit int64) (*rpcHead, *fault) {
 	return parseRPC(buf)
 }
 
+// readWhole reads a request body of known length up to MaxInMemoryBody
+// into the exchange, where the mcp transport sends it from, and puts it
+// back for anything else that reads r. The body is read before the
+// request is routed, so that its upload is not counted against the
+// upstream (pinned_timeout) and a body that ends early, or breaks, is the
+// client's fault, answered without contacting an upstream. It returns the
+// read's error; other bodies are left to stream.
+func (ex *exchange) readWhole(r *http.Request) error {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength <= 0 || r.ContentLength > MaxInMemoryBody || ex.sent != nil {
+		return nil
+	}
+	buf := make([]byte, r.ContentLength)
+	if n, err := io.ReadFull(r.Body, buf); err != nil {
+		r.Body = &replayBody{buf: buf[:n], rest: r.Body}
+		return err
+	}
+	ex.sent = buf
+	r.Body = io.NopCloser(bytes.NewReader(buf))
+	return nil
+}
+
 // tooLarge is the fault of a body over the matcher's bound; size is -1 when unknown.
 func tooLarge(size, limit int64) *fault {
 	msg := fmt.Sprintf("Request body is larger than %d bytes, the most an mcp matcher of this proxy reads (max_body_size)", limit)

@@ -47,8 +47,9 @@ func (n *frozenNext) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 
 // initializeRequest returns a legacy initialize request with JSON-RPC id 7.
 func initializeRequest() *http.Request {
+	body := `{"jsonrpc":"2.0","id":7,"method":"initialize","params":{}}`
 	r := newRequest(http.MethodPost)
-	r.Body = io.NopCloser(strings.NewReader(`{"jsonrpc":"2.0","id":7,"method":"initialize","params":{}}`))
+	r.Body, r.ContentLength = io.NopCloser(strings.NewReader(body)), int64(len(body))
 	return r
 }
 

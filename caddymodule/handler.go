@@ -243,7 +243,9 @@ type Handler struct {
 	InitializeTimeout caddy.Duration `json:"initialize_timeout,omitempty"`
 
 	// How long a request of a session waits for its upstream's response
-	// headers before the proxy answers 504 with a JSON-RPC error. The
+	// headers before the proxy answers 504 with a JSON-RPC error, counted
+	// from when the proxy has the request's body (one of known length up to
+	// MaxInMemoryBody; a longer or chunked body's upload counts). The
 	// session is kept, and the upstream gets no new sessions for 30 s
 	// unless it answers a request meanwhile. A server answering in JSON
 	// mode sends no headers until a tool call finishes, so set it above the
@@ -376,6 +378,14 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		return writeRPCError(w, http.StatusForbidden, CodeInvalidRequest, fmt.Sprintf("Forbidden: invalid Host header %q: "+
 			"this proxy listens on loopback and serves only localhost names (DNS rebinding protection); "+
 			"behind a trusted proxy on this machine, set localhost_protection off", r.Host))
+	}
+	if err := exchangeOf(r).readWhole(r); err != nil {
+		decide(r, decisionRejected, "")
+		if r.Context().Err() != nil { // the client went away
+			return caddyhttp.Error(499, err)
+		}
+		return writeRPCError(w, http.StatusBadRequest, CodeInvalidRequest, fmt.Sprintf(
+			"Bad Request: the request body ended after fewer than its Content-Length of %d bytes, or broke: %v", r.ContentLength, err))
 	}
 	ids := r.Header[HeaderSessionID]
 	if len(ids) == 0 {

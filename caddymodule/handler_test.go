@@ -846,3 +846,36 @@ func TestGetStreamOpen(t *testing.T) {
 		})
 	}
 }
+
+// TestBodyShorterThanContentLength: a body that ends before its
+// Content-Length (an HTTP/2 stream ended early; over HTTP/1.1 the client
+// closes, see TestSlowUploadIsNotAFrozenUpstream) is the client's fault: 400
+// from the proxy, no upstream contacted, so none is marked failed. A whole
+// body reaches next intact.
+func TestBodyShorterThanContentLength(t *testing.T) {
+	h, _ := provisionHandler(t, &Handler{})
+	next := new(countingNext)
+	rec := httptest.NewRecorder()
+	r := newRequest(http.MethodPost)
+	r.ContentLength = 100 // the body has 40 bytes
+	if err := h.ServeHTTP(rec, r, next); err != nil {
+		t.Fatalf("ServeHTTP: %v", err)
+	}
+	if next.calls != 0 {
+		t.Errorf("next called %d times, want 0", next.calls)
+	}
+	checkRPCError(t, rec, http.StatusBadRequest, CodeInvalidRequest, "fewer than its Content-Length of 100 bytes")
+
+	var got []byte
+	r = newRequest(http.MethodPost)
+	whole := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		got, _ = io.ReadAll(r.Body)
+		return nil
+	})
+	if err := h.ServeHTTP(httptest.NewRecorder(), r, whole); err != nil {
+		t.Fatalf("ServeHTTP: %v", err)
+	}
+	if string(got) != `{"jsonrpc":"2.0","id":1,"method":"ping"}` {
+		t.Errorf("next read %q, want the whole body", got)
+	}
+}

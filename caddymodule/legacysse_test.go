@@ -139,7 +139,8 @@ func TestLegacySSEPostRefused(t *testing.T) {
 			next := &countingNext{}
 			rec := httptest.NewRecorder()
 			r := legacyPost(tc.query)
-			r.Body = io.NopCloser(strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`)) // never a stale initialize
+			init := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}` // never a stale initialize
+			r.Body, r.ContentLength = io.NopCloser(strings.NewReader(init)), int64(len(init))
 			if err := h.ServeHTTP(rec, r, next); err != nil {
 				t.Fatal(err)
 			}

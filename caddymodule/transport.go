@@ -74,7 +74,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 //
 // The body is read once per client request and kept in its exchange:
 // reverse_proxy sends the same request again after a failed dial
-// (lb_retries), and failover sends it to another upstream.
+// (lb_retries), and failover sends it to another upstream. Behind an
+// mcp_session handler it was read there already, before the request was
+// routed (see exchange.readWhole).
 func inMemoryBody(req *http.Request) (body []byte, partial io.ReadCloser) {
 	if req.Body == nil || req.Body == http.NoBody || req.ContentLength <= 0 ||
 		req.ContentLength > MaxInMemoryBody || req.Header["Expect"] != nil {

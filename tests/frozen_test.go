@@ -1,10 +1,12 @@
 package tests
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"syscall"
@@ -213,5 +215,70 @@ func TestFrozenUpstreamWithHealthChecks(t *testing.T) {
 		if id, err := whoami(ctx, cs); err != nil || id != want {
 			t.Errorf("after s1 resumed: %+v, %v; want %+v", id, err, want)
 		}
+	}
+}
+
+// TestSlowUploadIsNotAFrozenUpstream (README, "What happens when": a
+// client's body that is slow or ends early): pinned_timeout bounds the
+// upstream's wait for response headers, not the client's upload. A call
+// whose body arrives after longer than pinned_timeout is answered, and its
+// upstream keeps getting new sessions; a body that ends before its
+// Content-Length is answered by the proxy, and no upstream sees it.
+func TestSlowUploadIsNotAFrozenUpstream(t *testing.T) {
+	ds := startDoubles(t, 2)
+	p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\ttable slow-upload\n\t\tpinned_timeout 1s\n\t\tfallback round_robin\n\t}", upstreams(ds)))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	id := initialize(t, hc, p.url())
+	body := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"whoami"}}`
+	head := fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"+
+		"Mcp-Session-Id: %s\r\nContent-Length: %d\r\n\r\n", p.addr, id, len(body))
+
+	slow := func(rest string, pause time.Duration) (int, string) {
+		conn, err := net.DialTimeout("tcp", p.addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+		if _, err := io.WriteString(conn, head+body[:20]); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(pause)
+		if rest == "" {
+			conn.(*net.TCPConn).CloseWrite() //nolint:errcheck
+		} else if _, err := io.WriteString(conn, rest); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodPost})
+		if err != nil {
+			t.Fatalf("reading the response: %v", err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if status, b := slow(body[20:], 1500*time.Millisecond); status != http.StatusOK {
+		t.Errorf("a call whose body took 1.5 s to arrive, pinned_timeout 1s: %d %s, want 200", status, b)
+	}
+	before := ds[0].total() + ds[1].total()
+	// Over HTTP/1.1 a body ends early only when the client closes its side
+	// of the connection, which Go's server takes for a client gone: 499, as
+	// Caddy logs a client that left (the handler's unit test has the 400
+	// that an HTTP/2 stream ended early gets).
+	if status, b := slow("", 0); status != 499 {
+		t.Errorf("a body that ended before its Content-Length: %d %s, want 499 (client gone)", status, b)
+	}
+	if after := ds[0].total() + ds[1].total(); after != before {
+		t.Errorf("the truncated request reached an upstream (%d requests)", after-before)
+	}
+	// Neither upstream was taken for stuck or failed: new sessions still
+	// alternate between the two.
+	was := []int{ds[0].total(), ds[1].total()}
+	for range 4 {
+		initialize(t, hc, p.url())
+	}
+	if got := []int{ds[0].total() - was[0], ds[1].total() - was[1]}; got[0] == 0 || got[1] == 0 {
+		t.Errorf("4 new sessions went %v to the two upstreams, want both to get some", got)
 	}
 }
