@@ -212,8 +212,13 @@ type failoverResult struct {
 // request that finds the session moved already follows it.
 func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, from *Upstream, pf *pinnedFailover, cause FailoverCause) (*Upstream, error) {
 	v, err, _ := h.table.flights.Do(id, func() (any, error) {
-		if up, init := h.table.initOf(id); up != nil && init != nil && init != pf.init {
-			return failoverResult{up: up, init: init}, nil // moved by a request before this one
+		// Moved by a request before this one: the kept record changed, or,
+		// when this request looked the session up before that move and read
+		// its record after (servePinned does the two apart), the upstream
+		// did. Failing over again would open a second upstream session and
+		// orphan the first.
+		if up, init := h.table.initOf(id); up != nil && init != nil && (init != pf.init || up != from) {
+			return failoverResult{up: up, init: init}, nil
 		}
 		res, ok := h.table.movedInStore(id, from, pf.init)
 		var err error

@@ -249,3 +249,45 @@ func TestUpstreamGoneClosedUnread(t *testing.T) {
 		}
 	}
 }
+
+// TestFailoverAfterAMoveSeenHalfway: a request that looked its session up
+// on upstream A, then read the session's failover record after a
+// concurrent request had moved the session to B, holds B's record with A.
+// When A fails it, the session has moved already: the request follows it
+// to B, and no upstream opens a second session for it. (Under load, the
+// end-to-end failover tests saw such a session failed over twice.)
+func TestFailoverAfterAMoveSeenHalfway(t *testing.T) {
+	f := newAffinityFixture(t)
+	f.h.table.setFailover(FailoverReinitialize, 0)
+	f.proxy.pool = f.proxy.pool[:2]
+	up, minted := lostSessionUpstream("OLD", "NEW", "NEWER")
+	f.serve(t, bodyRequest(testInitBody, ""), up)
+	f.serve(t, bodyRequest(`{"jsonrpc":"2.0","method":"notifications/initialized"}`, "OLD"), up)
+	from, _ := f.h.table.initOf("OLD") // where the late request looked the session up
+	delete(minted, "OLD")              // A loses it: the next request moves it to B
+	f.serve(t, bodyRequest(`{"jsonrpc":"2.0","id":2,"method":"tools/call"}`, "OLD"), up)
+	to, _ := f.h.table.initOf("OLD")
+	dial := func(u *Upstream) string {
+		if u == nil {
+			return "none"
+		}
+		return u.Dial()
+	}
+	if to == nil || to == from || f.h.table.Stats.Failovers(FailoverUpstream404, true) != 1 {
+		t.Fatalf("setup: the session is on %s (was on %s), %d failovers; want it moved once to another upstream",
+			dial(to), dial(from), f.h.table.Stats.Failovers(FailoverUpstream404, true))
+	}
+
+	r := bodyRequest(`{"jsonrpc":"2.0","id":3,"method":"ping"}`, "OLD")
+	w := httptest.NewRecorder()
+	pf := f.h.failoverFor(w, r, "OLD") // the record after the move
+	f.proxy.respond = up
+	got, err := f.h.failOver(w, r, f.proxy, "OLD", from, pf, FailoverRefused)
+	if err != nil || got != to || r.Header.Get(HeaderSessionID) != "NEW" {
+		t.Fatalf("failover of the late request: to %s, Mcp-Session-Id %q, error %v; want %s and NEW, where the session is",
+			dial(got), r.Header.Get(HeaderSessionID), err, dial(to))
+	}
+	if minted["NEWER"] || f.h.table.Stats.Failovers(FailoverRefused, true) != 0 {
+		t.Fatalf("the late request failed the session over again (a new upstream session: %v)", minted["NEWER"])
+	}
+}
