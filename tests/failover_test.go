@@ -307,6 +307,9 @@ func vsSummary(vs []*vsSession, deadServer string) (onDead, deadOK, others, othe
 func killUnderLoad(t *testing.T, srv []*testproc.Proc, label string) {
 	t.Helper()
 	ps := startProxies(t, failoverSite(upstreams(srv), label+"fo", true), failoverSite(upstreams(srv), label+"nofo", false))
+	// The table and its metrics outlive the config (go test -count=N runs
+	// this again over the same table): count this run's failovers only.
+	movedBefore, failedBefore := failoversOf(t, label+"fo")
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	const n, raw = 60, 15
@@ -351,13 +354,23 @@ func killUnderLoad(t *testing.T, srv []*testproc.Proc, label string) {
 	if offDead == 0 || offDeadOK != 0 || offOthersOK != offOthers {
 		t.Errorf("raw clients without failover: want the killed server's sessions broken and the others ok; got %d/%d, %d/%d", offDeadOK, offDead, offOthersOK, offOthers)
 	}
-	fam, _ := scrape(t)
-	moved := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": label + "fo", "cause": "refused", "result": "moved"})
-	failed := metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": label + "fo", "cause": "refused", "result": "failed"})
+	moved, failed := failoversOf(t, label+"fo")
+	moved, failed = moved-movedBefore, failed-failedBefore
 	t.Logf("%s: caddy_mcp_failovers_total{cause=refused}: moved %v, failed %v", label, moved, failed)
 	if int(moved) != son.onDead+onDead || failed != 0 {
 		t.Errorf("caddy_mcp_failovers_total{cause=refused}: moved %v, failed %v; want %d moved, 0 failed", moved, failed, son.onDead+onDead)
 	}
+}
+
+// failoversOf returns caddy_mcp_failovers_total{cause="refused"} of table,
+// moved and failed, 0 for a series not there yet.
+func failoversOf(t testing.TB, table string) (moved, failed float64) {
+	t.Helper()
+	fam, _ := scrape(t)
+	f := fam["caddy_mcp_failovers_total"]
+	moved = samplesSum(f, map[string]string{"table": table, "cause": "refused", "result": "moved"})
+	failed = samplesSum(f, map[string]string{"table": table, "cause": "refused", "result": "failed"})
+	return moved, failed
 }
 
 // slicesIndex returns 0 if v is in vs, 1 otherwise.
