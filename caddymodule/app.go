@@ -44,6 +44,11 @@ type App struct {
 	ctx  caddy.Context
 	mu   *sync.Mutex
 	uses map[string]*tableUse // by table name; guarded by mu
+
+	// start runs the start once, whether Caddy or a request comes first
+	// (see Start); startErr is its error.
+	start    *sync.Once
+	startErr error
 }
 
 // TableConfig is the configuration of one session table.
@@ -146,7 +151,7 @@ func (App) CaddyModule() caddy.ModuleInfo {
 // is invalid, and the registry's error when the metrics cannot be
 // registered.
 func (a *App) Provision(ctx caddy.Context) error {
-	a.ctx, a.mu, a.uses = ctx, new(sync.Mutex), map[string]*tableUse{}
+	a.ctx, a.mu, a.uses, a.start = ctx, new(sync.Mutex), map[string]*tableUse{}, new(sync.Once)
 	for _, name := range a.configuredNames() {
 		if err := a.provisionTable(ctx, name); err != nil {
 			return err
@@ -317,7 +322,20 @@ func (u *tableUse) ttl() time.Duration {
 // policy reads the table its `mcp_session` handler writes. Its error names
 // both tables of a route where they differ; the config then fails to load
 // and the running one is kept.
+//
+// Caddy starts a config's apps in no set order (it ranges over a map), so
+// its http app may serve requests before this app starts: a new table
+// would still have no settings and no store, and a request of a session
+// that only the shared store knows would get 404, ending the session. The
+// mcp_session handler therefore calls Start before serving; the work runs
+// once, and later calls return its error.
 func (a *App) Start() error {
+	a.start.Do(func() { a.startErr = a.startTables() })
+	return a.startErr
+}
+
+// startTables is Start's work.
+func (a *App) startTables() error {
 	if err := a.checkPairs(); err != nil {
 		return err
 	}

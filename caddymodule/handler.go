@@ -271,6 +271,7 @@ type Handler struct {
 	LegacySSEParams []string `json:"legacy_sse_params,omitempty"`
 
 	table          *Table
+	app            *App         // the config's mcp_sessions app, which configures table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
 	warnedInitSize *atomic.Bool // the warning of an initialize too large to seal was logged
 	logger         *zap.Logger
@@ -323,7 +324,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	h.table, h.warnedNoPolicy, h.warnedInitSize = t, new(atomic.Bool), new(atomic.Bool)
+	h.table, h.app, h.warnedNoPolicy, h.warnedInitSize = t, app, new(atomic.Bool), new(atomic.Bool)
 	t.SetLogger(h.logger)
 	return nil
 }
@@ -368,6 +369,13 @@ func badQueryName(name string) bool {
 // It sets the {mcp.*} placeholders and counts the request by method
 // (placeholders.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if h.app != nil {
+		// The http app can serve before Caddy starts the mcp_sessions
+		// app (see App.Start): the table gets its settings and store first.
+		if err := h.app.Start(); err != nil {
+			return caddyhttp.Error(http.StatusServiceUnavailable, err)
+		}
+	}
 	return h.observe(w, r, next)
 }
 

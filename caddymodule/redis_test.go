@@ -2,6 +2,9 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -314,5 +317,48 @@ func TestRedisStoreInfoFromStore(t *testing.T) {
 	}
 	if info, ok := b.Info("s1"); !ok || !info.FromStore || info.Upstream != "10.0.0.1:80" {
 		t.Errorf("another instance: Info = %+v, %v; want the store's upstream, FromStore", info, ok)
+	}
+}
+
+// TestRequestBeforeAppStart: Caddy starts a config's apps in no set order
+// (it ranges over a map), so a Caddy that has just started can serve a
+// request in its http app before the mcp_sessions app has started and
+// connected the table to its store. A session another instance learned
+// into Redis must still be pinned then, not answered 404, which ends it for
+// the client (TestReplicasSurviveRestarts lost sessions so, under load, on
+// a replica just restarted).
+func TestRequestBeforeAppStart(t *testing.T) {
+	srv := redistest.Start(t)
+	name := "shared/" + t.Name()
+	sharedTable(t, srv.Addr, name, time.Second).Learn(testSessionID, "10.0.0.2:8080") // on another instance
+
+	cfg := fmt.Sprintf(`{"tables":{%q:{"store":{"type":"redis","addresses":[%q],"hash_key":%q,"timeout":"1s"}}}}`, name, srv.Addr, testHashKey)
+	base, err := caddy.ProvisionContext(&caddy.Config{AppsRaw: caddy.ModuleMap{AppName: json.RawMessage(cfg)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := caddy.NewContext(base)
+	t.Cleanup(cancel)
+	h := &Handler{Table: name}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	app, err := sessionsApp(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = app.uses[name].store.(*RedisStore).Cleanup()
+		_ = app.Cleanup()
+	})
+	f := &affinityFixture{h: h, proxy: &fakeProxy{policy: provisionPolicy(t, &SessionSelection{Table: name}), pool: testPool()}}
+
+	// Caddy has not started the app: the first request comes first.
+	rec := f.serve(t, newRequest(http.MethodPost, testSessionID), answer(http.StatusOK))
+	if up := f.proxy.last(); rec.Code != http.StatusOK || up == nil || up.Dial != "10.0.0.2:8080" {
+		t.Fatalf("a request of a session in Redis, before the app started: %d %q; want it pinned to 10.0.0.2:8080", rec.Code, rec.Body.String())
+	}
+	if err := app.Start(); err != nil { // Caddy's own call comes later: the work is done
+		t.Fatalf("the app's start after a request: %v", err)
 	}
 }
