@@ -34,7 +34,7 @@ var (
 )
 
 // TestMain builds the whoami server, runs the tests with the in-process
-// Caddy, and then checks README.md's Interoperability table against what
+// Caddy, and then checks docs/interop.md's Interoperability table against what
 // the interop tests measured (see interop_table_test.go).
 func TestMain(m *testing.M) {
 	os.Exit(runTests(m))
