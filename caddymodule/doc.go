@@ -7,8 +7,14 @@
 // plugin learns session -> upstream from that response and sends every later
 // request carrying the session to the same upstream.
 //
-// Modules:
+// # Modules
+//
+// The package registers 10 Caddy modules:
 //   - mcp_sessions ([App]): the session tables, by name, and their settings;
+//   - mcp_sessions.stores.memory ([MemoryStore]): the default store, a
+//     table in this Caddy's memory only;
+//   - mcp_sessions.stores.redis ([RedisStore]): a table shared by every
+//     Caddy instance that uses the same Redis;
 //   - http.handlers.mcp_session ([Handler]): learns sessions from responses,
 //     rejects malformed and unknown session IDs, evicts ended sessions, sets
 //     the {mcp.*} placeholders;
@@ -20,10 +26,40 @@
 //   - http.reverse_proxy.selection_policies.least_sessions
 //     ([LeastSessionsSelection]): the default fallback, the upstream with the
 //     fewest live sessions;
+//   - http.reverse_proxy.transport.mcp ([Transport]): Caddy's http
+//     transport, sending a small request body with its headers in one write;
+//   - http.reverse_proxy.upstreams.unix_sockets ([UnixSocketUpstreams]):
+//     every unix socket matching a pattern is an upstream;
 //   - admin.api.mcp_sessions ([AdminAPI]): session counts, lookup, eviction,
 //     drain and undrain under Caddy's admin endpoint.
 //
-// Caddyfile directives: `mcp_proxy` (both modules in one directive),
-// `mcp_session` (the handler), and `lb_policy mcp_session` inside
-// `reverse_proxy`; the global option `mcp_sessions` configures the app.
+// Caddyfile directives: `mcp_proxy` (the handler and the policy in one
+// directive), `mcp_session` (the handler), `lb_policy mcp_session` and
+// `lb_policy least_sessions` inside `reverse_proxy`, `transport mcp`,
+// `dynamic unix_sockets`, the `mcp` matcher, and the global option
+// `mcp_sessions`, which configures the app and its store. docs/caddyfile.md
+// is the reference of every option; the field docs of the module structs
+// are the JSON reference.
+//
+// # Where things live
+//
+//   - Caddyfile parsing: caddyfile.go (the matcher's and the upstream
+//     source's next to their modules, in matcher.go and unixsockets.go).
+//   - The app and its tables: app.go; the table itself in table.go, with
+//     admission.go (which session leaves when the table is full),
+//     stripedlock.go, principal.go (bind_principal), tablefailover.go and
+//     tableshare.go (the table's side of the store).
+//   - The request path: handler.go (Provision and ServeHTTP), exchange.go
+//     (the facts of one request, parsed once), body.go and jsonrpc.go (the
+//     JSON-RPC body and the proxy's own answers), writer.go (the response
+//     the session is learned from), selection.go, leastsessions.go,
+//     health.go, frozen.go, host.go, reinit.go (a stale initialize),
+//     placeholders.go.
+//   - Failover: failover.go, and sharedfailover.go with the redis store.
+//   - Sealed session IDs: sealed.go.
+//   - Legacy HTTP+SSE: legacysse.go and sse.go.
+//   - The stores: store.go (memory), redis.go, redisconn.go, rediskeys.go,
+//     redissync.go and keycheck.go (redis).
+//   - Operations: admin.go, metrics.go, methods.go (the method label).
+//   - transport.go, unixsockets.go and matcher.go: their modules.
 package caddymodule
