@@ -18,7 +18,7 @@ import (
 )
 
 // testInitBody is the initialize request of the MCP go-sdk client (190
-// bytes), the one the README's memory figures name.
+// bytes), the one docs/caddyfile.md's memory figures name.
 const testInitBody = testInitGo
 
 // bodyRequest returns a POST of body carrying Caddy's request variables

@@ -10,7 +10,7 @@ import (
 )
 
 // Native fuzz tests of the plugin's parsers of untrusted input. Their seed
-// corpora run as ordinary tests; README "Contributing" says how to fuzz
+// corpora run as ordinary tests; CONTRIBUTING.md says how to fuzz
 // longer. FuzzOpenSealed and FuzzOpenTampered (sealed_test.go) fuzz sealed
 // session IDs.
 

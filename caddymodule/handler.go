@@ -250,7 +250,7 @@ type Handler struct {
 	// unless it answers a request meanwhile. A server answering in JSON
 	// mode sends no headers until a tool call finishes, so set it above the
 	// longest call. Default: 0, no bound; active health checks then find a
-	// frozen upstream (README "Frozen upstreams").
+	// frozen upstream (docs/operating.md, "Frozen upstreams").
 	PinnedTimeout caddy.Duration `json:"pinned_timeout,omitempty"`
 
 	// Turns off pinning of the legacy HTTP+SSE transport (MCP 2024-11-05).
@@ -260,7 +260,7 @@ type Handler struct {
 	// closes; POSTs carrying the session in their query go to that upstream,
 	// and POSTs of a session the table does not hold get 404 like any
 	// unknown session. The endpoint URL is rewritten where the client could
-	// not use it (see README, "Legacy HTTP+SSE"). Default: false.
+	// not use it (see docs/behaviour.md, "Legacy HTTP+SSE"). Default: false.
 	DisableLegacySSE bool `json:"disable_legacy_sse,omitempty"`
 
 	// The query parameters that carry a legacy HTTP+SSE session, in the
@@ -363,7 +363,7 @@ func badQueryName(name string) bool {
 
 // ServeHTTP pins the request to its session's upstream, or lets it be
 // balanced and learns the session its response creates. The proxy's own
-// answers (403, 400, 404 with a JSON-RPC error, see README "What happens
+// answers (403, 400, 404 with a JSON-RPC error, see docs/behaviour.md "What happens
 // when") are written, not returned; it returns the error of the next
 // handler (reverse_proxy), or of writing the proxy's own answer.
 // It sets the {mcp.*} placeholders and counts the request by method
@@ -662,7 +662,7 @@ func (h *Handler) evictAfter(r *http.Request, id string, status int) {
 // handler runs (caddyhttp.Server.ServeHTTP clones it into a
 // LoggableHTTPRequest), reverse_proxy logs the request it sends, which must
 // carry the ID, and log encoders come only from the config's logging
-// section, which no directive or app can extend. README "Logs" gives the
+// section, which no directive or app can extend. docs/operating.md, "Logs", gives the
 // filter that removes the ID, and TestLogRecipeRemovesSessionIDs checks it.
 func (h *Handler) debug(msg, id, upstream string, fields ...zap.Field) {
 	if c := h.logger.Check(zapcore.DebugLevel, msg); c != nil {

@@ -44,7 +44,7 @@ func init() {
 //
 // A request carrying `Mcp-Session-Id` matches only a matcher that lists
 // `era legacy_session`: routing a session's requests to a pool other than
-// the one that created the session splits the session (see README, "Routing
+// the one that created the session splits the session (see docs/behaviour.md, "Routing
 // by tool").
 //
 // The proxy answers a malformed request itself, without contacting an

@@ -34,13 +34,13 @@ import (
 // reinitialize` on the same table, the value also carries the session's
 // initialize request, when the value then stays within
 // max_session_id_length, so that every replica can fail the session over
-// on its own (README, "Failover").
+// on its own (docs/failover.md).
 type SealedSessionIDs struct {
 	// The keys, each 32 random bytes encoded in base64 (standard or URL
 	// alphabet, padding optional), such as the output of
 	// `openssl rand -base64 32`. The first key seals new session IDs; every
 	// key opens them, which lets a new key be rolled through the replicas
-	// with no session lost (README, "Rotating the key"). Give keys as
+	// with no session lost (docs/replicas.md, "Rotating the key"). Give keys as
 	// placeholders, such as `{env.MCP_SESSION_KEY}` or
 	// `{file./run/secrets/mcp_session_key}`, so that they stay out of the
 	// config. Required: at least one key.
@@ -101,7 +101,7 @@ var sealEncoding = base64.RawURLEncoding.Strict()
 // `127.0.0.1:9001`, 108 for a 36-byte UUID (116 and 130 when bound).
 // Version 2 adds the initialize request, its headers and 4 bytes of
 // lengths: 422 characters for the go-sdk client's 190-byte initialize with
-// a 26-byte ID on `127.0.0.1:9001` (README, "Length"). Random nonces keep
+// a 26-byte ID on `127.0.0.1:9001` (docs/replicas.md, "Length"). Random nonces keep
 // one key safe for 2^32 seals (NIST SP 800-38D §8.3); rotate keys well
 // before that many sessions.
 //

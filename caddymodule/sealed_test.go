@@ -104,7 +104,7 @@ func TestSealOpenRoundTrip(t *testing.T) {
 	}
 }
 
-// TestSealedLength pins the lengths README.md states, and the formula
+// TestSealedLength pins the lengths docs/replicas.md states, and the formula
 // behind them: 31 bytes of overhead (47 when bound), then base64.
 func TestSealedLength(t *testing.T) {
 	s := newSealer(t, newKey(t))
@@ -191,7 +191,7 @@ func TestOpenRejects(t *testing.T) {
 	}
 }
 
-// TestSealerKeyRotation walks the rotation README.md describes: a new key
+// TestSealerKeyRotation walks the rotation docs/replicas.md describes: a new key
 // is first added to open, then made the sealing key, then the old key is
 // dropped; values sealed at every step open until their key is dropped.
 func TestSealerKeyRotation(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// The initialize requests of three clients, as the README's Length table
+// The initialize requests of three clients, as docs/replicas.md's Length table
 // counts them: the go-sdk client's with a 16-byte client name (190 bytes),
 // the TypeScript SDK client's (150 bytes) and one the size of VS Code's,
 // whose capabilities make it about 450 bytes.
@@ -102,7 +102,7 @@ func TestSealInitRoundTrip(t *testing.T) {
 	}
 }
 
-// TestSealedLengthWithInit pins the lengths README.md's Length table states
+// TestSealedLengthWithInit pins the lengths docs/replicas.md's Length table states
 // for sealed IDs carrying an initialize request, and that each fits the
 // default max_session_id_length.
 func TestSealedLengthWithInit(t *testing.T) {
@@ -133,7 +133,7 @@ func TestSealedLengthWithInit(t *testing.T) {
 			t.Errorf("%s: sealed length %d, want %d (sealedLength %d, at most %d)", tc.client, got, tc.want, sealedLength(ss), DefaultMaxSessionIDLength)
 		}
 	}
-	// The largest initialize the default limit admits with a UUID (README).
+	// The largest initialize the default limit admits with a UUID (docs/replicas.md).
 	for body, fits := range map[int]bool{1400: true, 1401: false} {
 		ss := sealedSession{dial: "127.0.0.1:9001", id: testUUID, init: testSealedInit(strings.Repeat("x", body))}
 		if got := len(s.seal(ss)); (got <= DefaultMaxSessionIDLength) != fits {

@@ -161,7 +161,7 @@ func TestPinsOverHTTP2(t *testing.T) {
 	}
 }
 
-// TestReloadKeepsSessions (README, "What happens when": `caddy reload`): the
+// TestReloadKeepsSessions (docs/behaviour.md, "What happens when": `caddy reload`): the
 // session table survives config reloads through the admin API (what `caddy
 // reload` does) that keep an upstream, including reloads that change the
 // plugin's own options and the upstream list: 0 mappings lost.
@@ -220,7 +220,7 @@ func reopenLost(ctx context.Context, t testing.TB, url string, hc *http.Client, 
 	return css
 }
 
-// TestInteropGoSDK records the Go SDK's row of README.md's
+// TestInteropGoSDK records the Go SDK's row of docs/interop.md's
 // Interoperability table: go-sdk clients and servers, SSE and JSON modes.
 func TestInteropGoSDK(t *testing.T) {
 	for _, mode := range []struct {

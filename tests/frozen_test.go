@@ -174,14 +174,14 @@ func TestFrozenUpstreamNeverHoldsNewSessions(t *testing.T) {
 	}
 }
 
-// TestFrozenUpstreamWithHealthChecks is the README's recipe for pinned
+// TestFrozenUpstreamWithHealthChecks is docs/operating.md's recipe for pinned
 // sessions of a frozen upstream: active health checks on /healthz every
 // second with a 1 s timeout. Two servers; s1 is stopped with SIGSTOP.
 // Within a few seconds its sessions' calls get the proxy's 503 with
 // Retry-After instead of hanging, new sessions go to s2, and once s1
 // resumes every session of it works again, answered by s1: the mappings
-// were kept (unhealthy_grace, default 1 m). The times are logged for the
-// README.
+// were kept (unhealthy_grace, default 1 m). The times are logged for
+// docs/operating.md.
 func TestFrozenUpstreamWithHealthChecks(t *testing.T) {
 	f := startHealthFleet(t, "\t\thealth_interval 1s\n\t\thealth_timeout 1s", 6)
 	s1 := f.sessions["s1"]
@@ -218,7 +218,7 @@ func TestFrozenUpstreamWithHealthChecks(t *testing.T) {
 	}
 }
 
-// TestSlowUploadIsNotAFrozenUpstream (README, "What happens when": a
+// TestSlowUploadIsNotAFrozenUpstream (docs/behaviour.md, "What happens when": a
 // client's body that is slow or ends early): pinned_timeout bounds the
 // upstream's wait for response headers, not the client's upload. A call
 // whose body arrives after longer than pinned_timeout is answered, and its

@@ -12,7 +12,7 @@ import (
 // TestGet404KeepsSession: TypeScript SDK servers without a GET route (the
 // SDK's createMcpExpressApp with only POST and DELETE /mcp, so Express
 // answers GET /mcp with its own 404 "Cannot GET /mcp" where the spec asks
-// for 405) behind mcp_proxy. README, "What happens when": a 404 to a GET
+// for 405) behind mcp_proxy. docs/behaviour.md, "What happens when": a 404 to a GET
 // passes through and keeps the session, a 404 to a POST or DELETE ends it.
 //
 //   - HTTP requests: the GET of a session gets the upstream's 404 unchanged

@@ -115,7 +115,7 @@ func checkUnavailable(t *testing.T, ex exchange) {
 
 // TestHealthBlipKeepsSessions: with `health_uri /healthz` and
 // `health_interval 1s`, one of two servers fails its health endpoint for
-// 1.5 s. README, "What happens when": the upstream is unavailable, not
+// 1.5 s. docs/behaviour.md, "What happens when": the upstream is unavailable, not
 // gone. During the blip, its sessions' requests get the proxy's 503 with
 // Retry-After (the go-sdk client reports the call failed and keeps its
 // session), the other server's sessions and new sessions are served; after

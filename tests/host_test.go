@@ -12,8 +12,8 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
-// The Host header (README, `header_up Host` and `localhost_protection`) and
-// CORS preflights (README, "What happens when": no Mcp-Session-Id).
+// The Host header (docs/caddyfile.md, `header_up Host` and `localhost_protection`) and
+// CORS preflights (docs/behaviour.md, "What happens when": no Mcp-Session-Id).
 
 // publicHost is the Host a client of a public proxy sends.
 const publicHost = "mcp.example.com"
@@ -330,7 +330,7 @@ func resourceMetadataURL(ex exchange) string {
 // OAuth protected-resource metadata URL from the request's Host (go-sdk's
 // auth.RequireBearerToken and auth.ProtectedResourceMetadataHandler, the
 // URL built per request) advertises the public name through mcp_proxy in
-// the README's setup for such servers on loopback: `header_up Host
+// docs/behaviour.md's setup for such servers on loopback: `header_up Host
 // {hostport}` and the server accepting that Host (go-sdk:
 // DisableLocalhostProtection). The client follows the 401's
 // resource_metadata URL, through the proxy, to a document whose `resource`

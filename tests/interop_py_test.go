@@ -111,7 +111,7 @@ func gunicornRow(peer gunicornPeer, shape string) string {
 		peer.gunicorn, peer.uvicorn, shape)
 }
 
-// TestInteropGunicornPerWorkerPorts runs the deployment shape of README.md
+// TestInteropGunicornPerWorkerPorts runs the deployment shape of docs/python.md
 // with real gunicorn: three single-worker gunicorns on three ports behind
 // mcp_proxy. Every session works and every call is answered by the worker
 // (pid) that answered initialize.
@@ -166,8 +166,8 @@ func TestInteropGunicornSharedSocket(t *testing.T) {
 }
 
 // TestInteropGunicornUnixSockets is the deployment shape on unix sockets, as
-// README.md offers it ("Unix sockets work the same way: mcp_proxy
-// unix//run/mcp/1.sock ..."): three single-worker gunicorns, each on its own
+// docs/deployment.md offers it (`mcp_proxy
+// unix//run/mcp/1.sock ...`): three single-worker gunicorns, each on its own
 // socket, behind a plain `mcp_proxy unix//...`. The app checks Host like
 // python-sdk's DNS-rebinding protection (on by default for servers bound to
 // 127.0.0.1): it needs a loopback host with a port, and refuses a missing or

@@ -21,7 +21,7 @@ import (
 // The Node peers of the interop tests live in tests/node, installed by
 // .ci/install-deps (npm ci --prefix tests/node). Their versions are pinned
 // in tests/node/package.json and package-lock.json; the constants below
-// name them in README.md's Interoperability table.
+// name them in docs/interop.md's Interoperability table.
 const (
 	tsSDKVersion            = "1.32.2"    // @modelcontextprotocol/sdk
 	serverEverythingVersion = "2026.8.31" // @modelcontextprotocol/server-everything
@@ -470,7 +470,7 @@ func TestInteropTSHeaderHygiene(t *testing.T) {
 
 // TestInteropTSUnknownSession400: TypeScript servers that answer an unknown
 // session with 400 (`-32000 Bad Request: No valid session ID provided`, as
-// server-everything and the TypeScript SDK's example apps do). README: a 400
+// server-everything and the TypeScript SDK's example apps do). docs/behaviour.md: a 400
 // does not evict, since it can mean a malformed request. With such servers
 // behind mcp_proxy, a session whose owner answers 400 (its "unknown session"
 // 400, and a malformed request's 400) keeps its mapping: the 400 reaches the

@@ -33,7 +33,7 @@ func rpcErrorCode(body string) int {
 }
 
 // checkProxy404 asserts that ex is the proxy's own 404 for a session it
-// does not hold (README, "What happens when"): a JSON-RPC error with id
+// does not hold (docs/behaviour.md, "What happens when"): a JSON-RPC error with id
 // null and code -32001 as application/json, so that clients re-initialize.
 func checkProxy404(t testing.TB, ex exchange) {
 	t.Helper()

@@ -37,7 +37,7 @@ func raceGaps(lane, lanes, n int) []time.Duration {
 // keep-alive of 2 s), each a lone upstream behind mcp_proxy, gets calls of a
 // session spaced by pauses swept across 1.8-2.3 s, each call followed by a
 // new session's initialize; 6 sweeps run at once, each on its own gunicorn.
-// README, "mcp_proxy defaults": the proxy closes idle upstream connections
+// docs/caddyfile.md, "keepalive": the proxy closes idle upstream connections
 // after 1 s, before gunicorn does, so no call meets a connection gunicorn is
 // closing: every call and every initialize gets 200.
 //

@@ -14,7 +14,7 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
-// logRecipe is README "Logs"'s recipe that keeps session IDs out of Caddy's
+// logRecipe is docs/operating.md's "Logs" recipe that keeps session IDs out of Caddy's
 // logs: a filter on the default logger (which holds the servers' error
 // logs and reverse_proxy's own lines) and one on each access log.
 const (
@@ -29,7 +29,7 @@ const (
 )
 
 // logsConfig returns a Caddyfile whose default log (at DEBUG, the most
-// verbose level) and access log go to files in dir, with README's recipe
+// verbose level) and access log go to files in dir, with the Logs recipe
 // when recipe is set, and whose site proxies to upstreams.
 func logsConfig(dir string, port int, upstreams string, recipe bool) string {
 	def, acc := "", ""
@@ -89,7 +89,7 @@ func linesWith(t *testing.T, file string, ids []string) (hits []string, lines in
 // DEBUG), a client that drops an SSE response mid-stream (WARN "aborting
 // with incomplete response"), and a 502 when the session's server dies
 // during a call (ERROR) — leaves IDs in the default log and the access log
-// without README's recipe (the negative control), and none with it, while
+// without the Logs recipe (the negative control), and none with it, while
 // those lines are still logged.
 func TestLogRecipeRemovesSessionIDs(t *testing.T) {
 	for _, recipe := range []bool{false, true} {

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// TestPlaceholdersInRoutes uses the {mcp.*} placeholders the way the README
+// TestPlaceholdersInRoutes uses the {mcp.*} placeholders the way docs/operating.md
 // shows, in a route behind mcp_session: in `respond`, in an `expression`
 // matcher, and in `header_up` to the upstream.
 func TestPlaceholdersInRoutes(t *testing.T) {

@@ -193,7 +193,7 @@ func (b *balancer) client() *http.Client { return &http.Client{Transport: b} }
 
 // closeIdle drops the balancer's idle connections. After a reload the old
 // server closes its keep-alive connections, and a POST that races onto one
-// fails before reaching any handler (README, "What happens when": caddy
+// fails before reaching any handler (docs/behaviour.md, "What happens when": caddy
 // reload); clients that see it reconnect, as tests do here.
 func (b *balancer) closeIdle() { b.base.(*http.Transport).CloseIdleConnections() }
 

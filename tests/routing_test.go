@@ -50,7 +50,7 @@ func logFields(l map[string]any) map[string]string {
 	return f
 }
 
-// accessLog is the README's access log: the {mcp.*} placeholders and the
+// accessLog is docs/operating.md's access log: the {mcp.*} placeholders and the
 // upstream appended to every line, and Mcp-Session-Id filtered out of the
 // request and response headers Caddy logs.
 func accessLog(file string) string {
@@ -75,7 +75,7 @@ func accessLog(file string) string {
 `, file)
 }
 
-// routingSite is the README's routing-by-tool config: 2026-07-28 calls of
+// routingSite is docs/behaviour.md's routing-by-tool config: 2026-07-28 calls of
 // the whoami tool go to pool2, everything else to pool1, both with session
 // table table. matcherEras, if not empty, is an era line for the matcher.
 func routingSite(logFile, table, matcherEras string, pool1, pool2 []*testproc.Proc) string {
@@ -146,7 +146,7 @@ func runEraClients(t *testing.T, url, version string, n, calls int) []eraReport 
 	return reps
 }
 
-// TestRoutesOneToolToItsOwnPool is the README's "Routing by tool": the
+// TestRoutesOneToolToItsOwnPool is docs/behaviour.md's "Routing by tool": the
 // go-sdk client's 2026-07-28 calls of one tool go to a second pool of
 // sessionless servers, while legacy clients' sessions stay pinned to the
 // dual-era servers that created them, calls of that tool included. The
@@ -248,12 +248,12 @@ func checkRoutingLog(t *testing.T, logFile string, pool1, pool2 []*testproc.Proc
 	}
 }
 
-// TestRoutingThatSplitsSessions shows what the README warns about: a
+// TestRoutingThatSplitsSessions shows what docs/behaviour.md warns about: a
 // matcher that also selects requests of legacy sessions (era
 // legacy_session) sends a session's calls of the routed tool to a pool that
 // does not hold the session. The proxy then answers 404 and drops the
 // session, and the client must start over. The same calls with the
-// README's matcher (legacy sessions excluded, the default) keep working.
+// docs/behaviour.md's matcher (legacy sessions excluded, the default) keep working.
 func TestRoutingThatSplitsSessions(t *testing.T) {
 	pool1 := startEraBackends(t, "p1-", "dual", 2)
 	pool2 := startEraBackends(t, "p2-", "modern", 1)

@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// TestLearnRules covers what creates, changes or ignores a mapping (README,
-// "What happens when", first four rows): only a 2xx response carrying Mcp-Session-Id, in any
+// TestLearnRules covers what creates, changes or ignores a mapping (docs/behaviour.md,
+// "What happens when", the first rows): only a 2xx response carrying Mcp-Session-Id, in any
 // spelling, to a request that carried none teaches; it is learned when the
 // headers pass, before the body ends.
 func TestLearnRules(t *testing.T) {
@@ -206,7 +206,7 @@ func TestLearnRules(t *testing.T) {
 	})
 }
 
-// TestUnknownSession (README, "What happens when": unknown session): the proxy itself
+// TestUnknownSession (docs/behaviour.md, "What happens when": unknown session): the proxy itself
 // answers 404 with a JSON-RPC error for a session it does not hold, without
 // contacting an upstream, unless unknown_session is forward.
 func TestUnknownSession(t *testing.T) {
@@ -234,7 +234,7 @@ func TestUnknownSession(t *testing.T) {
 	}
 }
 
-// TestBadSessionHeader (README, "What happens when": `Mcp-Session-Id` sent
+// TestBadSessionHeader (docs/behaviour.md, "What happens when": `Mcp-Session-Id` sent
 // twice, empty, ...): a malformed Mcp-Session-Id
 // gets 400 with a reason, is never stored or forwarded, and costs no other
 // client its session.
@@ -274,7 +274,7 @@ func TestBadSessionHeader(t *testing.T) {
 	}
 }
 
-// TestUnderscoredSessionHeaderDropped (README, "What happens when":
+// TestUnderscoredSessionHeaderDropped (docs/behaviour.md, "What happens when":
 // Mcp-Session-Id with underscores): CGI, WSGI and FastCGI servers read
 // Mcp_Session_Id as Mcp-Session-Id, which would carry a session past the
 // proxy's checks (bind_principal) to any upstream. Caddy drops header names
@@ -308,7 +308,7 @@ func TestUnderscoredSessionHeaderDropped(t *testing.T) {
 	}
 }
 
-// TestEviction (README, "What happens when": the upstream's 404, DELETE and
+// TestEviction (docs/behaviour.md, "What happens when": the upstream's 404, DELETE and
 // 400 rows): DELETE answered 2xx or 404 drops the mapping, 405 keeps it; a
 // 404 to a POST drops it, a 404 to a GET keeps it (a server without a GET
 // route), and both pass through
@@ -368,7 +368,7 @@ func TestEviction(t *testing.T) {
 	}
 }
 
-// TestTableBounds (README, `max_sessions` and `session_ttl`) through the
+// TestTableBounds (docs/caddyfile.md, `max_sessions` and `session_ttl`) through the
 // proxy: a full table
 // evicts its least recently used session, and a session with an open GET
 // stream outlives the idle TTL while an idle one does not.
@@ -424,7 +424,7 @@ func TestTableBounds(t *testing.T) {
 	})
 }
 
-// TestUpstreamGone (README, "What happens when": session's upstream removed,
+// TestUpstreamGone (docs/behaviour.md, "What happens when": session's upstream removed,
 // refusing connections, or unhealthy for unhealthy_grace): when the pinned
 // upstream is removed from the config, has been marked unhealthy for longer
 // than unhealthy_grace, or refuses connections, its sessions get 404 within

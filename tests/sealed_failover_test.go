@@ -11,7 +11,7 @@ import (
 )
 
 // Failover with sealed session IDs over Caddy replicas that share no store
-// (README, "Failover", "Several Caddy instances"): the sealed value carries
+// (docs/failover.md, "Several Caddy instances"): the sealed value carries
 // the session's initialize, so every replica can fail a session over on
 // its own, once.
 

@@ -20,7 +20,7 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
-// Sealed session IDs (README, "Several Caddy instances: sealed session
+// Sealed session IDs (docs/replicas.md, "Sealed session
 // IDs"): the proxy gives the client its upstream and the upstream's session
 // ID sealed under a key the Caddy replicas share, so any replica routes the
 // session and restarts lose nothing.
@@ -447,7 +447,7 @@ func TestSealedReloadFromPlain(t *testing.T) {
 	t.Log("after the reload back to plain IDs: 30/30 plain sessions kept, 30/30 sealed sessions get the proxy's 404")
 }
 
-// TestSealedKeyRotation follows README's key rotation step by step over
+// TestSealedKeyRotation follows docs/replicas.md's key rotation step by step over
 // three replicas with calls through random replicas after every single
 // reload: no session is lost until the old key is dropped, when exactly the
 // sessions sealed with it get 404. Doing step 2 on one replica before step 1

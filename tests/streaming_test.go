@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Streaming through the proxy (README, "Streaming needs no setting"): SSE
+// Streaming through the proxy (docs/behaviour.md, "Streaming"): SSE
 // events are not buffered, long silent GET streams are not cut, a client's
 // disconnect reaches the upstream, resumption headers and empty responses
 // pass unchanged.
@@ -212,7 +212,7 @@ func TestSSEEventsUnbuffered(t *testing.T) {
 // TestGETStreamSurvivesSilence: a pinned GET stream whose upstream sends
 // headers, then nothing for 3 s, then an event: the client has the headers
 // within 200 ms and the event about 3 s later, within 100 ms of its write;
-// the default config cuts nothing (README: "GET streams have no proxy timeout").
+// the default config cuts nothing (docs/behaviour.md, "Streaming": GET streams have no proxy timeout).
 func TestGETStreamSurvivesSilence(t *testing.T) {
 	const silence = 3 * time.Second
 	d := startDoubles(t, 1)[0]
@@ -471,8 +471,8 @@ func TestLastEventIDReachesOwner(t *testing.T) {
 // TestEmptyResponsesPassThrough: a 202 with no body to a notification comes
 // back as the owner sent it, with no Content-Type added; a
 // DELETE with no body and no Content-Length reaches the owner, whose 204 or
-// empty 200 comes back, and the session is then dropped (README, "What happens
-// when": DELETE answered 2xx).
+// empty 200 comes back, and the session is then dropped (docs/behaviour.md, "What
+// happens when": a DELETE answered 2xx).
 func TestEmptyResponsesPassThrough(t *testing.T) {
 	ds := startDoubles(t, 2)
 	p := startProxy(t, "mcp_proxy "+upstreams(ds))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the deployment shapes of README.md with real gunicorn serving app.py,
+# Runs the deployment shapes of docs/python.md with real gunicorn serving app.py,
 # and Caddy with mcp_proxy in front on 127.0.0.1:8000. Stays up until Ctrl-C.
 #
 #   ./run.sh               ONE gunicorn with N workers and gunicorn.conf.py,
