@@ -232,20 +232,21 @@ func defaultPlacement(proxy, rest string, allowed []int) (placement, error) {
 	return newPlacement(proxy, rest, allowed)
 }
 
-// repoRoot finds the module root: the nearest directory above the working
-// directory holding go.mod.
+// repoRoot finds the repository root: the nearest directory above the
+// working directory holding go.work (the plugin's module and the nested
+// bench, tests and examples modules).
 func repoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", fmt.Errorf("go.mod not found above the working directory")
+			return "", fmt.Errorf("go.work not found above the working directory: run the bench from a checkout of the repository")
 		}
 		dir = parent
 	}

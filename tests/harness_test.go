@@ -4,6 +4,7 @@
 package tests
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -41,6 +42,13 @@ func TestMain(m *testing.M) {
 }
 
 func runTests(m *testing.M) int {
+	flag.Parse()
+	if testing.Short() {
+		// The quick loop (go test -short) covers the unit tests; every test
+		// here starts real processes.
+		fmt.Fprintln(os.Stderr, "tests: end-to-end package skipped under -short")
+		return 0
+	}
 	dir, err := os.MkdirTemp("", "mcp-affinity-tests")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/examples/whoami"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // TestMain lets the test binary serve as a backend, as the demo binary does.
@@ -21,6 +22,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestSelfCheckWithPlugin(t *testing.T) {
+	testproc.SkipShort(t, "builds Caddy and starts real servers")
 	for _, args := range [][]string{
 		{"-check", "-sessions", "6", "-calls", "3"},
 		{"-check", "-sessions", "6", "-calls", "3", "-json"},
@@ -32,6 +34,7 @@ func TestSelfCheckWithPlugin(t *testing.T) {
 }
 
 func TestSelfCheckStockFails(t *testing.T) {
+	testproc.SkipShort(t, "builds Caddy and starts real servers")
 	err := run([]string{"-check", "-stock", "-sessions", "6", "-calls", "3"})
 	if err == nil || !strings.Contains(err.Error(), "sessions broken") {
 		t.Errorf("stock round_robin: err = %v, want broken sessions", err)

@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // TestMain lets the test binary serve as a whoami server or a Caddy
@@ -28,6 +30,7 @@ func needRedis(t *testing.T) {
 }
 
 func TestSelfCheckWithRedis(t *testing.T) {
+	testproc.SkipShort(t, "builds Caddy and starts real replicas and redis-server")
 	needRedis(t)
 	if err := run([]string{"-check", "-sessions", "8", "-calls", "3"}); err != nil {
 		t.Errorf("self-check with the redis store: %v", err)
@@ -35,6 +38,7 @@ func TestSelfCheckWithRedis(t *testing.T) {
 }
 
 func TestSelfCheckMemoryFails(t *testing.T) {
+	testproc.SkipShort(t, "builds Caddy and starts real replicas and redis-server")
 	err := run([]string{"-check", "-memory", "-sessions", "8", "-calls", "3"})
 	if err == nil || !strings.Contains(err.Error(), "sessions broken") {
 		t.Errorf("memory store: err = %v, want broken sessions", err)
