@@ -174,7 +174,9 @@ type Handler struct {
 	// rules as `max_sessions`): a placeholder template such as
 	// `{http.auth.user.id}` or `{http.request.header.Authorization}`, or
 	// `off`. A request of a session bound to another principal gets the
-	// same 404 as an unknown session and never reaches the upstream.
+	// same 404 as an unknown session and never reaches the upstream. A
+	// template without a placeholder fails to load; one naming placeholders
+	// Caddy does not set is logged as a warning.
 	// Default: `{http.auth.user.id}` (bound when Caddy authenticates the
 	// request, unbound otherwise).
 	BindPrincipal string `json:"bind_principal,omitempty"`
@@ -223,7 +225,10 @@ type Handler struct {
 
 	// The placeholder template that names a request's client for
 	// `max_unconfirmed_per_client`, as the `mcp_sessions` app's
-	// `client_key`. Default: `{http.request.client_ip}`.
+	// `client_key` (a template without a placeholder fails to load; one
+	// naming placeholders Caddy does not set is logged as a warning).
+	// Default: `{http.vars.client_ip}`, the client's IP address, honouring
+	// the server's `trusted_proxies`.
 	ClientKey string `json:"client_key,omitempty"`
 
 	// How long a request that opens a session waits for its upstream's
