@@ -50,9 +50,6 @@ const (
 	// varUnavailable holds the Retry-After seconds (int) of a request whose
 	// pinned upstream fails active health checks, within the grace.
 	varUnavailable = "mcp_session.upstream_unavailable"
-	// varLastResort is true once the policy has chosen an upstream that
-	// passive health checks keep out of service for the request.
-	varLastResort = "mcp_session.last_resort"
 	// varInit holds the *sessionInit of an initialize request the table
 	// keeps for failover once its session is learned.
 	varInit = "mcp_session.init"
@@ -60,7 +57,7 @@ const (
 
 // policyVars are the request variables the selection policy sets for a
 // request; they start afresh when the request is served again.
-var policyVars = []string{varGone, varUnavailable, varLastResort}
+var policyVars = []string{varGone, varUnavailable}
 
 // Handler gives MCP Streamable HTTP sessions affinity to the upstream that
 // created them. Order it before `reverse_proxy` and use the `mcp_session`
