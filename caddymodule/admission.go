@@ -126,10 +126,14 @@ func (t *Table) ClientKey() string {
 }
 
 // DefaultClientKey names the client of a request for the cap on
-// unconfirmed sessions per client: its IP address, taken from the headers
-// of the proxies the server's `trusted_proxies` trusts, otherwise the
-// connection's remote address.
-const DefaultClientKey = "{http.request.client_ip}"
+// unconfirmed sessions per client: its IP address, as Caddy's http server
+// determines it for every request (the `client_ip` request variable, which
+// the access log's client_ip and the client_ip matcher read): taken from
+// the headers of the proxies the server's `trusted_proxies` trusts,
+// otherwise the connection's remote address. The connection's address
+// alone ({http.request.remote.host}) would make every client behind a
+// trusted load balancer one client.
+const DefaultClientKey = "{http.vars.client_ip}"
 
 // clientCap tracks, when a cap is set, the unconfirmed sessions of each
 // client, oldest first. It holds at most one entry per unconfirmed session.

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"reflect"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
 )
 
 func init() {
@@ -41,9 +41,10 @@ type App struct {
 	// the handler.
 	Tables map[string]*TableConfig `json:"tables,omitempty"`
 
-	ctx  caddy.Context
-	mu   *sync.Mutex
-	uses map[string]*tableUse // by table name; guarded by mu
+	ctx    caddy.Context
+	logger *zap.Logger
+	mu     *sync.Mutex
+	uses   map[string]*tableUse // by table name; guarded by mu
 
 	// start runs the start once, whether Caddy or a request comes first
 	// (see Start); startErr is its error.
@@ -84,7 +85,12 @@ type TableConfig struct {
 	// authentication handlers), `{http.request.header.Authorization}` (a
 	// static API key; an OAuth client that refreshes its token mid-session
 	// would lose its session), `{http.request.tls.client.fingerprint}`, or
-	// `{http.request.cookie.NAME}`. `off` turns binding off. Default:
+	// `{http.request.cookie.NAME}`. `off` turns binding off. A template
+	// without a placeholder fails to load; one naming placeholders that
+	// neither Caddy's http server, its standard modules nor this plugin set
+	// (a typo, or a Caddyfile shorthand such as `{header.X}` in JSON) is
+	// logged as a warning when the config loads, since a `map` or another
+	// plugin may set them. Default:
 	// `{http.auth.user.id}`, which binds sessions when Caddy authenticates
 	// the request (and survives token refresh), and leaves them unbound
 	// when it does not.
@@ -122,9 +128,15 @@ type TableConfig struct {
 	MaxUnconfirmedPerClient int `json:"max_unconfirmed_per_client,omitempty"`
 
 	// The placeholder template that names a request's client for
-	// `max_unconfirmed_per_client`. Default: `{http.request.client_ip}`,
-	// the client's IP address (from the headers of the proxies the
-	// server's `trusted_proxies` trusts, otherwise the connection's).
+	// `max_unconfirmed_per_client`; a request for which it evaluates to
+	// empty is not capped. A template without a placeholder fails to load
+	// (every request would be one client); one naming placeholders that
+	// neither Caddy's http server, its standard modules nor this plugin set
+	// is logged as a warning when the config loads (they evaluate to empty,
+	// unless a `map` or another plugin sets them). Default:
+	// `{http.vars.client_ip}`, the client's IP address as Caddy's server
+	// determines it: from the headers of the proxies the server's
+	// `trusted_proxies` trusts, otherwise the connection's.
 	ClientKey string `json:"client_key,omitempty"`
 }
 
@@ -152,6 +164,7 @@ func (App) CaddyModule() caddy.ModuleInfo {
 // registered.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.ctx, a.mu, a.uses, a.start = ctx, new(sync.Mutex), map[string]*tableUse{}, new(sync.Once)
+	a.logger = ctx.Logger()
 	for _, name := range a.configuredNames() {
 		if err := a.provisionTable(ctx, name); err != nil {
 			return err
@@ -239,8 +252,14 @@ func (c TableConfig) validate(name string) error {
 	case c.SessionTTL != 0 && time.Duration(c.SessionTTL) < MinSessionTTL:
 		return fmt.Errorf("session table %q: session_ttl %s is below the minimum of %s; sessions would be forgotten between a client's requests",
 			name, time.Duration(c.SessionTTL), MinSessionTTL)
-	case c.BindPrincipal != "":
+	}
+	if c.BindPrincipal != "" {
 		if err := checkBindPrincipal(c.BindPrincipal); err != nil {
+			return fmt.Errorf("session table %q: %w", name, err)
+		}
+	}
+	if c.ClientKey != "" {
+		if err := checkClientKey(c.ClientKey); err != nil {
 			return fmt.Errorf("session table %q: %w", name, err)
 		}
 	}
@@ -250,11 +269,11 @@ func (c TableConfig) validate(name string) error {
 // checkBindPrincipal refuses a bind_principal template without a
 // placeholder: every request would have the same principal.
 func checkBindPrincipal(v string) error {
-	if v == BindPrincipalOff || strings.Contains(v, "{") {
+	if v == BindPrincipalOff {
 		return nil
 	}
-	return fmt.Errorf("bind_principal %q has no placeholder, so every request would have the same principal "+
-		"and binding would refuse no one; give a placeholder such as {http.auth.user.id} or {http.request.header.Authorization}, or off", v)
+	return checkHasPlaceholder("bind_principal", v, "every request would have the same principal and binding would refuse no one",
+		"{http.auth.user.id} or {http.request.header.Authorization}, or off")
 }
 
 // merge adds the settings cfg, made in source, to u's.
@@ -349,8 +368,14 @@ func (a *App) startTables() error {
 	return nil
 }
 
-// startTable applies a table's settings and connects it to its store.
+// startTable applies a table's settings and connects it to its store. It
+// warns of a client_key or bind_principal template naming placeholders
+// Caddy does not set.
 func (a *App) startTable(name string, u *tableUse) error {
+	warnUnknownPlaceholders(a.logger, name, "client_key", u.cfg.ClientKey)
+	if u.cfg.BindPrincipal != BindPrincipalOff {
+		warnUnknownPlaceholders(a.logger, name, "bind_principal", u.cfg.BindPrincipal)
+	}
 	u.table.Configure(u.maxSessions(), u.ttl())
 	u.table.SetBindPrincipal(u.bindPrincipal())
 	u.table.setFailover(u.cfg.Failover, u.cfg.MaxInitializeSize)

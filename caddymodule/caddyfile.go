@@ -154,7 +154,13 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 	case "max_unconfirmed_per_client":
 		set = func(v string) error { return parseCap(d, name, v, &h.MaxUnconfirmedPerClient) }
 	case "client_key":
-		set = func(v string) error { h.ClientKey = v; return nil }
+		set = func(v string) error {
+			if err := checkClientKey(v); err != nil {
+				return d.Err(err.Error())
+			}
+			h.ClientKey = v
+			return nil
+		}
 	case "initialize_timeout":
 		set = func(v string) error { return parseTimeout(d, name, v, -1, &h.InitializeTimeout) }
 	case "pinned_timeout":
@@ -711,9 +717,11 @@ func (a *App) unmarshalTable(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
-	cfg.MaxSessions, cfg.SessionTTL, cfg.BindPrincipal = h.MaxSessions, h.SessionTTL, h.BindPrincipal
+	// The adapter expands placeholder shorthands such as {client_ip} in
+	// site blocks only: a global option must do it itself.
+	cfg.MaxSessions, cfg.SessionTTL, cfg.BindPrincipal = h.MaxSessions, h.SessionTTL, expandShorthands(h.BindPrincipal)
 	cfg.Failover, cfg.MaxInitializeSize = h.Failover, h.MaxInitializeSize
-	cfg.MaxUnconfirmedPerClient, cfg.ClientKey = h.MaxUnconfirmedPerClient, h.ClientKey
+	cfg.MaxUnconfirmedPerClient, cfg.ClientKey = h.MaxUnconfirmedPerClient, expandShorthands(h.ClientKey)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -65,7 +66,25 @@ type exchange struct {
 	owner *Upstream
 	// selected is the upstream the selection policy picked last, nil before.
 	selected *reverseproxy.Upstream
+	// failedBy holds the dial addresses of the upstreams the policy picked
+	// for the request before its last pick, each of which failed it (the
+	// request was sent again), and, for a failover's replay, of the
+	// upstream the session leaves.
+	failedBy []string
+	// replay is true for a failover's replayed initialize: the policy
+	// sends it to none of failedBy.
+	replay bool
 }
+
+// noteFailed records that the upstream dialed at dial failed the request.
+func (ex *exchange) noteFailed(dial string) {
+	if !ex.failed(dial) {
+		ex.failedBy = append(ex.failedBy, dial)
+	}
+}
+
+// failed reports whether the upstream dialed at dial failed the request.
+func (ex *exchange) failed(dial string) bool { return slices.Contains(ex.failedBy, dial) }
 
 // exchangeOf returns the request's exchange, creating it on first use.
 func exchangeOf(r *http.Request) *exchange {
@@ -90,9 +109,13 @@ func pin(r *http.Request, up *Upstream) {
 
 // clearSelection forgets what the handler and the selection policy decided
 // for r, so that it can be served again: the session's upstream, the one
-// selected, and the policy's marks.
+// selected, and the policy's marks. The upstream selected, which failed
+// the request, is remembered as such.
 func clearSelection(r *http.Request) {
 	ex := exchangeOf(r)
+	if ex.selected != nil {
+		ex.noteFailed(ex.selected.Dial)
+	}
 	ex.owner, ex.selected = nil, nil
 	for _, k := range policyVars {
 		caddyhttp.SetVar(r.Context(), k, nil)

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 )
 
@@ -223,7 +224,7 @@ func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhtt
 		res, ok := h.table.movedInStore(id, from, pf.init)
 		var err error
 		if !ok {
-			res, err = h.reinitialize(r, next, id, from, pf.init)
+			res, err = h.reinitialize(r, next, id, from, pf.init, cause != FailoverUpstream404)
 		}
 		h.table.Stats.failovers.count(cause, failoverOutcome(res, err))
 		h.logFailover(id, from, res, cause, err)
@@ -238,13 +239,20 @@ func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhtt
 }
 
 // reinitialize replays the session's initialize on an upstream the
-// fallback policy picks, then sends notifications/initialized there, and
-// records the new upstream and its session ID.
-func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id string, from *Upstream, init *sessionInit) (failoverResult, error) {
+// fallback policy picks, never on from when leaving (from is gone or
+// draining, not just restarted: it did not answer 404), then sends
+// notifications/initialized there, and records the new upstream and its
+// session ID.
+func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id string, from *Upstream, init *sessionInit, leaving bool) (failoverResult, error) {
 	ir := subrequest(r, init.body)
 	setInitHeaders(ir.Header, init)
-	ans := newUpstreamAnswer()
-	if err := next.ServeHTTP(ans, ir); err != nil || !ans.ok() {
+	ex := exchangeOf(ir)
+	ex.replay = true
+	if leaving {
+		ex.noteFailed(from.Dial())
+	}
+	ans, err := sendReplay(next, ir, init.body)
+	if err != nil || !ans.ok() {
 		return failoverResult{}, fmt.Errorf("%w: status %d, error %v", errNoFailover, ans.status, err)
 	}
 	newID, sel := ans.header.Get(HeaderSessionID), selectedUpstream(ir)
@@ -264,6 +272,32 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 		h.endOrphan(r, next, to, newID, version)
 	}
 	return res, err
+}
+
+// sendReplay sends the replayed initialize ir, of body body, until an
+// upstream answers it. reverse_proxy sends it again after a failed dial
+// (lb_retries); past that, the replay is sent again as long as the policy
+// finds an upstream the replay has not tried (it avoids each one that
+// failed it), so that every other upstream is tried once before the
+// failover gives up, whatever lb_retries.
+func sendReplay(next caddyhttp.Handler, ir *http.Request, body []byte) (*upstreamAnswer, error) {
+	ex := exchangeOf(ir)
+	for {
+		ans, before := newUpstreamAnswer(), ex.selected
+		err := next.ServeHTTP(ans, ir)
+		if err == nil || ans.status != 0 || ex.selected == before || !unsent(err) {
+			return ans, err
+		}
+		ir.Body, ir.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	}
+}
+
+// unsent reports whether err, returned by reverse_proxy, says that the
+// request never reached the upstream: dialing it failed, or it closed the
+// kept-alive connection before reading the request.
+func unsent(err error) bool {
+	var dialErr reverseproxy.DialError
+	return errors.As(err, &dialErr) || closedUnread(err)
 }
 
 // endOrphan ends the session newID that a failover opened on upstream to

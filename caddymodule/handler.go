@@ -50,9 +50,6 @@ const (
 	// varUnavailable holds the Retry-After seconds (int) of a request whose
 	// pinned upstream fails active health checks, within the grace.
 	varUnavailable = "mcp_session.upstream_unavailable"
-	// varLastResort is true once the policy has chosen an upstream that
-	// passive health checks keep out of service for the request.
-	varLastResort = "mcp_session.last_resort"
 	// varInit holds the *sessionInit of an initialize request the table
 	// keeps for failover once its session is learned.
 	varInit = "mcp_session.init"
@@ -60,7 +57,7 @@ const (
 
 // policyVars are the request variables the selection policy sets for a
 // request; they start afresh when the request is served again.
-var policyVars = []string{varGone, varUnavailable, varLastResort}
+var policyVars = []string{varGone, varUnavailable}
 
 // Handler gives MCP Streamable HTTP sessions affinity to the upstream that
 // created them. Order it before `reverse_proxy` and use the `mcp_session`
@@ -174,7 +171,9 @@ type Handler struct {
 	// rules as `max_sessions`): a placeholder template such as
 	// `{http.auth.user.id}` or `{http.request.header.Authorization}`, or
 	// `off`. A request of a session bound to another principal gets the
-	// same 404 as an unknown session and never reaches the upstream.
+	// same 404 as an unknown session and never reaches the upstream. A
+	// template without a placeholder fails to load; one naming placeholders
+	// Caddy does not set is logged as a warning.
 	// Default: `{http.auth.user.id}` (bound when Caddy authenticates the
 	// request, unbound otherwise).
 	BindPrincipal string `json:"bind_principal,omitempty"`
@@ -223,7 +222,10 @@ type Handler struct {
 
 	// The placeholder template that names a request's client for
 	// `max_unconfirmed_per_client`, as the `mcp_sessions` app's
-	// `client_key`. Default: `{http.request.client_ip}`.
+	// `client_key` (a template without a placeholder fails to load; one
+	// naming placeholders Caddy does not set is logged as a warning).
+	// Default: `{http.vars.client_ip}`, the client's IP address, honouring
+	// the server's `trusted_proxies`.
 	ClientKey string `json:"client_key,omitempty"`
 
 	// How long a request that opens a session waits for its upstream's

@@ -44,9 +44,16 @@ const DefaultFallbackPolicy = LeastSessionsPolicy
 //
 // Passive health checks never leave new sessions without an upstream: when
 // the fallback policy finds no upstream available and some are out of
-// service for failed requests alone, the one with the fewest failures gets
-// the request, once per request (a lone upstream is never taken out of
-// service by one failed request, as in nginx).
+// service for failed requests alone, they get the request in turn, the one
+// with the fewest failures first, each at most once per request (a lone
+// upstream is never taken out of service by one failed request, as in
+// nginx, and one that is really down costs one attempt).
+//
+// A failover's replayed initialize never goes to the upstream the session
+// leaves (unless that upstream answered, 404: it restarted), nor to one
+// that already failed the replay; with every other upstream out of service
+// for failed requests, it tries them in the same order before the
+// failover gives up.
 type SessionSelection struct {
 	// The name of the session table, the same as the `mcp_session` handler's.
 	// The policy reads which upstreams are draining from it. Default: `default`.
@@ -150,7 +157,10 @@ func (s *SessionSelection) Select(pool reverseproxy.UpstreamPool, r *http.Reques
 		up = s.selectPinned(pool, r, ex.owner.dial)
 	} else {
 		s.notePool(pool)
-		up = s.selectNew(s.candidates(pool, r), r, w)
+		if ex.selected != nil { // sent again: the upstream picked last failed it
+			ex.noteFailed(ex.selected.Dial)
+		}
+		up = s.selectNew(s.candidates(pool, r), r, w, ex)
 	}
 	if up != nil {
 		ex.selected = up
@@ -172,11 +182,14 @@ func (s *SessionSelection) notePool(pool reverseproxy.UpstreamPool) {
 }
 
 // candidates returns the upstreams of pool that may get a new session:
-// not draining, not left stuck by this request, and not stuck (see
-// frozen.go) unless no other one is available: a bounded wait beats no
-// upstream.
+// not draining, not left stuck by this request, not one that failed the
+// request if it is a failover's replay (nor the upstream its session
+// leaves), and not stuck (see frozen.go) unless no other one is available:
+// a bounded wait beats no upstream.
 func (s *SessionSelection) candidates(pool reverseproxy.UpstreamPool, r *http.Request) reverseproxy.UpstreamPool {
-	if s.table == nil || !s.table.AnyDraining() && !s.table.anyStuck() && caddyhttp.GetVar(r.Context(), varTried) == nil {
+	ex := exchangeOf(r)
+	avoid := ex.replay && len(ex.failedBy) > 0
+	if s.table == nil || !avoid && !s.table.AnyDraining() && !s.table.anyStuck() && caddyhttp.GetVar(r.Context(), varTried) == nil {
 		return pool
 	}
 	kept := make(reverseproxy.UpstreamPool, 0, len(pool))
@@ -184,7 +197,7 @@ func (s *SessionSelection) candidates(pool reverseproxy.UpstreamPool, r *http.Re
 	for _, u := range pool {
 		rec := s.table.knownUpstream(u.Dial)
 		switch {
-		case triedBy(r, u.Dial) || rec != nil && rec.Draining():
+		case triedBy(r, u.Dial) || avoid && ex.failed(u.Dial) || rec != nil && rec.Draining():
 		case rec != nil && s.table.stuck(rec):
 			stuck = append(stuck, u)
 		default:
@@ -198,32 +211,27 @@ func (s *SessionSelection) candidates(pool reverseproxy.UpstreamPool, r *http.Re
 }
 
 // selectNew returns the fallback policy's choice for a request without a
-// known session or, when it finds no upstream available, the upstream out
-// of service by passive health checks alone with the fewest failures, once
-// per request (see lastResort).
-func (s *SessionSelection) selectNew(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
+// known session or, when it finds no upstream available, an upstream out
+// of service by passive health checks alone (see lastResort).
+func (s *SessionSelection) selectNew(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter, ex *exchange) *reverseproxy.Upstream {
 	if up := s.fallback.Select(pool, r, w); up != nil {
 		return up
 	}
-	return s.lastResort(pool, r)
+	return s.lastResort(pool, ex)
 }
 
-// lastResort returns the upstream of pool that only passive health checks
-// keep out of service, with the fewest failures, or nil. It answers once
-// per request: a retry after its choice failed gets nil, so that a lone
-// upstream that is really down costs one attempt, not lb_retries of them.
-func (s *SessionSelection) lastResort(pool reverseproxy.UpstreamPool, r *http.Request) *reverseproxy.Upstream {
-	if tried, _ := caddyhttp.GetVar(r.Context(), varLastResort).(bool); tried {
-		return nil
-	}
+// lastResort returns, of the upstreams of pool that only passive health
+// checks keep out of service and that have not failed the request ex, the
+// one with the fewest failures (the first of the pool among equals), or
+// nil. A retry after its choice failed gets the next one: each is tried
+// once, so that a lone upstream that is really down costs one attempt, not
+// lb_retries of them.
+func (s *SessionSelection) lastResort(pool reverseproxy.UpstreamPool, ex *exchange) *reverseproxy.Upstream {
 	var best *reverseproxy.Upstream
 	for _, u := range pool {
-		if !u.Full() && s.healthOf(u) == healthPassiveDown && (best == nil || u.Fails() < best.Fails()) {
+		if !u.Full() && s.healthOf(u) == healthPassiveDown && !ex.failed(u.Dial) && (best == nil || u.Fails() < best.Fails()) {
 			best = u
 		}
-	}
-	if best != nil {
-		caddyhttp.SetVar(r.Context(), varLastResort, true)
 	}
 	return best
 }

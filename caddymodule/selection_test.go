@@ -2,9 +2,15 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -177,5 +183,85 @@ func TestReverseProxyLBPolicy(t *testing.T) {
 	want := `{"fallback":{"policy":"least_conn"},"policy":"mcp_session"}`
 	if got := string(rp.LoadBalancing.SelectionPolicyRaw); got != want {
 		t.Errorf("selection policy = %s, want %s", got, want)
+	}
+}
+
+// refusingAddrs returns n loopback addresses where nothing listens: a
+// connection to each is refused.
+func refusingAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs[i] = ln.Addr().String()
+		ln.Close()
+	}
+	return addrs
+}
+
+// TestLastResortOrder: with every upstream out of service by passive
+// health checks alone (a real reverse_proxy counted its refused dials: 1,
+// 2 and 3), a request without a session that each pick fails gets them in
+// turn, the fewest failures first, each once, then nil; a failover's
+// replay never gets the upstream its session leaves, though it has the
+// fewest failures, and then the others in the same order. Before, the last
+// resort answered once per request: the replay got the upstream it was
+// leaving, which had just refused, and then nothing.
+func TestLastResortOrder(t *testing.T) {
+	dials := refusingAddrs(t, 3)
+	ups := make([]*reverseproxy.Upstream, len(dials))
+	for i, d := range dials {
+		ups[i] = &reverseproxy.Upstream{Dial: d}
+	}
+	raw, _ := json.Marshal(reverseproxy.Handler{
+		Upstreams:    ups,
+		HealthChecks: &reverseproxy.HealthChecks{Passive: &reverseproxy.PassiveHealthChecks{FailDuration: caddy.Duration(time.Hour)}},
+		LoadBalancing: &reverseproxy.LoadBalancing{
+			SelectionPolicyRaw: json.RawMessage(`{"policy":"mcp_session","table":"lastresort/` + t.Name() + `"}`),
+		},
+	})
+	mod, err := newContext(t).LoadModuleByID("http.handlers.reverse_proxy", raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := mod.(*reverseproxy.Handler)
+	s := rp.LoadBalancing.SelectionPolicy.(*SessionSelection)
+	for i, d := range dials { // pinned requests, refused: i+1 failures each
+		for range i + 1 {
+			r := caddyhttp.PrepareRequest(httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader("{}")), caddy.NewReplacer(), nil, &caddyhttp.Server{})
+			exchangeOf(r).owner = &Upstream{dial: d}
+			if err := rp.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err == nil {
+				t.Fatalf("a request to %s, where nothing listens, succeeded", d)
+			}
+		}
+	}
+	for i, u := range rp.Upstreams {
+		if u.Available() || u.Host.Fails() != i+1 || s.healthOf(u) != healthPassiveDown {
+			t.Fatalf("%s: available %v, %d failures, health %v; want out of service by passive checks with %d", u.Dial, u.Available(), u.Host.Fails(), s.healthOf(u), i+1)
+		}
+	}
+	picks := func(r *http.Request) []string {
+		var got []string
+		for range len(dials) + 1 { // each Select after the first is a retry: the last pick failed
+			up := s.Select(rp.Upstreams, r, nil)
+			if up == nil {
+				break
+			}
+			got = append(got, up.Dial)
+		}
+		return got
+	}
+	if got, want := picks(newRequest(http.MethodPost)), dials; !slices.Equal(got, want) {
+		t.Errorf("a new session's picks, each failing: %v; want every upstream once, fewest failures first: %v", got, want)
+	}
+	replay := newRequest(http.MethodPost)
+	ex := exchangeOf(replay)
+	ex.replay = true
+	ex.noteFailed(dials[0]) // the session leaves dials[0]
+	if got, want := picks(replay), dials[1:]; !slices.Equal(got, want) {
+		t.Errorf("a failover's replay leaving %s: picks %v; want %v, never the upstream it leaves", dials[0], got, want)
 	}
 }

@@ -124,3 +124,22 @@ func tableOf(t testing.TB, name string) caddymodule.TableStatus {
 	}
 	return list[i]
 }
+
+// caddyFails returns the failed requests Caddy's passive health checks
+// count against the upstream dialed at dial (the `fails` of Caddy's
+// /reverse_proxy/upstreams admin endpoint), -1 when Caddy lists no such
+// upstream.
+func caddyFails(t testing.TB, dial string) int {
+	t.Helper()
+	var hosts []struct {
+		Address string `json:"address"`
+		Fails   int    `json:"fails"`
+	}
+	adminOK(t, http.MethodGet, "/reverse_proxy/upstreams", nil, &hosts)
+	for _, h := range hosts {
+		if h.Address == dial {
+			return h.Fails
+		}
+	}
+	return -1
+}

@@ -811,3 +811,88 @@ func TestFailoverRestartedUpstream(t *testing.T) {
 		}
 	}
 }
+
+// sessionOn opens go-sdk sessions (no GET stream) through url until one
+// is on the server called server, and returns it; the others are closed.
+func sessionOn(ctx context.Context, t *testing.T, url string, hc *http.Client, server string) *mcp.ClientSession {
+	t.Helper()
+	for range 30 {
+		cs, err := connectNoStream(ctx, url, hc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id, err := whoami(ctx, cs); err == nil && id.Server == server {
+			return cs
+		}
+		cs.Close()
+	}
+	t.Fatalf("no session landed on %s in 30 tries", server)
+	return nil
+}
+
+// TestFailoverWithOthersPassiveDown: with failover reinitialize, the
+// session's upstream A is killed while both other upstreams are out of
+// service by passive health checks alone, as in a fast rolling restart
+// where an upstream just restarted still counts the failures of its
+// restart: B is down with 4 failures, C is up with 5, and A has 1 to 3
+// once the session's request has refused (reverse_proxy dials it 1 +
+// lb_retries times). The session moves to C and its call is answered
+// there: never back to A, which the fewest failures alone would pick (and
+// did: it refused again and the failover gave up, "no other upstream took
+// the session over"), and past B, which refuses on the way. With
+// lb_retries 0 too, where reverse_proxy sends the replay once: it is sent
+// again while an upstream is left to try.
+func TestFailoverWithOthersPassiveDown(t *testing.T) {
+	for _, tc := range []struct{ name, options string }{{"lb_retries_2", ""}, {"lb_retries_0", "\n\t\tlb_retries 0"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := startBackends(t, 3, false)
+			table := "fo-passive-" + tc.name
+			// A second site whose reverse_proxy counts a failure against
+			// the upstream for every request, answered or refused (and
+			// keeps sending it requests): Caddy keeps one failure count
+			// per upstream address.
+			var poke []string
+			for _, s := range srv {
+				poke = append(poke, fmt.Sprintf("handle /poke/%s {\n\t\treverse_proxy %s {\n\t\t\tfail_duration 5m\n\t\t\tmax_fails 100\n\t\t\tunhealthy_status 2xx 3xx 4xx 5xx\n\t\t}\n\t}", s.Name(), s.Addr()))
+			}
+			ps := startProxies(t, fmt.Sprintf("mcp_proxy %s {\n\t\ttable %s\n\t\tfailover reinitialize%s\n\t}", upstreams(srv), table, tc.options), strings.Join(poke, "\n\t"))
+			hc := newHTTPClient()
+			defer hc.CloseIdleConnections()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cs := sessionOn(ctx, t, ps[0].url(), hc, srv[0].Name())
+			defer cs.Close()
+			movedBefore, failedBefore := failoversOf(t, table)
+
+			srv[1].Kill()
+			<-srv[1].Done()
+			for i, n := range map[int]int{1: 4, 2: 5} {
+				for range n {
+					send(t, hc, http.MethodGet, "http://"+ps[1].addr+"/poke/"+srv[i].Name(), nil, "")
+				}
+			}
+			if f1, f2 := caddyFails(t, srv[1].Addr()), caddyFails(t, srv[2].Addr()); f1 != 4 || f2 != 5 {
+				t.Fatalf("setup: Caddy counts %d failures against %s and %d against %s; want 4 and 5", f1, srv[1].Name(), f2, srv[2].Name())
+			}
+			srv[0].Kill()
+			<-srv[0].Done()
+
+			id, err := whoami(ctx, cs)
+			moved, failed := failoversOf(t, table)
+			moved, failed = moved-movedBefore, failed-failedBefore
+			f0, f1, f2 := caddyFails(t, srv[0].Addr()), caddyFails(t, srv[1].Addr()), caddyFails(t, srv[2].Addr())
+			t.Logf("call after %s was killed: %+v, %v; failovers moved %v, failed %v; failures counted: %s %d, %s %d, %s %d",
+				srv[0].Name(), id, err, moved, failed, srv[0].Name(), f0, srv[1].Name(), f1, srv[2].Name(), f2)
+			if err != nil || id.Server != srv[2].Name() {
+				t.Errorf("the session's call after its upstream was killed: %+v, %v; want it answered by %s, the only live upstream", id, err, srv[2].Name())
+			}
+			if moved != 1 || failed != 0 {
+				t.Errorf("caddy_mcp_failovers_total{cause=refused}: moved %v, failed %v; want 1 and 0", moved, failed)
+			}
+			if f0 < 1 || f0 > 3 {
+				t.Errorf("%s, the upstream left, has %d failures; want 1 to 3, the dials of the session's own request (1 + lb_retries): "+
+					"fewer than the others' (so that the fewest failures alone would pick it), and none from the replay", srv[0].Name(), f0)
+			}
+		})
+	}
+}

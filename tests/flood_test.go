@@ -48,6 +48,16 @@ type floodResult struct {
 // are read with net/http's parser, which costs this process far less than
 // net/http's client.
 func flood(addr, path string, n, workers int, hdr string, done *atomic.Int64) *floodResult {
+	return floodFrom("", addr, path, n, workers, hdr, done)
+}
+
+// floodFrom is flood with connections from the loopback address src
+// (127.0.0.2, …; the system's choice when empty): another client machine.
+func floodFrom(src, addr, path string, n, workers int, hdr string, done *atomic.Int64) *floodResult {
+	var dialer net.Dialer
+	if src != "" {
+		dialer.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
+	}
 	req := []byte(fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+
 		"Accept: application/json, text/event-stream\r\n%sContent-Length: %d\r\n\r\n%s", path, addr, hdr, len(initBody), initBody))
 	res := &floodResult{}
@@ -65,7 +75,7 @@ func flood(addr, path string, n, workers int, hdr string, done *atomic.Int64) *f
 			}()
 			for next.Add(1) <= int64(n) {
 				if conn == nil {
-					c, err := net.Dial("tcp", addr)
+					c, err := dialer.Dial("tcp", addr)
 					if err != nil {
 						res.fail(err)
 						continue
@@ -337,4 +347,84 @@ func TestClientCapKeepsNewSessionsDuringFlood(t *testing.T) {
 	if n := metricValue(families, "caddy_mcp_sessions_evicted_total", map[string]string{"table": "capped", "reason": "client_cap"}); n < 10*maxSessions-20-1 {
 		t.Errorf("client_cap evictions in the capped table: %v; want the flood's own, about %d", n, 10*maxSessions-20)
 	}
+}
+
+// TestClientCapDefaultKey: with max_unconfirmed_per_client 100 and the
+// default client_key, one client flooding 2,000 initialize requests keeps
+// 100 unconfirmed sessions (the other 1,900 are pushed out, its own
+// oldest first), while two other clients that open a session during the
+// flood keep theirs until they use it: alice, from another address, and
+// bob, who comes through the same proxy as the flood (in the server's
+// trusted_proxies) with his own X-Forwarded-For. The default names the
+// client by the IP address Caddy's server determines, honouring
+// trusted_proxies: by the connection's address ({http.request.remote.host})
+// bob and the flood would be one client, and bob's session pushed out.
+// The old default, {http.request.client_ip}, is no placeholder: every
+// client was the client "", which is not capped, and 2,000 of 2,000 were
+// kept.
+func TestClientCapDefaultKey(t *testing.T) {
+	const (
+		table     = "capdefault"
+		limit     = 100
+		floodSize = 2000
+		gateway   = "127.0.0.4" // a proxy in front of Caddy, in trusted_proxies
+	)
+	servers := startBackends(t, 1, true)
+	fl := startFloodServer(t)
+	port := mustFreePort()
+	global := strings.Replace(globalOptions(), "protocols h1 h2c", "protocols h1 h2c\n\t\ttrusted_proxies static "+gateway+"/32", 1)
+	loadCaddyfile(t, global+siteBlock(port, fmt.Sprintf("mcp_proxy /mcp %s {\n\t\ttable %s\n\t\tmax_unconfirmed_per_client %d\n\t}\n\tmcp_proxy /flood %s {\n\t\ttable %s\n\t}",
+		upstreams(servers), table, limit, fl.Addr(), table)))
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	url := "http://" + addr + "/mcp"
+	evictedBefore := clientCapEvictions(t, table)
+
+	var answered atomic.Int64
+	done := make(chan *floodResult)
+	go func() {
+		done <- floodFrom(gateway, addr, "/flood", floodSize, 4, "X-Forwarded-For: 198.51.100.7\r\n", &answered)
+	}()
+	for answered.Load() < floodSize/2 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	alice, bob := clientFrom("127.0.0.3"), clientFrom(gateway)
+	defer alice.CloseIdleConnections()
+	defer bob.CloseIdleConnections()
+	bobHeader := http.Header{"X-Forwarded-For": {"198.51.100.8"}}
+	aliceID, bobID := openUnused(alice, url, nil), openUnused(bob, url, bobHeader)
+	res := <-done
+	st := tableOf(t, table)
+	evicted := clientCapEvictions(t, table) - evictedBefore
+	t.Logf("flood of %d from behind the gateway: %d learned, %d failed (%v); table holds %d sessions, %v pushed out by the client cap",
+		floodSize, res.learned, res.failed, res.firstErr.Load(), st.Sessions, evicted)
+	if res.learned != floodSize {
+		t.Fatalf("the flood got %d sessions of %d: it did not flood", res.learned, floodSize)
+	}
+	if st.Sessions != limit+2 || int(evicted) != floodSize-limit {
+		t.Errorf("after the flood the table holds %d sessions, %v pushed out by the client cap; want %d (the flood's %d, alice's and bob's) and %d",
+			st.Sessions, evicted, limit+2, limit, floodSize-limit)
+	}
+	for _, c := range []struct {
+		who string
+		hc  *http.Client
+		id  string
+		hdr http.Header
+	}{{"alice", alice, aliceID, nil}, {"bob", bob, bobID, bobHeader}} {
+		hdr := mcpPOSTHeaders(c.id)
+		for k, v := range c.hdr {
+			hdr[k] = v
+		}
+		ex := send(t, c.hc, http.MethodPost, url, hdr, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+		if c.id == "" || ex.status != http.StatusAccepted {
+			t.Errorf("%s's session %q, opened during the flood, at its first use after it: %d %s; want 202", c.who, c.id, ex.status, ex.body)
+		}
+	}
+}
+
+// clientCapEvictions returns caddy_mcp_sessions_evicted_total{reason="client_cap"}
+// of table, 0 before the series exists.
+func clientCapEvictions(t testing.TB, table string) float64 {
+	t.Helper()
+	families, _ := scrape(t)
+	return max(0, metricValue(families, "caddy_mcp_sessions_evicted_total", map[string]string{"table": table, "reason": "client_cap"}))
 }

@@ -188,3 +188,11 @@ func reloadViaAdmin(t testing.TB, cfg string) {
 func newHTTPClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 }
+
+// clientFrom returns a client with its own connection pool whose
+// connections come from the loopback address src (127.0.0.2, …): to the
+// proxy, another client machine.
+func clientFrom(src string) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DialContext: d.DialContext}}
+}

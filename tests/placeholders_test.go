@@ -2,12 +2,18 @@ package tests
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
 )
 
 // TestPlaceholdersInRoutes uses the {mcp.*} placeholders the way docs/operating.md
@@ -143,5 +149,47 @@ func TestSealedRequestsInAccessLog(t *testing.T) {
 	var sess struct{ Fingerprint string }
 	if st := adminCall(t, http.MethodPost, "/mcp_sessions/lookup", map[string]string{"table": "sealed-log", "session_id": sealed}, &sess); st != http.StatusOK || sess.Fingerprint != sessionFingerprint(sealed) {
 		t.Errorf("admin lookup: %d, fingerprint %q; want the access log's %q", st, sess.Fingerprint, sessionFingerprint(sealed))
+	}
+}
+
+// TestDefaultTemplatesExpand: every placeholder template the plugin
+// evaluates unless configured otherwise (caddymodule.DefaultTemplates:
+// client_key, bind_principal, mcp_proxy's Host for upstreams) expands to a
+// value in a real request through Caddy: an initialize that basic_auth
+// authenticates, proxied to a go-sdk server. A deferred `header` per
+// template writes its value into the response, as Caddy evaluates it for
+// that request. The old default client_key, {http.request.client_ip}, is
+// no placeholder: the plugin's evaluation made it empty, and `header`,
+// which leaves unknown placeholders as they are, writes it back unexpanded.
+func TestDefaultTemplatesExpand(t *testing.T) {
+	bs := startBackends(t, 1, true)
+	hash, err := bcrypt.GenerateFromPassword([]byte("secret"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaults := caddymodule.DefaultTemplates()
+	options := slices.Sorted(maps.Keys(defaults))
+	var headers strings.Builder
+	for i, option := range options {
+		fmt.Fprintf(&headers, "header >X-Default-%d %q\n\t", i, defaults[option])
+	}
+	p := startProxy(t, fmt.Sprintf("basic_auth {\n\t\talice %s\n\t}\n\t%smcp_proxy %s {\n\t\ttable default-templates\n\t}",
+		hash, headers.String(), upstreams(bs)))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	hdr := mcpPOSTHeaders("")
+	req, _ := http.NewRequest(http.MethodPost, "/", nil)
+	req.SetBasicAuth("alice", "secret")
+	hdr["Authorization"] = req.Header["Authorization"]
+	ex := send(t, hc, http.MethodPost, p.url(), hdr, initBody)
+	if ex.status != http.StatusOK || ex.header.Get("Mcp-Session-Id") == "" {
+		t.Fatalf("authenticated initialize: %d %s", ex.status, ex.body)
+	}
+	for i, option := range options {
+		v := ex.header.Get(fmt.Sprintf("X-Default-%d", i))
+		t.Logf("default %s %s = %q", option, defaults[option], v)
+		if v == "" || strings.ContainsAny(v, "{}") { // `header` leaves a placeholder it does not know as it is
+			t.Errorf("default %s %s expands to %q in a request through Caddy; want a value", option, defaults[option], v)
+		}
 	}
 }
