@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -70,7 +71,11 @@ func TestEraOf(t *testing.T) {
 		{name: "legacy SSE POST, sessionid", query: "sessionid=", want: EraLegacySession},
 		{name: "legacy SSE POST and Mcp-Method", query: "sessionid=A", headers: map[string][]string{"Mcp-Method": {"tools/list"}}, want: EraLegacySession},
 		{name: "other query", query: "session=A&id=B", want: EraOther},
-		{name: "legacy SSE GET", method: http.MethodGet, query: "sessionId=A", want: EraOther},
+		{name: "legacy SSE session in a GET's query", method: http.MethodGet, query: "sessionId=A", want: EraLegacySession},
+		{name: "legacy SSE session in a PUT's query", method: http.MethodPut, query: "session_id=A", want: EraLegacySession},
+		{name: "CORS preflight of a legacy SSE POST", method: http.MethodOptions, query: "sessionId=A", want: EraOther},
+		{name: "session named in brackets", query: "sessionId[]=A", want: EraLegacySession},
+		{name: "session past 10000 pairs", query: "sessionId=A" + strings.Repeat("&", 10000), want: EraLegacySession},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := httptest.NewRequest(cmp.Or(tc.method, http.MethodPost), "/mcp?"+tc.query, nil)

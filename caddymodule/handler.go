@@ -73,15 +73,17 @@ var policyVars = []string{varGone, varUnavailable}
 // It pins the legacy HTTP+SSE transport (MCP 2024-11-05) too, unless
 // `disable_legacy_sse` is set: the first event of a GET's SSE stream,
 // `endpoint`, names the session in its URL's query (`legacy_sse_params`);
-// the session is pinned to the stream's upstream, POSTs carrying it in
-// their query go there, and it ends when the stream closes (legacysse.go).
+// the session is pinned to the stream's upstream, requests carrying it in
+// their query (POSTs, and any other method but a CORS preflight) go there,
+// and it ends when the stream closes (legacysse.go).
 //
 // It answers these itself, with a JSON-RPC error body, without contacting an upstream:
 //
 // | Request | Response |
 // |---|---|
 // | `Mcp-Session-Id` sent more than once, empty, longer than `max_session_id_length`, or with bytes outside 0x21-0x7E | 400 |
-// | a legacy HTTP+SSE POST whose query names its session twice, or an empty or malformed one | 400 |
+// | a request whose query names a legacy HTTP+SSE session twice, in a way servers read differently (`;`, brackets, bad escapes), or an empty or malformed one | 400 |
+// | a request naming one session in `Mcp-Session-Id` and another in its query | 400 |
 // | a session the table does not hold (unless `unknown_session` is `forward`) | 404 |
 // | a session whose upstream fails active health checks, within the policy's `unhealthy_grace` | 503 with Retry-After; the session is kept |
 // | an `initialize` or `server/discover` that no upstream (of at most three tried) sends response headers for within `initialize_timeout` | 504 |
@@ -259,16 +261,16 @@ type Handler struct {
 	// By default, a GET whose response is an SSE stream with an `endpoint`
 	// first event teaches the session named in that event's URL (one of
 	// `legacy_sse_params`), pinned to the stream's upstream until the stream
-	// closes; POSTs carrying the session in their query go to that upstream,
-	// and POSTs of a session the table does not hold get 404 like any
-	// unknown session. The endpoint URL is rewritten where the client could
+	// closes; requests carrying the session in their query go to that
+	// upstream, and those of a session the table does not hold get 404 like
+	// any unknown session. The endpoint URL is rewritten where the client could
 	// not use it (see docs/behaviour.md, "Legacy HTTP+SSE"). Default: false.
 	DisableLegacySSE bool `json:"disable_legacy_sse,omitempty"`
 
 	// The query parameters that carry a legacy HTTP+SSE session, in the
 	// endpoint event's URL and in the POSTs to it. Names are
-	// case-sensitive, as in URLs. A POST naming the session more than once
-	// gets 400. Default: `sessionId`, `session_id`, `sessionid` (the
+	// case-sensitive, as in URLs. A request naming the session more than
+	// once, or one session here and another in Mcp-Session-Id, gets 400. Default: `sessionId`, `session_id`, `sessionid` (the
 	// TypeScript SDK and mcp-go, the Python SDK, the Go SDK).
 	LegacySSEParams []string `json:"legacy_sse_params,omitempty"`
 
@@ -398,14 +400,18 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			"Bad Request: the request body ended after fewer than its Content-Length of %d bytes, or broke: %v", r.ContentLength, err))
 	}
 	ids := r.Header[HeaderSessionID]
+	legacy, problem := legacySessionOf(r, h.legacyParams(), h.MaxSessionIDLength)
 	if len(ids) == 0 {
-		return h.serveWithoutHeader(w, r, next)
+		return h.serveWithoutHeader(w, r, next, legacy, problem)
 	}
 	h.table.Stats.eras[eraOf(r, len(ids))].Add(1)
-	id, problem := sessionOf(r.Header, h.MaxSessionIDLength)
+	id, problem := h.headerSession(r, legacy, problem)
 	if problem != "" {
 		decide(r, decisionRejected, "")
 		return writeBadSession(w, problem)
+	}
+	if legacy != "" { // named twice, in the header and the query: served as the legacy POST it is
+		return h.serveLegacyPost(w, r, next, legacy)
 	}
 	if h.sealer != nil {
 		if key, ss, ok := h.sealer.open(id); ok {
@@ -413,6 +419,31 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		}
 	}
 	return h.serveKnown(w, r, next, id)
+}
+
+// headerSession returns the session that r's Mcp-Session-Id names, or why
+// r is refused: the header cannot be used (see sessionOf), or the query
+// names a legacy HTTP+SSE session that cannot be used (queryProblem), or
+// another session than the header (legacy). A request names at most one
+// session: the proxy checks the session it routes by against its
+// principal, and a server that reads the other name (a legacy server reads
+// the query) would act in a session nobody checked. The check compares
+// what the request says, before any lookup, so its answer tells nothing of
+// either session. The same session in both is served: whichever the
+// server reads, it is the session checked.
+func (h *Handler) headerSession(r *http.Request, legacy, queryProblem string) (id, problem string) {
+	id, problem = sessionOf(r.Header, h.MaxSessionIDLength)
+	switch {
+	case problem != "":
+		return "", problem
+	case queryProblem != "":
+		return "", queryProblem
+	case legacy != "" && h.tableKey(id) != legacy:
+		return "", "the request names two sessions, one in Mcp-Session-Id and another in the query (" +
+			strings.Join(h.legacyParams(), ", ") + "); send one: a legacy HTTP+SSE message carries its session " +
+			"in the query only, a Streamable HTTP request in Mcp-Session-Id only"
+	}
+	return id, ""
 }
 
 // serveKnown serves a request of session id by the table: pinned to its
@@ -429,11 +460,11 @@ func (h *Handler) serveKnown(w http.ResponseWriter, r *http.Request, next caddyh
 	return h.servePinned(w, r, next, id, up)
 }
 
-// serveWithoutHeader serves a request without Mcp-Session-Id: a POST of a
-// legacy HTTP+SSE session is pinned; any other request is balanced, and its
+// serveWithoutHeader serves a request without Mcp-Session-Id: one that
+// names legacy HTTP+SSE session id in its query is pinned, or refused for
+// problem (see legacySessionOf); any other request is balanced, and its
 // response may teach a session.
-func (h *Handler) serveWithoutHeader(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	id, problem := legacySessionOf(r, h.legacyParams(), h.MaxSessionIDLength)
+func (h *Handler) serveWithoutHeader(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id, problem string) error {
 	era := eraOf(r, 0)
 	if id != "" || problem != "" {
 		era = EraLegacySession // with legacy_sse naming other parameters too
@@ -711,14 +742,14 @@ func isLoopbackHost(host string) bool {
 	return err == nil && ip.IsLoopback()
 }
 
-// eraOf returns the request's protocol era. A POST carrying a legacy
-// HTTP+SSE session in one of the default query parameters is of a legacy
-// session too.
+// eraOf returns the request's protocol era. A request naming a legacy
+// HTTP+SSE session in one of the default query parameters (see
+// readsQuerySession) is of a legacy session too.
 func eraOf(r *http.Request, sessionFields int) Era {
 	switch {
 	case sessionFields > 0:
 		return EraLegacySession
-	case r.Method == http.MethodPost && r.URL.RawQuery != "" && hasLegacySession(r.URL.RawQuery):
+	case readsQuerySession(r) && hasLegacySession(r.URL.RawQuery):
 		return EraLegacySession
 	case len(r.Header["Mcp-Method"]) > 0:
 		return EraModern

@@ -1,7 +1,10 @@
 package caddymodule
 
 import (
+	"cmp"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -264,5 +267,90 @@ func TestLegacySSEParamsValidate(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("Validate with legacy_sse_params %q: %v, want ok %v", tc.params, err, tc.ok)
 		}
+	}
+}
+
+// TestEverySessionNamedIsChecked: bob may use his own sessions only, however
+// a request names a session. A request naming two sessions (his own in
+// Mcp-Session-Id, alice's in the query of a legacy POST, which a legacy
+// server reads) is refused with 400 before any lookup, whatever its method
+// and whether the header is sealed; so is a query that names a session in a
+// way servers read differently than the proxy (twice, in brackets, past
+// 10000 pairs, with ';', with a bad escape). A session named in the query
+// of any method is checked against its principal (python-sdk's message
+// endpoint takes any method); only a CORS preflight, an OPTIONS without a
+// body, is balanced as a request without a session. The same session in
+// the header and the query is served as that session's.
+func TestEverySessionNamedIsChecked(t *testing.T) {
+	const alice, bob = "ALICELEGACYSESSION", "BOBLEGACYSESSION"
+	h, _ := provisionHandler(t, &Handler{SealSessionIDs: &SealedSessionIDs{Keys: []string{base64.StdEncoding.EncodeToString(newKey(t))}}})
+	h.table.SetBindPrincipal("{http.request.header.Authorization}")
+	h.table.LearnFrom(alice, "a:1", Origin{Principal: "Bearer alice"})
+	h.table.LearnFrom(bob, "a:1", Origin{Principal: "Bearer bob"})
+	bobSealed := h.sealer.seal(sealedSession{dial: "a:1", bound: principalDigest("Bearer bob"), id: "BOBSTREAMABLE"})
+	for _, tc := range []struct {
+		name, method, query string
+		header              []string // Mcp-Session-Id values
+		noBody              bool
+		status, calls       int
+		reason              string // in the 400's JSON-RPC message
+	}{
+		{name: "alice's session in the query, bob's in the header", query: "sessionId=" + alice, header: []string{bob}, status: 400, reason: "two sessions"},
+		{name: "the same, under another parameter", query: "x=1&sessionid=" + alice, header: []string{bob}, status: 400, reason: "two sessions"},
+		{name: "the same, GET", method: http.MethodGet, query: "session_id=" + alice, header: []string{bob}, noBody: true, status: 400, reason: "two sessions"},
+		{name: "the same, DELETE", method: http.MethodDelete, query: "sessionId=" + alice, header: []string{bob}, status: 400, reason: "two sessions"},
+		{name: "bob's sealed session in the header", query: "sessionId=" + alice, header: []string{bobSealed}, status: 400, reason: "two sessions"},
+		{name: "bob's sealed session in the header, his own legacy one in the query", query: "sessionId=" + bob, header: []string{bobSealed}, status: 400, reason: "two sessions"},
+		{name: "a session made up in the header", query: "sessionId=" + alice, header: []string{"NEVERLEARNED"}, status: 400, reason: "two sessions"},
+		{name: "the query names two, the header one", query: "sessionId=" + bob + "&sessionId=" + alice, header: []string{bob}, status: 400, reason: "more than once"},
+		{name: "the query names two under two names", query: "sessionId=" + bob + "&session_id=" + alice, status: 400, reason: "more than once"},
+		{name: "the header twice", query: "sessionId=" + bob, header: []string{bob, alice}, status: 400, reason: "sent 2 times"},
+		{name: "an empty session in the query, bob's in the header", query: "sessionId=", header: []string{bob}, status: 400, reason: "is empty"},
+		{name: "brackets (Express's qs reads sessionId)", query: "sessionId[]=" + alice, status: 400, reason: "without brackets"},
+		{name: "encoded brackets", query: "sessionId%5B0%5D=" + alice, status: 400, reason: "without brackets"},
+		{name: "past 10000 pairs (Go's url.ParseQuery reads none)", query: "sessionId=" + alice + strings.Repeat("&", 10000), status: 404},
+		{name: "past 10000 pairs, bob's own", query: "sessionId=" + bob + strings.Repeat("&", 10000), status: 200, calls: 1},
+		{name: "';' in the pair", query: "x;sessionId=" + alice, status: 400, reason: "';'"},
+		{name: "';' in the value", query: "sessionId=" + alice + ";x", status: 400, reason: "';'"},
+		{name: "a bad escape", query: "sessionId=" + alice + "%zz", status: 400, reason: "percent-encoding"},
+		{name: "percent-encoded name", query: "session%49d=" + alice, status: 404},
+		{name: "alice's session in a POST's query", query: "sessionId=" + alice, status: 404},
+		{name: "alice's session in a PUT's query", method: http.MethodPut, query: "session_id=" + alice, status: 404},
+		{name: "alice's session in a GET's query", method: http.MethodGet, query: "sessionId=" + alice, noBody: true, status: 404},
+		{name: "alice's session in an OPTIONS with a body", method: http.MethodOptions, query: "sessionId=" + alice, status: 404},
+		{name: "CORS preflight of alice's session", method: http.MethodOptions, query: "sessionId=" + alice, noBody: true, status: 200, calls: 1},
+		{name: "alice's session in the header and the query", query: "sessionId=" + alice, header: []string{alice}, status: 404},
+		{name: "bob's own session in the header and the query", query: "sessionId=" + bob, header: []string{bob}, status: 200, calls: 1},
+		{name: "bob's own session in a PUT's query", method: http.MethodPut, query: "sessionId=" + bob, status: 200, calls: 1},
+		{name: "bob's sealed session alone", query: "x=1", header: []string{bobSealed}, status: 200, calls: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var body io.Reader = strings.NewReader(`{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{"name":"whoami"}}`)
+			if tc.noBody {
+				body = nil
+			}
+			r := httptest.NewRequest(cmp.Or(tc.method, http.MethodPost), "/messages?"+tc.query, body)
+			r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{}))
+			r.Header[HeaderSessionID] = tc.header
+			r.Header.Set("Authorization", "Bearer bob")
+			caddyhttp.NewTestReplacer(r)
+			rec, next := httptest.NewRecorder(), new(countingNext)
+			if err := h.ServeHTTP(rec, r, next); err != nil {
+				t.Fatal(err)
+			}
+			if rec.Code != tc.status || next.calls != tc.calls {
+				t.Fatalf("%s ?%.60s with Mcp-Session-Id %q: %d %q, %d upstream calls; want %d, %d calls",
+					r.Method, tc.query, tc.header, rec.Code, rec.Body, next.calls, tc.status, tc.calls)
+			}
+			if tc.status == http.StatusBadRequest {
+				var b rpcBody
+				if err := json.Unmarshal(rec.Body.Bytes(), &b); err != nil || b.JSONRPC != "2.0" || !strings.Contains(b.Error.Message, tc.reason) {
+					t.Errorf("400 body %q (%v); want a JSON-RPC error saying %q", rec.Body, err, tc.reason)
+				}
+			}
+		})
+	}
+	if up, _ := h.table.LookupAs(alice, "Bearer alice"); up == nil {
+		t.Error("alice's session is gone after bob's attempts")
 	}
 }

@@ -32,9 +32,10 @@ func startLegacyGoServers(t testing.TB, n int) []*testproc.Proc {
 }
 
 // legacyStream is a legacy SSE stream opened by hand: the endpoint its first
-// event named, and how to close it.
+// event named, the rest of the stream, and how to close it.
 type legacyStream struct {
 	endpoint string
+	events   *bufio.Reader // read with readEvent
 	close    context.CancelFunc
 }
 
@@ -54,11 +55,12 @@ func openLegacyStream(t testing.TB, hc *http.Client, url string) legacyStream {
 		t.Fatalf("GET %s: %v", url, err)
 	}
 	t.Cleanup(func() { resp.Body.Close() })
-	typ, data := readEvent(t, bufio.NewReader(resp.Body))
+	events := bufio.NewReader(resp.Body)
+	typ, data := readEvent(t, events)
 	if resp.StatusCode != http.StatusOK || typ != "endpoint" {
 		t.Fatalf("GET %s: %d, first event %q %q; want 200 and an endpoint event", url, resp.StatusCode, typ, data)
 	}
-	return legacyStream{endpoint: data, close: cancel}
+	return legacyStream{endpoint: data, events: events, close: cancel}
 }
 
 // readEvent reads one SSE event (LF line ends, as the SDKs write them).

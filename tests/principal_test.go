@@ -214,3 +214,68 @@ func TestPrincipalBindingDefaultsToAuthenticatedUser(t *testing.T) {
 		cs.Close()
 	}
 }
+
+// TestPrincipalBindingLegacyTwoSessionNames: behind basic_auth (sessions
+// bound to the user), alice and bob each hold a legacy HTTP+SSE session on
+// one TypeScript SDK server. Bob POSTs a tool call to alice's message URL
+// (?sessionId=<alice's>) carrying his own session in Mcp-Session-Id, and
+// once more without the header, with alice's session followed by 10000
+// '&' (Go's url.ParseQuery reads none of such a query; the server's
+// URLSearchParams reads it). The first gets 400 with a JSON-RPC error
+// saying the request names two sessions, the second the unknown session's
+// 404, as does the plain POST without the header; none reaches the server,
+// and the first message on alice's stream is the answer to her own next
+// call. Bob's own session named in both places works.
+func TestPrincipalBindingLegacyTwoSessionNames(t *testing.T) {
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
+	ss := startTSServers(t, env, 1, "tb", "--legacy-sse")
+	hash, err := bcrypt.GenerateFromPassword([]byte("secret"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, fmt.Sprintf("basic_auth {\n\t\talice %s\n\t\tbob %s\n\t}\n\tmcp_proxy %s {\n\t\ttable legacy_bound\n\t}", hash, hash, upstreams(ss)))
+	basic := func(user string) string {
+		r, _ := http.NewRequest(http.MethodGet, "/", nil)
+		r.SetBasicAuth(user, "secret")
+		return r.Header.Get("Authorization")
+	}
+	aliceHC, _ := clientAs(basic("alice"))
+	bobHC, _ := clientAs(basic("bob"))
+	as := openLegacyStream(t, aliceHC, "http://"+p.addr+"/sse")
+	time.AfterFunc(30*time.Second, as.close) // a stream that never answers fails the test instead of hanging it
+	bs := openLegacyStream(t, bobHC, "http://"+p.addr+"/sse")
+	time.AfterFunc(30*time.Second, bs.close)
+	bob := sessionIn(t, bs.endpoint)
+	call := func(id int) string {
+		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`, id)
+	}
+	aliceURL := "http://" + p.addr + as.endpoint
+
+	before := tsRequests(t, ss)
+	two := send(t, bobHC, http.MethodPost, aliceURL, sid(bob), call(41))
+	if e, err := parseRPCError(two.body); two.status != http.StatusBadRequest || err != nil || !strings.Contains(e.Error.Message, "two sessions") {
+		t.Errorf("bob's POST to alice's ?sessionId with his own Mcp-Session-Id: %d %q; want 400 saying it names two sessions", two.status, two.body)
+	}
+	long := send(t, bobHC, http.MethodPost, aliceURL+strings.Repeat("&", 10000), nil, call(43))
+	if long.status != http.StatusNotFound || rpcErrorCode(long.body) != -32001 {
+		t.Errorf("bob's POST to alice's ?sessionId followed by 10000 '&': %d %q; want the proxy's 404", long.status, long.body)
+	}
+	checkProxy404(t, send(t, bobHC, http.MethodPost, aliceURL, nil, call(44)).as("bob's POST to alice's ?sessionId"))
+	if after := tsRequests(t, ss); after != before {
+		t.Errorf("bob's POSTs reached the server: %d requests before, %d after", before, after)
+	}
+
+	if own := send(t, aliceHC, http.MethodPost, aliceURL, nil, call(42)); own.status != http.StatusAccepted {
+		t.Fatalf("alice's own call: %d %q, want 202", own.status, own.body)
+	}
+	if typ, data := readEvent(t, as.events); typ != "message" || !strings.Contains(data, `"id":42`) {
+		t.Errorf("alice's stream: first message %q %s; want the answer to her own call (id 42), not one to bob's", typ, data)
+	}
+	both := send(t, bobHC, http.MethodPost, "http://"+p.addr+bs.endpoint, sid(bob), call(45))
+	if both.status != http.StatusAccepted {
+		t.Errorf("bob's own session in the query and Mcp-Session-Id: %d %q, want 202", both.status, both.body)
+	}
+	if typ, data := readEvent(t, bs.events); typ != "message" || !strings.Contains(data, `"id":45`) {
+		t.Errorf("bob's stream: first message %q %s; want the answer to his call (id 45)", typ, data)
+	}
+}
