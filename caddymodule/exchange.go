@@ -65,6 +65,12 @@ type exchange struct {
 	owner *Upstream
 	// selected is the upstream the selection policy picked last, nil before.
 	selected *reverseproxy.Upstream
+
+	// sealed: the request's Mcp-Session-Id is a sealed ID that opened;
+	// issued is its issue time in seconds since the Unix epoch, 0 for the
+	// format versions without it (sealed.go).
+	sealed bool
+	issued int64
 }
 
 // exchangeOf returns the request's exchange, creating it on first use.

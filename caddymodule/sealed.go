@@ -35,7 +35,10 @@ import (
 // reinitialize` on the same table, the value also carries the session's
 // initialize request, when the value then stays within
 // max_session_id_length, so that every replica can fail the session over
-// on its own (README, "Failover").
+// on its own (README, "Failover"), while the value is younger than
+// failover_max_age. A value of a session that was DELETEd or evicted on a
+// replica gets the unknown session's 404 there (README, "Ending and
+// revoking sessions").
 type SealedSessionIDs struct {
 	// The keys, each 32 random bytes encoded in base64 (standard or URL
 	// alphabet, padding optional), such as the output of
@@ -54,7 +57,8 @@ type SealedSessionIDs struct {
 // format takes a new version.
 //
 // The proxy seals versions 3 and 4; it still opens values of versions 1
-// and 2, minted before sealed IDs carried their issue time.
+// and 2, minted before sealed IDs carried their issue time: they route,
+// and never fail over (their age is unknown, see [Handler.FailoverMaxAge]).
 const (
 	// sealVersion: the upstream's dial address, a principal's digest and
 	// the upstream's session ID.
@@ -408,29 +412,39 @@ func redactKey(k string) string {
 // seen the session yet records it in its table, with the initialize
 // request the value carries when the table fails sessions over: the
 // replica can then fail the session over on its own, once, after which its
-// table routes it. The upstream receives its own session ID (or, once the
-// session moved, the one its new upstream knows).
+// table routes it. A session that ended for good (a DELETE, an operator's
+// eviction), as a tombstone here or in the shared store says, is not
+// adopted: it is answered as an unknown session. The upstream receives its
+// own session ID (or, once the session moved, the one its new upstream
+// knows).
 func (h *Handler) serveSealed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string, ss sealedSession) error {
 	bind := h.table.BindPrincipal()
 	principal := principalOf(r, bind)
 	if ss.bound != "" && bind != BindPrincipalOff && ss.bound != principalDigest(principal) {
 		return h.serveMismatch(w, r, key)
 	}
-	up, mismatch := h.table.LookupAs(key, principal)
+	ex := exchangeOf(r)
+	ex.sealed, ex.issued = true, ss.issued
+	up, mismatch, ended := h.table.lookup(key, principal)
 	if mismatch {
 		return h.serveMismatch(w, r, key)
 	}
-	if up == nil {
+	if up == nil && !ended {
 		origin := Origin{}
 		if ss.bound != "" {
 			origin.Principal = principal
 		}
 		key = strings.Clone(key) // not the buffer that holds the plaintext too
-		up = h.table.Adopt(key, ss.dial, origin)
-		h.debug("adopted", key, ss.dial)
-		if init := ss.init.sessionInit(); init != nil && h.table.failoverSettings().on {
-			h.table.adoptInit(key, init)
+		if up = h.table.Adopt(key, ss.dial, origin); up != nil {
+			h.debug("adopted", key, ss.dial)
+			if init := ss.init.sessionInit(); init != nil && h.table.failoverSettings().on {
+				h.table.adoptInit(key, init)
+			}
 		}
+	}
+	if up == nil { // ended for good, here or as the shared store says
+		h.debug("ended", key, "")
+		return h.serveUnknown(w, r, next, key)
 	}
 	r.Header[HeaderSessionID] = []string{ss.id}
 	return h.servePinned(w, r, next, key, up)

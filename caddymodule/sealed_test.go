@@ -367,14 +367,20 @@ func TestSealedSessionLifecycle(t *testing.T) {
 	if f.h.table.Len() != 1 || f.h.table.Stats.Adopted() != 0 {
 		t.Errorf("Len %d, adopted %d; want 1 learned session and no adoption", f.h.table.Len(), f.h.table.Stats.Adopted())
 	}
-	// DELETE ends it here; the upstream's own answer decides after that.
+	// DELETE ends it here for good: a tombstone keeps the value from being
+	// adopted again, so its next request gets the proxy's 404 without
+	// reaching the upstream, even one that would answer it.
 	f.serve(t, newRequest(http.MethodDelete, sealed), up.answer(204))
 	wantEvictions(t, f.h.table, map[EvictReason]uint64{EvictDelete: 1})
-	rec = f.serve(t, newRequest(http.MethodPost, sealed), up.answer(404))
-	if rec.Code != 404 || rec.Body.String() != "from "+owner.Dial || f.proxy.last() != owner {
-		t.Errorf("after DELETE: %d %q from %v; want the session's upstream's own 404", rec.Code, rec.Body, f.proxy.last())
+	reached := len(up.ids)
+	rec = f.serve(t, newRequest(http.MethodPost, sealed), up.answer(200, testSessionID))
+	if rec.Code != 404 || !strings.Contains(rec.Body.String(), `"code":-32001`) || len(up.ids) != reached || f.h.table.Stats.Adopted() != 0 {
+		t.Errorf("after DELETE: %d %q, reached the upstream %v, adopted %d; want the proxy's 404, no upstream, no adoption",
+			rec.Code, rec.Body, len(up.ids) != reached, f.h.table.Stats.Adopted())
 	}
-	wantEvictions(t, f.h.table, map[EvictReason]uint64{EvictDelete: 1, EvictUpstream404: 1})
+	if f.h.table.Tombstones() != 1 {
+		t.Errorf("%d tombstones after a DELETE, want 1", f.h.table.Tombstones())
+	}
 }
 
 // TestSealedOnAnotherReplica: a handler with its own table and the same key
