@@ -106,6 +106,12 @@ type TableConfig struct {
 	// Default: 4096.
 	MaxInitializeSize int `json:"max_initialize_size,omitempty"`
 
+	// How old a sealed session ID may be, counted from the initialize that
+	// opened its session, and still fail over; an older one whose upstream
+	// is gone gets 404 (see the handler's `failover_max_age`). The minimum
+	// is `1s`. Default: the table's `session_ttl`.
+	FailoverMaxAge caddy.Duration `json:"failover_max_age,omitempty"`
+
 	// How long the table keeps the record of an upstream that no config
 	// lists, that owns no session (on any instance, with a shared store) and
 	// that no request was sent to: its draining flag and metric series then
@@ -252,8 +258,10 @@ func (c TableConfig) validate(name string) error {
 	case c.SessionTTL != 0 && time.Duration(c.SessionTTL) < MinSessionTTL:
 		return fmt.Errorf("session table %q: session_ttl %s is below the minimum of %s; sessions would be forgotten between a client's requests",
 			name, time.Duration(c.SessionTTL), MinSessionTTL)
-	}
-	if c.BindPrincipal != "" {
+	case c.FailoverMaxAge != 0 && time.Duration(c.FailoverMaxAge) < MinSessionTTL:
+		return fmt.Errorf("session table %q: failover_max_age %s is below the minimum of %s; give a duration such as 1h, or leave it out for session_ttl",
+			name, time.Duration(c.FailoverMaxAge), MinSessionTTL)
+	case c.BindPrincipal != "":
 		if err := checkBindPrincipal(c.BindPrincipal); err != nil {
 			return fmt.Errorf("session table %q: %w", name, err)
 		}
@@ -287,6 +295,7 @@ func (u *tableUse) merge(name string, cfg TableConfig, source string) error {
 		mergeSetting(name, "bind_principal", &u.cfg.BindPrincipal, cfg.BindPrincipal, u.sources, source, "%q"),
 		mergeSetting(name, "failover", &u.cfg.Failover, cfg.Failover, u.sources, source, "%q"),
 		mergeSetting(name, "max_initialize_size", &u.cfg.MaxInitializeSize, cfg.MaxInitializeSize, u.sources, source, "%d"),
+		mergeSetting(name, "failover_max_age", &u.cfg.FailoverMaxAge, cfg.FailoverMaxAge, u.sources, source, "%s"),
 		mergeSetting(name, "max_unconfirmed_per_client", &u.cfg.MaxUnconfirmedPerClient, cfg.MaxUnconfirmedPerClient, u.sources, source, "%d"),
 		mergeSetting(name, "client_key", &u.cfg.ClientKey, cfg.ClientKey, u.sources, source, "%q"),
 	)
@@ -379,6 +388,7 @@ func (a *App) startTable(name string, u *tableUse) error {
 	u.table.Configure(u.maxSessions(), u.ttl())
 	u.table.SetBindPrincipal(u.bindPrincipal())
 	u.table.setFailover(u.cfg.Failover, u.cfg.MaxInitializeSize)
+	u.table.setFailoverMaxAge(time.Duration(u.cfg.FailoverMaxAge))
 	u.table.SetClientCap(u.cfg.MaxUnconfirmedPerClient, u.cfg.ClientKey)
 	if cfg := a.Tables[name]; cfg != nil {
 		u.table.SetUpstreamTTL(time.Duration(cfg.UpstreamTTL))

@@ -72,6 +72,7 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    seal_session_ids      <key> [<older keys>...]
 //	    failover              reinitialize|off
 //	    max_initialize_size   <bytes>
+//	    failover_max_age      <duration>
 //	    max_unconfirmed_per_client <count>
 //	    client_key            <placeholder template>
 //	    initialize_timeout    <duration>|off
@@ -151,6 +152,18 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 		}
 	case "max_initialize_size":
 		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxInitializeSize) }
+	case "failover_max_age":
+		set = func(v string) error {
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return d.Errf("failover_max_age: '%s' is not a positive duration such as 1h or 24h", v)
+			}
+			if dur < MinSessionTTL {
+				return d.Errf("failover_max_age: '%s' is below the minimum of %s", v, MinSessionTTL)
+			}
+			h.FailoverMaxAge = caddy.Duration(dur)
+			return nil
+		}
 	case "max_unconfirmed_per_client":
 		set = func(v string) error { return parseCap(d, name, v, &h.MaxUnconfirmedPerClient) }
 	case "client_key":
@@ -388,6 +401,7 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    seal_session_ids      <key> [<older keys>...]
 //	    failover              reinitialize|off
 //	    max_initialize_size   <bytes>
+//	    failover_max_age      <duration>
 //	    max_unconfirmed_per_client <count>
 //	    client_key            <placeholder template>
 //	    initialize_timeout    <duration>|off
@@ -671,6 +685,7 @@ func newProxyHandler(policy *SessionSelection) *reverseproxy.Handler {
 //	    bind_principal <placeholder template>|off
 //	    failover       reinitialize|off
 //	    max_initialize_size <bytes>
+//	    failover_max_age <duration>
 //	    upstream_ttl   <duration>
 //	    store          memory|redis [{ <redis options> }]
 //	    max_unconfirmed_per_client <count>
@@ -720,7 +735,7 @@ func (a *App) unmarshalTable(d *caddyfile.Dispenser) error {
 	// The adapter expands placeholder shorthands such as {client_ip} in
 	// site blocks only: a global option must do it itself.
 	cfg.MaxSessions, cfg.SessionTTL, cfg.BindPrincipal = h.MaxSessions, h.SessionTTL, expandShorthands(h.BindPrincipal)
-	cfg.Failover, cfg.MaxInitializeSize = h.Failover, h.MaxInitializeSize
+	cfg.Failover, cfg.MaxInitializeSize, cfg.FailoverMaxAge = h.Failover, h.MaxInitializeSize, h.FailoverMaxAge
 	cfg.MaxUnconfirmedPerClient, cfg.ClientKey = h.MaxUnconfirmedPerClient, expandShorthands(h.ClientKey)
 	return nil
 }
@@ -733,7 +748,7 @@ func unmarshalTableOption(d *caddyfile.Dispenser, cfg *TableConfig, h *Handler, 
 		return d.Errf("duplicate option '%s'", name)
 	}
 	switch name {
-	case "max_sessions", "session_ttl", "bind_principal", "failover", "max_initialize_size", "max_unconfirmed_per_client", "client_key":
+	case "max_sessions", "session_ttl", "bind_principal", "failover", "max_initialize_size", "failover_max_age", "max_unconfirmed_per_client", "client_key":
 		_, err := h.unmarshalOption(d, seen)
 		return err
 	case "upstream_ttl":

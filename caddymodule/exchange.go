@@ -74,6 +74,12 @@ type exchange struct {
 	// replay is true for a failover's replayed initialize: the policy
 	// sends it to none of failedBy.
 	replay bool
+
+	// sealed: the request's Mcp-Session-Id is a sealed ID that opened;
+	// issued is its issue time in seconds since the Unix epoch, 0 for the
+	// format versions without it (sealed.go).
+	sealed bool
+	issued int64
 }
 
 // noteFailed records that the upstream dialed at dial failed the request.

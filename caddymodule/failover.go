@@ -11,6 +11,7 @@ import (
 	"maps"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -34,6 +35,22 @@ const varFailedOver = "mcp_session.failed_over"
 
 // errNoFailover is why a replayed initialize was refused.
 var errNoFailover = errors.New("no upstream took the replayed initialize")
+
+// failoverRefusal is why a session may not fail over: one of the refused
+// constants, which say it to the client after "Session not found: ".
+type failoverRefusal string
+
+func (f failoverRefusal) Error() string { return "failover refused: " + string(f) }
+
+// Why a session may not fail over (tombstone.go): replaying its initialize
+// would bring back a session that ended, as a fresh upstream session.
+const (
+	refusedEnded      failoverRefusal = "the session was ended (DELETE, or evicted by an operator), so it does not fail over"
+	refusedExpired    failoverRefusal = "the session expired (session_ttl), so it does not fail over"
+	refusedGone       failoverRefusal = "the shared store holds the session no more: it ended or expired, so it does not fail over"
+	refusedTooOld     failoverRefusal = "its sealed session ID is older than failover_max_age, so it does not fail over"
+	refusedUnknownAge failoverRefusal = "its sealed session ID was issued by a version that did not seal its issue time, so it does not fail over"
+)
 
 // captureInit reads the body of a POST without a session, when the table
 // fails sessions over, and returns what the table keeps of it if it is an
@@ -114,6 +131,28 @@ type pinnedFailover struct {
 	kept   bool   // body holds the whole body
 	held   bool   // the upstream answered 404, which was held back
 	header http.Header
+}
+
+// failoverRefused returns why the session id of request r may not fail
+// over, or "" if it may: it ended or expired here (a tombstone), or its
+// sealed ID is older than failover_max_age or does not say its age. The
+// shared store's word comes later, in failOver.
+func (h *Handler) failoverRefused(r *http.Request, id string) failoverRefusal {
+	switch h.table.buried(id) {
+	case tombEnded:
+		return refusedEnded
+	case tombExpired:
+		return refusedExpired
+	}
+	if ex := exchangeOf(r); ex.sealed {
+		if ex.issued == 0 {
+			return refusedUnknownAge
+		}
+		if time.Since(time.Unix(ex.issued, 0)) > h.table.failoverMaxAge() {
+			return refusedTooOld
+		}
+	}
+	return ""
 }
 
 // failoverFor returns what a pinned request of session id needs to fail
@@ -221,10 +260,20 @@ func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhtt
 		if up, init := h.table.initOf(id); up != nil && init != nil && (init != pf.init || up != from) {
 			return failoverResult{up: up, init: init}, nil
 		}
-		res, ok := h.table.movedInStore(id, from, pf.init)
+		// A DELETE may have ended the session while this request was on
+		// its way, here or, as the store says, on another instance.
 		var err error
-		if !ok {
-			res, err = h.reinitialize(r, next, id, from, pf.init, cause != FailoverUpstream404)
+		if why := h.failoverRefused(r, id); why != "" {
+			err = why
+		}
+		var res failoverResult
+		if err == nil {
+			var moved, ended bool
+			if res, moved, ended = h.table.movedInStore(id, from, pf.init); ended {
+				err = refusedGone
+			} else if !moved {
+				res, err = h.reinitialize(r, next, id, from, pf.init, cause != FailoverUpstream404)
+			}
 		}
 		h.table.Stats.failovers.count(cause, failoverOutcome(res, err))
 		h.logFailover(id, from, res, cause, err)
@@ -268,7 +317,7 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 		return failoverResult{}, err
 	}
 	res, err := h.table.recordMove(id, from, init, to, init.movedTo(newID))
-	if res.followed {
+	if err != nil || res.followed { // no client will use the new upstream session
 		h.endOrphan(r, next, to, newID, version)
 	}
 	return res, err
@@ -396,7 +445,7 @@ func (h *Handler) serveFailover(w http.ResponseWriter, r *http.Request, next cad
 	}
 	to, err := h.failOver(w, r, next, id, from, pf, cause)
 	if err != nil {
-		return h.serveFailoverFailed(w, r, id, pf)
+		return h.serveFailoverFailed(w, r, id, pf, err)
 	}
 	err = h.servePinned(w, r, next, id, to)
 	decide(r, decisionFailedOver, to.Dial())
@@ -404,25 +453,38 @@ func (h *Handler) serveFailover(w http.ResponseWriter, r *http.Request, next cad
 }
 
 // serveFailoverFailed answers the request of a session no upstream took
-// over with the 404 the client would get without failover, and ends the
-// session.
-func (h *Handler) serveFailoverFailed(w http.ResponseWriter, r *http.Request, id string, pf *pinnedFailover) error {
+// over, or that may not fail over (err is then a failoverRefusal), with the
+// 404 the client would get without failover, and ends the session.
+func (h *Handler) serveFailoverFailed(w http.ResponseWriter, r *http.Request, id string, pf *pinnedFailover, err error) error {
+	var refused failoverRefusal // "" unless err is one
+	_ = errors.As(err, &refused)
 	if pf.held {
 		clear(w.Header())
 		maps.Copy(w.Header(), pf.header)
 		h.table.Evict(id, EvictUpstream404)
+		if refused != "" {
+			return writeSessionNotFound(w, "Session not found: "+string(refused))
+		}
 		return writeSessionNotFound(w, "Session not found")
 	}
 	h.table.Stats.gone.Add(1)
 	decide(r, decisionGone, "")
 	h.table.Evict(id, EvictUpstreamGone)
+	if refused != "" {
+		return writeSessionNotFound(w, "Session not found: its upstream is gone, and "+string(refused))
+	}
 	return writeSessionNotFound(w, "Session not found: its upstream is gone, and no other upstream took the session over")
 }
 
-// logFailover logs a failover at info level, or its failure at warn level.
+// logFailover logs a failover at info level, its failure at warn level,
+// and a refused one at debug level (a client with a leaked or ended ID
+// controls how often).
 func (h *Handler) logFailover(id string, from *Upstream, res failoverResult, cause FailoverCause, err error) {
 	fields := []zap.Field{zap.String("session", fingerprint(id)), zap.String("from", from.Dial()), zap.Stringer("cause", cause)}
+	var refused failoverRefusal
 	switch {
+	case errors.As(err, &refused):
+		h.debug("failover_refused", id, from.Dial(), zap.Stringer("cause", cause), zap.String("why", string(refused)))
 	case err != nil:
 		h.logger.Warn("failover failed; the session ends", append(fields, zap.Error(err))...)
 	case res.followed:

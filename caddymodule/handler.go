@@ -217,6 +217,22 @@ type Handler struct {
 	// SDK clients send 150 to 500 bytes. Default: 4096.
 	MaxInitializeSize int `json:"max_initialize_size,omitempty"`
 
+	// How old a sealed session ID (`seal_session_ids`) may be, counted from
+	// the initialize that opened the session (the ID carries its issue
+	// time, authenticated), and still fail over, as the `mcp_sessions`
+	// app's `failover_max_age` for this table (the same rules as
+	// `max_sessions`). An older one whose upstream is gone gets 404, and
+	// its client re-initializes. A replica that did not see a session end
+	// cannot know it ended; without a shared store, this bound is what
+	// keeps an ended, expired or leaked sealed ID from being failed over,
+	// as a fresh upstream session, on such a replica until the key is
+	// rotated. At its default, a session that expired on any replica can
+	// fail over on none. Sealed IDs minted before the issue time was
+	// sealed (format versions 1 and 2) never fail over. Sessions with plain
+	// IDs need no bound: the table, and the shared store, know when they
+	// end. The minimum is `1s`. Default: the table's `session_ttl` (`24h`).
+	FailoverMaxAge caddy.Duration `json:"failover_max_age,omitempty"`
+
 	// The most sessions one client may hold that have not been used since
 	// their initialize, as the `mcp_sessions` app's
 	// `max_unconfirmed_per_client` for this table. Default: 0, no cap.
@@ -322,7 +338,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	t, err := app.Table(h.Table, TableConfig{
 		MaxSessions: h.MaxSessions, SessionTTL: h.SessionTTL, BindPrincipal: h.BindPrincipal,
-		Failover: h.Failover, MaxInitializeSize: h.MaxInitializeSize,
+		Failover: h.Failover, MaxInitializeSize: h.MaxInitializeSize, FailoverMaxAge: h.FailoverMaxAge,
 		MaxUnconfirmedPerClient: h.MaxUnconfirmedPerClient, ClientKey: h.ClientKey,
 	}, "an mcp_session handler")
 	if err != nil {
@@ -353,6 +369,9 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("failover must be %q or %q, got %q", FailoverOff, FailoverReinitialize, h.Failover)
 	case h.MaxInitializeSize < 0:
 		return fmt.Errorf("max_initialize_size must be positive, got %d", h.MaxInitializeSize)
+	case h.FailoverMaxAge != 0 && time.Duration(h.FailoverMaxAge) < MinSessionTTL:
+		return fmt.Errorf("failover_max_age %s is below the minimum of %s; give a duration such as 1h, or leave it out for session_ttl",
+			time.Duration(h.FailoverMaxAge), MinSessionTTL)
 	case slices.ContainsFunc(h.LegacySSEParams, badQueryName):
 		return fmt.Errorf("legacy_sse_params %q has an empty name or one with '?', '&', '=', '#' or a space; list query parameter names such as %q", h.LegacySSEParams, DefaultLegacySSEParams)
 	}
@@ -532,7 +551,7 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 		}()
 	}
 	pw := newSessionWriter(w, h, r, id, up)
-	if pw.fo = h.failoverFor(w, r, id); pw.fo != nil && pw.fo.again && h.table.pastDrainDeadline(up) {
+	if pw.fo = h.failoverFor(w, r, id); pw.fo != nil && pw.fo.again && h.table.pastDrainDeadline(up) && h.failoverRefused(r, id) == "" {
 		return h.serveFailover(w, r, next, id, up, pw.fo, FailoverDrainDeadline)
 	}
 	expired, err := h.forward(pw, next, time.Duration(h.PinnedTimeout))
@@ -567,7 +586,11 @@ func (h *Handler) serveFailed(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	h.table.Stats.gone.Add(1)
 	decide(r, decisionGone, "")
-	h.table.Evict(id, EvictUpstreamGone)
+	if r.Method == http.MethodDelete { // the client ended it: failover must not bring it back
+		h.table.endByClient(id, EvictUpstreamGone)
+	} else {
+		h.table.Evict(id, EvictUpstreamGone)
+	}
 	h.debug("upstream_gone", id, up.Dial())
 	return writeSessionNotFound(w, "Session not found: its upstream is gone")
 }
@@ -678,12 +701,18 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 // upstream's 404 and ends it there. With failover reinitialize, a 404 to a
 // GET from an upstream that has served GET streams before fails the
 // session over instead (pinnedFailover.holds404).
+//
+// A DELETE answered 2xx or 404 ends the session for good: it leaves a
+// tombstone, so that neither failover nor its sealed ID brings it back
+// (tombstone.go).
 func (h *Handler) evictAfter(r *http.Request, id string, status int) {
 	switch { // the table logs the eviction
-	case status == http.StatusNotFound && (r.Method == http.MethodPost || r.Method == http.MethodDelete):
+	case status == http.StatusNotFound && r.Method == http.MethodDelete:
+		h.table.endByClient(id, EvictUpstream404)
+	case status == http.StatusNotFound && r.Method == http.MethodPost:
 		h.table.Evict(id, EvictUpstream404)
 	case r.Method == http.MethodDelete && status >= 200 && status < 300:
-		h.table.Evict(id, EvictDelete)
+		h.table.endByClient(id, EvictDelete)
 	}
 }
 

@@ -36,7 +36,7 @@ var (
 	descRequests = prometheus.NewDesc("caddy_mcp_requests_total",
 		"Requests seen by the mcp_session handler, by MCP protocol era.", []string{"table", "era"}, nil)
 	descFailovers = prometheus.NewDesc("caddy_mcp_failovers_total",
-		"Sessions whose upstream was gone, by cause (upstream_gone, refused, upstream_404, drain_deadline) and result: moved to another upstream by replaying their initialize (failover reinitialize); followed, when another instance sharing the redis store had moved the session already and this one followed that move; or failed, when no upstream took it and the session ended.", []string{"table", "cause", "result"}, nil)
+		"Sessions whose upstream was gone, by cause (upstream_gone, refused, upstream_404, drain_deadline) and result: moved to another upstream by replaying their initialize (failover reinitialize); followed, when another instance sharing the redis store had moved the session already and this one followed that move; failed, when no upstream took it and the session ended; or refused, when the session had ended (DELETE, admin eviction) or expired, or its sealed ID was older than failover_max_age, so that nothing was replayed and the session ended.", []string{"table", "cause", "result"}, nil)
 	descClusterLive = prometheus.NewDesc("caddy_mcp_sessions_cluster_live",
 		"Sessions pinned to the upstream on every instance sharing the table's store.", []string{"table", "upstream"}, nil)
 	descShared = prometheus.NewDesc("caddy_mcp_sessions_shared_total",
@@ -119,6 +119,7 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 		counter(descFailovers, s.Failovers(c, true), t.name, c.String(), failoverMoved)
 		counter(descFailovers, s.FailoversFollowed(c), t.name, c.String(), failoverFollowed)
 		counter(descFailovers, s.Failovers(c, false), t.name, c.String(), failoverFailed)
+		counter(descFailovers, s.FailoversRefused(c), t.name, c.String(), failoverRefused)
 	}
 	collectMethods(ch, t)
 	collectStore(ch, t)

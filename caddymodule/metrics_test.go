@@ -131,7 +131,7 @@ func tableSeries(name string, maxSessions int) gathered {
 		g[fmt.Sprintf("caddy_mcp_requests_total{era=%q,%s}", e, l)] = 0
 	}
 	for _, c := range failoverCauses {
-		for _, res := range []string{"moved", "followed", "failed"} {
+		for _, res := range []string{"moved", "followed", "failed", "refused"} {
 			g[fmt.Sprintf("caddy_mcp_failovers_total{cause=%q,result=%q,%s}", c, res, l)] = 0
 		}
 	}

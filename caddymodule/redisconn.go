@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"maps"
@@ -34,7 +35,7 @@ const (
 const (
 	opGet       = "get"        // a request's session, not seen by this instance
 	opPut       = "put"        // a session learned by this instance
-	opFlush     = "flush"      // queued writes: idle timers, ended sessions, drain flags
+	opFlush     = "flush"      // queued writes: idle timers, ended sessions, drain flags; a session ended for good at once
 	opSync      = "sync"       // the periodic read of the cluster's view
 	opProbe     = "probe"      // reaching Redis again after a failure
 	opWriteBack = "write_back" // what was learned while Redis was unreachable, or lost by it
@@ -57,6 +58,8 @@ func opIndex(op string) int {
 type pendingEnd struct {
 	dial   string
 	reason EvictReason
+	// tomb is the life of the session's tombstone in Redis; 0 leaves none.
+	tomb time.Duration
 }
 
 // redisConn is one table's connection to Redis: it answers the table's
@@ -76,18 +79,18 @@ type redisConn struct {
 	keyClash atomic.Bool // another hash_key is in use on this table (keycheck.go)
 
 	mu           sync.Mutex
-	byHash       map[keyHash]string     // session ID of each hash, for sessions of t
-	puts         map[keyHash]string     // learned here, not yet in Redis: hash -> value
-	ends         map[keyHash]pendingEnd // ended here, not yet removed from Redis
-	touches      map[string]string      // used since the last flush: session ID -> value
-	drains       map[string]bool        // drain flags set here, not yet in Redis
-	upEnds       map[string]bool        // upstreams evicted here, not yet in Redis
-	streams      map[string]string      // sessions with a GET stream open here: ID -> value
-	touched      time.Time              // when the open streams' sessions were last touched
-	runID        string                 // the Redis server's run_id, to notice a restart
-	writeBackDue bool                   // a write-back failed: the next sync does it again
-	outage       time.Time              // when the current outage began
-	outErrs      uint64                 // errors before the current outage
+	byHash       map[keyHash]string       // session ID of each hash, for sessions of t
+	puts         map[keyHash]string       // learned here, not yet in Redis: hash -> value
+	ends         map[keyHash]pendingEnd   // ended here, not yet removed from Redis
+	touches      map[string]string        // used since the last flush: session ID -> value
+	drains       map[string]bool          // drain flags set here, not yet in Redis
+	upEnds       map[string]time.Duration // upstreams evicted here, not yet in Redis: the life of their sessions' tombstones (0: none)
+	streams      map[string]string        // sessions with a GET stream open here: ID -> value
+	touched      time.Time                // when the open streams' sessions were last touched
+	runID        string                   // the Redis server's run_id, to notice a restart
+	writeBackDue bool                     // a write-back failed: the next sync does it again
+	outage       time.Time                // when the current outage began
+	outErrs      uint64                   // errors before the current outage
 
 	kick   chan struct{}
 	stop   chan struct{}
@@ -102,7 +105,7 @@ func newRedisConn(t *Table, opts *redis.UniversalOptions, ks *keyspace, timeout 
 		t: t, client: redis.NewUniversalClient(opts), ks: ks, timeout: timeout,
 		logger: logger.With(zap.String("table", t.Name())),
 		byHash: map[keyHash]string{}, puts: map[keyHash]string{}, ends: map[keyHash]pendingEnd{},
-		touches: map[string]string{}, drains: map[string]bool{}, upEnds: map[string]bool{}, streams: map[string]string{},
+		touches: map[string]string{}, drains: map[string]bool{}, upEnds: map[string]time.Duration{}, streams: map[string]string{},
 		kick: make(chan struct{}, 1), stop: make(chan struct{}),
 	}
 	c.healthy.Store(true)
@@ -138,7 +141,8 @@ func (c *redisConn) ttl() time.Duration {
 
 // get returns session id as Redis holds it: its upstream ("" when Redis
 // does not hold it or did not answer in time), the principal it is bound
-// to, and its failover record.
+// to, and its failover record; or, for a session that ended for good, only
+// the reason its tombstone holds.
 func (c *redisConn) get(id string) storedSession {
 	if !c.healthy.Load() {
 		return storedSession{}
@@ -146,17 +150,51 @@ func (c *redisConn) get(id string) storedSession {
 	h := c.ks.hash(id)
 	ctx, cancel := c.call()
 	defer cancel()
-	v, err := c.client.Get(ctx, c.ks.session(h)).Result()
+	s, st, err := c.read(ctx, id, h)
 	if err != nil {
-		if !errors.Is(err, redis.Nil) {
-			c.fail(opGet, err)
-		}
+		c.fail(opGet, err)
 		return storedSession{}
+	}
+	if st != storeHolds {
+		return s
 	}
 	c.mu.Lock()
 	c.byHash[h] = id
 	c.mu.Unlock()
-	return c.parse(id, v)
+	return s
+}
+
+// storeState is what Redis says of a session.
+type storeState uint8
+
+const (
+	// storeUnknown: Redis did not answer.
+	storeUnknown storeState = iota
+	// storeHolds: Redis holds the session.
+	storeHolds
+	// storeAbsent: Redis holds no such session: it ended or expired on
+	// every instance (or Redis lost it, restarting without persistence).
+	storeAbsent
+	// storeEnded: a tombstone: the session ended for good.
+	storeEnded
+)
+
+// read reads session id, whose key hash is h, and its tombstone, in one
+// round trip. A tombstone wins over a value (which a touch of an instance
+// that missed the end may have written back).
+func (c *redisConn) read(ctx context.Context, id string, h keyHash) (storedSession, storeState, error) {
+	vals, err := c.client.MGet(ctx, c.ks.session(h), c.ks.tomb(h)).Result()
+	if err != nil || len(vals) != 2 {
+		return storedSession{}, storeUnknown, err
+	}
+	if reason, ok := vals[1].(string); ok {
+		return storedSession{ended: cmp.Or(reasonNamed(reason), EvictDelete)}, storeEnded, nil
+	}
+	v, ok := vals[0].(string)
+	if !ok {
+		return storedSession{}, storeAbsent, nil
+	}
+	return c.parse(id, v), storeHolds, nil
 }
 
 // peek is get without remembering the session: for the admin API.
@@ -191,6 +229,7 @@ func (c *redisConn) put(id, dial string, bound principalSum, record string) {
 	ctx, cancel := c.call()
 	defer cancel()
 	pipe := c.client.Pipeline()
+	pipe.Del(ctx, c.ks.tomb(h)) // an upstream opened a session with this ID again
 	c.writeSession(ctx, pipe, h, v, false)
 	counts := c.countSessions(ctx, pipe, c.t.Upstreams())
 	if _, err := pipe.Exec(ctx); err != nil {
@@ -283,24 +322,48 @@ func (c *redisConn) touchStreams() {
 }
 
 // end removes session id of dial from Redis and from every instance's
-// table, for reason, soon.
-func (c *redisConn) end(id, dial string, reason EvictReason) {
+// table, for reason, soon. With a tomb life, it leaves a tombstone there
+// for that long (tombstone.go), and returns once Redis has it, or failed
+// to take it in time: the client that ended the session gets its answer
+// only then, so that no replica it asks next finds the session in Redis.
+func (c *redisConn) end(id, dial string, reason EvictReason, tomb time.Duration) {
 	h := c.ks.hash(id)
+	e := pendingEnd{dial: dial, reason: reason, tomb: tomb}
 	c.mu.Lock()
 	delete(c.byHash, h)
 	delete(c.puts, h)
 	delete(c.touches, id)
 	delete(c.streams, id)
-	c.ends[h] = pendingEnd{dial: dial, reason: reason}
+	c.mu.Unlock()
+	if tomb > 0 && c.healthy.Load() && c.endNow(h, e) {
+		return
+	}
+	c.mu.Lock()
+	c.ends[h] = e
 	c.mu.Unlock()
 	c.wake()
 }
 
+// endNow writes the end e of the session whose key hash is h to Redis,
+// and reports whether Redis took it.
+func (c *redisConn) endNow(h keyHash, e pendingEnd) bool {
+	ctx, cancel := c.call()
+	defer cancel()
+	pipe := c.client.Pipeline()
+	c.writeEnd(ctx, pipe, h, e)
+	if _, err := pipe.Exec(ctx); err != nil {
+		c.fail(opFlush, err)
+		return false
+	}
+	return true
+}
+
 // endUpstream removes every session of dial from Redis and from every
-// instance's table, soon.
-func (c *redisConn) endUpstream(dial string) {
+// instance's table, soon; with a tomb life, it leaves a tombstone of each
+// for that long.
+func (c *redisConn) endUpstream(dial string, tomb time.Duration) {
 	c.mu.Lock()
-	c.upEnds[dial] = true
+	c.upEnds[dial] = max(c.upEnds[dial], tomb)
 	c.mu.Unlock()
 	c.wake()
 }

@@ -34,6 +34,9 @@ func parseKeyHash(s string) (keyHash, bool) {
 //	                            (hex), then, with failover reinitialize, a space, "~" and the
 //	                            session's sealed failover record (sharedfailover.go); with the
 //	                            idle TTL
+//	{p:t}:x:<hash>      string  the tombstone of a session that ended for good (DELETE, admin
+//	                            eviction): the eviction reason, with the ID's remaining natural
+//	                            life as TTL (tombstone.go); no replica adopts or fails it over
 //	{p:t}:u:<dial>      zset    the upstream's sessions: member <hash>, score the expiry (Unix ms)
 //	{p:t}:upstreams     zset    upstreams known to any instance: member <dial>, score last seen (Unix ms)
 //	{p:t}:draining      hash    draining upstreams: field <dial>
@@ -108,6 +111,7 @@ func (ks *keyspace) hash(id string) keyHash {
 }
 
 func (ks *keyspace) session(h keyHash) string    { return ks.tag + ":s:" + h.String() }
+func (ks *keyspace) tomb(h keyHash) string       { return ks.tag + ":x:" + h.String() }
 func (ks *keyspace) upstream(dial string) string { return ks.tag + ":u:" + dial }
 func (ks *keyspace) upstreams() string           { return ks.tag + ":upstreams" }
 func (ks *keyspace) draining() string            { return ks.tag + ":draining" }

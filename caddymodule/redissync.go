@@ -48,7 +48,7 @@ type queued struct {
 	ends    map[keyHash]pendingEnd
 	touches map[string]string
 	drains  map[string]bool
-	upEnds  map[string]bool
+	upEnds  map[string]time.Duration
 }
 
 func (q queued) empty() bool {
@@ -61,7 +61,7 @@ func (c *redisConn) take() queued {
 	defer c.mu.Unlock()
 	q := queued{c.puts, c.ends, c.touches, c.drains, c.upEnds}
 	c.puts, c.ends, c.touches = map[keyHash]string{}, map[keyHash]pendingEnd{}, map[string]string{}
-	c.drains, c.upEnds = map[string]bool{}, map[string]bool{}
+	c.drains, c.upEnds = map[string]bool{}, map[string]time.Duration{}
 	return q
 }
 
@@ -125,8 +125,12 @@ func (c *redisConn) flush() {
 	c.followTouched(touched)
 }
 
-// writeEnd queues the removal of an ended session and tells the instances.
+// writeEnd queues the removal of an ended session, and its tombstone if
+// it has one, and tells the instances.
 func (c *redisConn) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) {
+	if e.tomb > 0 {
+		pipe.Set(ctx, c.ks.tomb(h), e.reason.String(), e.tomb)
+	}
 	pipe.Del(ctx, c.ks.session(h))
 	pipe.ZRem(ctx, c.ks.upstream(e.dial), h.String())
 	pipe.Publish(ctx, c.ks.events(), msgEnded+" "+e.reason.String()+" "+h.String())
@@ -149,14 +153,18 @@ func (c *redisConn) writeDrains(ctx context.Context, pipe redis.Pipeliner, drain
 }
 
 // writeUpstreamEnds reads the sessions of each evicted upstream and queues
-// their removal, then tells the instances.
-func (c *redisConn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]bool) error {
-	for dial := range dials {
+// their removal, with their tombstones when they leave one, then tells the
+// instances.
+func (c *redisConn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) error {
+	for dial, tomb := range dials {
 		members, err := c.client.ZRange(ctx, c.ks.upstream(dial), 0, -1).Result()
 		if err != nil {
 			return err
 		}
 		for _, m := range members {
+			if tomb > 0 {
+				pipe.Set(ctx, c.ks.tag+":x:"+m, EvictAdmin.String(), tomb)
+			}
 			pipe.Del(ctx, c.ks.tag+":s:"+m)
 		}
 		pipe.Del(ctx, c.ks.upstream(dial))

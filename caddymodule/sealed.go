@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -20,7 +21,7 @@ import (
 
 // SealedSessionIDs turns on sealed session IDs: the client receives, in
 // place of the upstream's `Mcp-Session-Id`, a value that carries the
-// upstream's dial address and its own session ID, encrypted and
+// upstream's dial address, its own session ID and its issue time, encrypted and
 // authenticated with AES-256-GCM under a key the Caddy replicas share. Any
 // replica with the key opens the value and routes the request to its
 // upstream without a shared store, and a restarted Caddy loses no session.
@@ -34,7 +35,10 @@ import (
 // reinitialize` on the same table, the value also carries the session's
 // initialize request, when the value then stays within
 // max_session_id_length, so that every replica can fail the session over
-// on its own (docs/failover.md).
+// on its own (docs/failover.md), while the value is younger than
+// failover_max_age. A value of a session that was DELETEd or evicted on a
+// replica gets the unknown session's 404 there (docs/replicas.md, "Ending and
+// revoking sessions").
 type SealedSessionIDs struct {
 	// The keys, each 32 random bytes encoded in base64 (standard or URL
 	// alphabet, padding optional), such as the output of
@@ -51,6 +55,10 @@ type SealedSessionIDs struct {
 // sealed session ID, and the associated data its AEAD authenticates, so
 // that a value never opens as another version than it was sealed in. A new
 // format takes a new version.
+//
+// The proxy seals versions 3 and 4; it still opens values of versions 1
+// and 2, minted before sealed IDs carried their issue time: they route,
+// and never fail over (their age is unknown, see [Handler.FailoverMaxAge]).
 const (
 	// sealVersion: the upstream's dial address, a principal's digest and
 	// the upstream's session ID.
@@ -59,6 +67,12 @@ const (
 	// for failover (a table with both seal_session_ids and failover
 	// reinitialize).
 	sealVersionInit byte = 2
+	// sealVersionIssued: the time the value was issued, then what
+	// version 1 carries.
+	sealVersionIssued byte = 3
+	// sealVersionIssuedInit: the time the value was issued, then what
+	// version 2 carries.
+	sealVersionIssuedInit byte = 4
 )
 
 // sealKeySize is the size of a sealing key in bytes (AES-256).
@@ -79,31 +93,36 @@ var sealEncoding = base64.RawURLEncoding.Strict()
 // where nonce, ciphertext and tag are AES-256-GCM's (NIST SP 800-38D), as
 // produced by [cipher.NewGCMWithRandomNonce]: a random 96-bit nonce per
 // seal, and the version byte as additional authenticated data. The
-// plaintext of version 1 is
+// plaintext of version 3 is
 //
-//	field(dial) || field(bound) || upstream session ID
+//	uvarint(issued) || field(dial) || field(bound) || upstream session ID
 //
-// and that of version 2, which also carries the session's initialize
+// and that of version 4, which also carries the session's initialize
 // request for failover,
 //
-//	field(dial) || field(bound) || field(upstream session ID) ||
+//	uvarint(issued) || field(dial) || field(bound) || field(upstream session ID) ||
 //	field(Accept) || field(Content-Type) || field(MCP-Protocol-Version) || initialize body
 //
-// where field(x) is uvarint(len(x)) || x, with the uvarint of
-// [binary.AppendUvarint]. bound is empty for a session not bound to a
-// principal, and otherwise the first 16 bytes of the SHA-256 of the
+// where issued is the time the value was sealed, in seconds since the Unix
+// epoch (never 0), field(x) is uvarint(len(x)) || x, and uvarint is
+// [binary.AppendUvarint]'s. Versions 1 and 2, which the proxy no longer
+// seals but still opens, are versions 3 and 4 without the issue time.
+// The issue time is authenticated like the rest: no one without the key
+// can make a value look younger. bound is empty for a session not bound to
+// a principal, and otherwise the first 16 bytes of the SHA-256 of the
 // principal of the request that opened the session (see the handler's
 // bind_principal): the sealed ID then carries its binding to any replica.
 // The headers are the initialize request's (never its credentials); the
-// body is never empty. A version 1 ID is therefore 31 bytes (47 when
-// bound) plus the dial address and the upstream's ID before encoding, and
-// 4/3 of that after: 95 characters for a 26-byte go-sdk ID on
-// `127.0.0.1:9001`, 108 for a 36-byte UUID (116 and 130 when bound).
-// Version 2 adds the initialize request, its headers and 4 bytes of
-// lengths: 422 characters for the go-sdk client's 190-byte initialize with
-// a 26-byte ID on `127.0.0.1:9001` (docs/replicas.md, "Length"). Random nonces keep
-// one key safe for 2^32 seals (NIST SP 800-38D §8.3); rotate keys well
-// before that many sessions.
+// body is never empty. A version 3 ID is therefore 36 bytes (52 when
+// bound) plus the dial address and the upstream's ID before encoding (the
+// issue time takes 5 bytes until the year 3058), and 4/3 of that after:
+// 102 characters for a 26-byte go-sdk ID on `127.0.0.1:9001`, 115 for a
+// 36-byte UUID (123 and 136 when bound). Version 4 adds the initialize
+// request, its headers and 4 bytes of lengths: 428 characters for the
+// go-sdk client's 190-byte initialize with a 26-byte ID on
+// `127.0.0.1:9001` (docs/replicas.md, "Length"). Random nonces keep one key safe for
+// 2^32 seals (NIST SP 800-38D §8.3); rotate keys well before that many
+// sessions.
 //
 // A SessionSealer is safe for concurrent use.
 type SessionSealer struct {
@@ -136,19 +155,31 @@ func NewSessionSealer(keys ...[]byte) (*SessionSealer, error) {
 }
 
 // Seal returns the sealed session ID, not bound to a principal, that
-// carries the upstream's dial address and its session ID, under the first
-// key. Each call draws a fresh nonce, so sealing the same pair twice gives
-// two different values.
+// carries the upstream's dial address and its session ID, issued now,
+// under the first key. Each call draws a fresh nonce, so sealing the same
+// pair twice gives two different values.
 func (s *SessionSealer) Seal(dial, id string) string {
 	return s.seal(sealedSession{dial: dial, id: id})
 }
 
 // sealedSession is what a sealed session ID carries.
 type sealedSession struct {
-	dial  string     // the upstream's dial address
-	bound string     // principalDigest of the session's principal; "" if unbound
-	id    string     // the upstream's own session ID
-	init  sealedInit // the session's initialize request; empty in version 1
+	// issued is when the value was sealed, in seconds since the Unix
+	// epoch; 0 in versions 1 and 2, which do not carry it. seal fills in
+	// the current time when it is 0.
+	issued int64
+	dial   string     // the upstream's dial address
+	bound  string     // principalDigest of the session's principal; "" if unbound
+	id     string     // the upstream's own session ID
+	init   sealedInit // the session's initialize request; empty in versions 1 and 3
+}
+
+// issuedAt returns the issue time to seal ss with: its own, or now.
+func (ss *sealedSession) issuedAt() uint64 {
+	if ss.issued > 0 {
+		return uint64(ss.issued)
+	}
+	return uint64(time.Now().Unix())
 }
 
 // sealedInit is what a sealed session ID carries of the session's
@@ -158,23 +189,24 @@ type sealedInit struct {
 	accept, contentType, version, body string
 }
 
-// fields returns what ss carries, in the order of its plaintext, in buf,
-// and the format version that carries it: every field but the last is
-// length-prefixed.
+// fields returns what ss carries after its issue time, in the order of
+// its plaintext, in buf, and the format version that carries it: every
+// field but the last is length-prefixed.
 func (ss *sealedSession) fields(buf *[7]string) ([]string, byte) {
 	buf[0], buf[1], buf[2] = ss.dial, ss.bound, ss.id
 	if ss.init.body == "" {
-		return buf[:3], sealVersion
+		return buf[:3], sealVersionIssued
 	}
 	buf[3], buf[4], buf[5], buf[6] = ss.init.accept, ss.init.contentType, ss.init.version, ss.init.body
-	return buf[:7], sealVersionInit
+	return buf[:7], sealVersionIssuedInit
 }
 
-// plainLength returns the length of the plaintext of fields, in bytes.
-func plainLength(fields []string) int {
-	n := len(fields[len(fields)-1])
+// plainLength returns the length of the plaintext of an issue time and
+// fields, in bytes.
+func plainLength(issued uint64, fields []string) int {
+	n := uvarintLen(issued) + len(fields[len(fields)-1])
 	for _, f := range fields[:len(fields)-1] {
-		n += uvarintLen(len(f)) + len(f)
+		n += uvarintLen(uint64(len(f))) + len(f)
 	}
 	return n
 }
@@ -183,11 +215,12 @@ func plainLength(fields []string) int {
 func (s *SessionSealer) seal(ss sealedSession) string {
 	var buf [7]string
 	fields, version := ss.fields(&buf)
-	plainLen := plainLength(fields)
+	issued := ss.issuedAt()
+	plainLen := plainLength(issued, fields)
 	sealedLen := 1 + s.aeads[0].Overhead() + plainLen
 	// One buffer: the plaintext, the sealed value, its encoding.
 	out := make([]byte, plainLen+sealedLen+sealEncoding.EncodedLen(sealedLen))
-	plain := out[:0]
+	plain := binary.AppendUvarint(out[:0], issued)
 	for _, f := range fields[:len(fields)-1] {
 		plain = append(binary.AppendUvarint(plain, uint64(len(f))), f...)
 	}
@@ -212,11 +245,14 @@ func principalDigest(principal string) string {
 
 // sealAD holds, at each format version, the additional data sealed IDs of
 // that version authenticate: the version byte.
-var sealAD = [...][]byte{sealVersion: {sealVersion}, sealVersionInit: {sealVersionInit}}
+var sealAD = [...][]byte{
+	sealVersion: {sealVersion}, sealVersionInit: {sealVersionInit},
+	sealVersionIssued: {sealVersionIssued}, sealVersionIssuedInit: {sealVersionIssuedInit},
+}
 
 // uvarintLen returns the length of n as a uvarint, in bytes.
-func uvarintLen(n int) int {
-	return len(binary.AppendUvarint(make([]byte, 0, binary.MaxVarintLen64), uint64(n)))
+func uvarintLen(n uint64) int {
+	return len(binary.AppendUvarint(make([]byte, 0, binary.MaxVarintLen64), n))
 }
 
 // Open returns the dial address and upstream session ID sealed in v, and
@@ -253,13 +289,13 @@ func (s *SessionSealer) open(v string) (key string, ss sealedSession, ok bool) {
 }
 
 // isSealVersion reports whether b is a format version of sealed IDs.
-func isSealVersion(b byte) bool { return b == sealVersion || b == sealVersionInit }
+func isSealVersion(b byte) bool { return b >= sealVersion && b <= sealVersionIssuedInit }
 
 // sealedLength returns the length of the sealed session ID of ss, in bytes.
 func sealedLength(ss sealedSession) int {
 	var buf [7]string
 	fields, _ := ss.fields(&buf)
-	return sealEncoding.EncodedLen(1 + gcmNonceSize + plainLength(fields) + gcmTagSize)
+	return sealEncoding.EncodedLen(1 + gcmNonceSize + plainLength(ss.issuedAt(), fields) + gcmTagSize)
 }
 
 // AES-GCM's standard nonce and tag sizes (NIST SP 800-38D), in bytes.
@@ -269,9 +305,18 @@ const gcmNonceSize, gcmTagSize = 12, 16
 // version into what it carries; it reports false for a plaintext that is
 // not one seal makes.
 func splitSealed(plain string, version byte) (ss sealedSession, ok bool) {
+	var issued uint64
+	if version >= sealVersionIssued {
+		k := 0
+		if issued, k = binary.Uvarint([]byte(plain[:min(len(plain), binary.MaxVarintLen64)])); k <= 0 || issued == 0 || issued > math.MaxInt64 {
+			return ss, false
+		}
+		plain = plain[k:]
+	}
+	withInit := version == sealVersionInit || version == sealVersionIssuedInit
 	var f [7]string
 	n := 3
-	if version == sealVersionInit {
+	if withInit {
 		n = 7
 	}
 	for i := range n - 1 {
@@ -280,10 +325,11 @@ func splitSealed(plain string, version byte) (ss sealedSession, ok bool) {
 		}
 	}
 	f[n-1] = plain
-	if f[0] == "" || f[2] == "" || f[1] != "" && len(f[1]) != 16 || version == sealVersionInit && f[6] == "" {
+	if f[0] == "" || f[2] == "" || f[1] != "" && len(f[1]) != 16 || withInit && f[6] == "" {
 		return ss, false
 	}
-	return sealedSession{dial: f[0], bound: f[1], id: f[2], init: sealedInit{accept: f[3], contentType: f[4], version: f[5], body: f[6]}}, true
+	return sealedSession{issued: int64(issued), dial: f[0], bound: f[1], id: f[2],
+		init: sealedInit{accept: f[3], contentType: f[4], version: f[5], body: f[6]}}, true
 }
 
 // cutField splits a uvarint-length-prefixed field off the front of s.
@@ -366,29 +412,39 @@ func redactKey(k string) string {
 // seen the session yet records it in its table, with the initialize
 // request the value carries when the table fails sessions over: the
 // replica can then fail the session over on its own, once, after which its
-// table routes it. The upstream receives its own session ID (or, once the
-// session moved, the one its new upstream knows).
+// table routes it. A session that ended for good (a DELETE, an operator's
+// eviction), as a tombstone here or in the shared store says, is not
+// adopted: it is answered as an unknown session. The upstream receives its
+// own session ID (or, once the session moved, the one its new upstream
+// knows).
 func (h *Handler) serveSealed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string, ss sealedSession) error {
 	bind := h.table.BindPrincipal()
 	principal := principalOf(r, bind)
 	if ss.bound != "" && bind != BindPrincipalOff && ss.bound != principalDigest(principal) {
 		return h.serveMismatch(w, r, key)
 	}
-	up, mismatch := h.table.LookupAs(key, principal)
+	ex := exchangeOf(r)
+	ex.sealed, ex.issued = true, ss.issued
+	up, mismatch, ended := h.table.lookup(key, principal)
 	if mismatch {
 		return h.serveMismatch(w, r, key)
 	}
-	if up == nil {
+	if up == nil && !ended {
 		origin := Origin{}
 		if ss.bound != "" {
 			origin.Principal = principal
 		}
 		key = strings.Clone(key) // not the buffer that holds the plaintext too
-		up = h.table.Adopt(key, ss.dial, origin)
-		h.debug("adopted", key, ss.dial)
-		if init := ss.init.sessionInit(); init != nil && h.table.failoverSettings().on {
-			h.table.adoptInit(key, init)
+		if up = h.table.Adopt(key, ss.dial, origin); up != nil {
+			h.debug("adopted", key, ss.dial)
+			if init := ss.init.sessionInit(); init != nil && h.table.failoverSettings().on {
+				h.table.adoptInit(key, init)
+			}
 		}
+	}
+	if up == nil { // ended for good, here or as the shared store says
+		h.debug("ended", key, "")
+		return h.serveUnknown(w, r, next, key)
 	}
 	r.Header[HeaderSessionID] = []string{ss.id}
 	return h.servePinned(w, r, next, key, up)

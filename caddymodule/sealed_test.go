@@ -73,6 +73,11 @@ func plaintext(dial, bound, id string) []byte {
 	return append(b, id...)
 }
 
+// issuedPlaintext is plaintext of format version 3: the issue time first.
+func issuedPlaintext(issued uint64, dial, bound, id string) []byte {
+	return append(binary.AppendUvarint(nil, issued), plaintext(dial, bound, id)...)
+}
+
 func TestSealOpenRoundTrip(t *testing.T) {
 	s := newSealer(t, newKey(t))
 	for _, tc := range []struct{ dial, id string }{
@@ -105,7 +110,7 @@ func TestSealOpenRoundTrip(t *testing.T) {
 }
 
 // TestSealedLength pins the lengths docs/replicas.md states, and the formula
-// behind them: 31 bytes of overhead (47 when bound), then base64.
+// behind them: 36 bytes of overhead (52 when bound), then base64.
 func TestSealedLength(t *testing.T) {
 	s := newSealer(t, newKey(t))
 	for _, tc := range []struct {
@@ -113,12 +118,13 @@ func TestSealedLength(t *testing.T) {
 		bound    bool
 		want     int
 	}{
-		{"127.0.0.1:9001", testSessionID, false, 95}, // go-sdk: 26 bytes
-		{"127.0.0.1:9001", testUUID, false, 108},     // TypeScript and Python SDKs: a 36-byte UUID
-		{"127.0.0.1:9001", testSessionID, true, 116},
-		{"127.0.0.1:9001", testUUID, true, 130},
-		{"10.0.0.12:8080", testSessionID, false, 95},
-		{"mcp-3.mcp.default.svc.cluster.local:8080", testUUID, false, 143},
+		{"127.0.0.1:9001", testSessionID, false, 102}, // go-sdk: 26 bytes
+		{"127.0.0.1:9001", testUUID, false, 115},      // TypeScript and Python SDKs: a 36-byte UUID
+		{"127.0.0.1:9001", testSessionID, true, 123},
+		{"127.0.0.1:9001", testUUID, true, 136},
+		{"10.0.0.12:8080", testSessionID, false, 102},
+		{"mcp-3.mcp.default.svc.cluster.local:8080", testUUID, false, 150},
+		{"mcp-3.mcp.default.svc.cluster.local:8080", testUUID, true, 171},
 	} {
 		ss := sealedSession{dial: tc.dial, id: tc.id}
 		if tc.bound {
@@ -147,10 +153,15 @@ func TestOpenRejects(t *testing.T) {
 		"a UUID":                     testUUID,
 		"forged: random bytes":       sealEncoding.EncodeToString(append([]byte{sealVersion}, randomBytes(t, len(raw)-1)...)),
 		"another key":                newSealer(t, newKey(t)).Seal("127.0.0.1:9001", testSessionID),
-		"v1 value labelled v2":       sealEncoding.EncodeToString(append([]byte{sealVersionInit}, raw[1:]...)),
-		"unknown version, v1 data":   sealEncoding.EncodeToString(append([]byte{3}, raw[1:]...)),
-		"unknown version, sealed v3": sealRaw(t, key, 3, plaintext("127.0.0.1:9001", "", testSessionID)),
+		"v3 value labelled v4":       sealEncoding.EncodeToString(append([]byte{sealVersionIssuedInit}, raw[1:]...)),
+		"v3 value labelled v1":       sealEncoding.EncodeToString(append([]byte{sealVersion}, raw[1:]...)),
+		"unknown version, v3 data":   sealEncoding.EncodeToString(append([]byte{5}, raw[1:]...)),
+		"unknown version, sealed v5": sealRaw(t, key, 5, issuedPlaintext(1, "127.0.0.1:9001", "", testSessionID)),
 		"version 0":                  sealRaw(t, key, 0, plaintext("127.0.0.1:9001", "", testSessionID)),
+		"v3 issued at 0":             sealRaw(t, key, sealVersionIssued, issuedPlaintext(0, "127.0.0.1:9001", "", testSessionID)),
+		"v3 without issue time":      sealRaw(t, key, sealVersionIssued, plaintext("127.0.0.1:9001", "", testSessionID)),
+		"v3 issue time past int64":   sealRaw(t, key, sealVersionIssued, issuedPlaintext(1<<63, "127.0.0.1:9001", "", testSessionID)),
+		"v3 issue time cut":          sealRaw(t, key, sealVersionIssued, []byte{0x80, 0x80}),
 		"empty dial":                 sealRaw(t, key, sealVersion, plaintext("", "", testSessionID)),
 		"empty ID":                   sealRaw(t, key, sealVersion, plaintext("127.0.0.1:9001", "", "")),
 		"length past the end":        sealRaw(t, key, sealVersion, append(binary.AppendUvarint(nil, 200), "127.0.0.1:9001\x00x"...)),
@@ -356,14 +367,20 @@ func TestSealedSessionLifecycle(t *testing.T) {
 	if f.h.table.Len() != 1 || f.h.table.Stats.Adopted() != 0 {
 		t.Errorf("Len %d, adopted %d; want 1 learned session and no adoption", f.h.table.Len(), f.h.table.Stats.Adopted())
 	}
-	// DELETE ends it here; the upstream's own answer decides after that.
+	// DELETE ends it here for good: a tombstone keeps the value from being
+	// adopted again, so its next request gets the proxy's 404 without
+	// reaching the upstream, even one that would answer it.
 	f.serve(t, newRequest(http.MethodDelete, sealed), up.answer(204))
 	wantEvictions(t, f.h.table, map[EvictReason]uint64{EvictDelete: 1})
-	rec = f.serve(t, newRequest(http.MethodPost, sealed), up.answer(404))
-	if rec.Code != 404 || rec.Body.String() != "from "+owner.Dial || f.proxy.last() != owner {
-		t.Errorf("after DELETE: %d %q from %v; want the session's upstream's own 404", rec.Code, rec.Body, f.proxy.last())
+	reached := len(up.ids)
+	rec = f.serve(t, newRequest(http.MethodPost, sealed), up.answer(200, testSessionID))
+	if rec.Code != 404 || !strings.Contains(rec.Body.String(), `"code":-32001`) || len(up.ids) != reached || f.h.table.Stats.Adopted() != 0 {
+		t.Errorf("after DELETE: %d %q, reached the upstream %v, adopted %d; want the proxy's 404, no upstream, no adoption",
+			rec.Code, rec.Body, len(up.ids) != reached, f.h.table.Stats.Adopted())
 	}
-	wantEvictions(t, f.h.table, map[EvictReason]uint64{EvictDelete: 1, EvictUpstream404: 1})
+	if f.h.table.Tombstones() != 1 {
+		t.Errorf("%d tombstones after a DELETE, want 1", f.h.table.Tombstones())
+	}
 }
 
 // TestSealedOnAnotherReplica: a handler with its own table and the same key
@@ -568,8 +585,8 @@ func TestSealedCaddyfile(t *testing.T) {
 
 // FuzzOpenSealed feeds arbitrary values to Open: it must never panic, and
 // whatever opens must be a canonical base64url value carrying a non-empty
-// dial address and session ID, and, in format version 2, a non-empty
-// initialize body.
+// dial address and session ID, and, in format versions 2 and 4, a
+// non-empty initialize body.
 func FuzzOpenSealed(f *testing.F) {
 	key := bytes.Repeat([]byte{7}, sealKeySize)
 	s, _ := NewSessionSealer(key)
@@ -591,14 +608,14 @@ func FuzzOpenSealed(f *testing.F) {
 		if err != nil || sealEncoding.EncodeToString(raw) != v {
 			t.Fatalf("Open accepted a non-canonical value %q", v)
 		}
-		if (raw[0] == sealVersionInit) != (ss.init.body != "") {
+		if (raw[0] == sealVersionInit || raw[0] == sealVersionIssuedInit) != (ss.init.body != "") {
 			t.Fatalf("version %d opened to initialize %+v", raw[0], ss.init)
 		}
 	})
 }
 
-// FuzzOpenTampered flips bits of a valid sealed value, of format version 1
-// or 2 (carrying an initialize), at fuzzed positions: no change of any
+// FuzzOpenTampered flips bits of a valid sealed value, of format version 3
+// or 4 (carrying an initialize), at fuzzed positions: no change of any
 // byte, whatever the mask, may open.
 func FuzzOpenTampered(f *testing.F) {
 	key := bytes.Repeat([]byte{9}, sealKeySize)
@@ -615,7 +632,8 @@ func FuzzOpenTampered(f *testing.F) {
 		f.Add(withInit, uint16(1), byte(0x80))
 		f.Add(withInit, uint16(len(raws[1])-1), byte(0xff))
 		f.Add(withInit, uint16(20), byte(0x10))
-		f.Add(withInit, uint16(0), byte(3)) // version 1 <-> 2
+		f.Add(withInit, uint16(0), byte(7)) // version 3 <-> 4
+		f.Add(withInit, uint16(0), byte(2)) // version 3 <-> 1, 4 <-> 6
 	}
 	f.Fuzz(func(t *testing.T, withInit bool, pos uint16, mask byte) {
 		if mask == 0 {
@@ -634,8 +652,8 @@ func FuzzOpenTampered(f *testing.F) {
 }
 
 // sealBenches are the sealed sessions the sealing benchmarks seal and
-// open: without an initialize (format version 1), and carrying the go-sdk
-// client's 190-byte initialize (version 2, a table with failover).
+// open: without an initialize (format version 3), and carrying the go-sdk
+// client's 190-byte initialize (version 4, a table with failover).
 var sealBenches = []struct {
 	name string
 	ss   sealedSession

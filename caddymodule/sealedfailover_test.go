@@ -1,11 +1,13 @@
 package caddymodule
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/binary"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The initialize requests of three clients, as docs/replicas.md's Length table
@@ -45,20 +47,23 @@ func versionOf(t testing.TB, v string) byte {
 }
 
 // TestSealInitRoundTrip: a sealed ID carrying an initialize request (format
-// version 2) opens to everything sealed; one without (version 1, as minted
-// before) still opens, with no initialize; a version 2 plaintext that seal
-// never makes does not open.
+// version 4) opens to everything sealed, its issue time included; one
+// without (version 3) opens with no initialize; a version 2 or 4 plaintext
+// that seal never makes does not open, and a well-formed version 2 one (as
+// minted before the issue time was sealed) opens, with no issue time.
 func TestSealInitRoundTrip(t *testing.T) {
 	key := newKey(t)
 	s := newSealer(t, key)
+	issued := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC).Unix()
 	for _, ss := range []sealedSession{
-		{dial: "127.0.0.1:9001", id: testSessionID, init: testSealedInit(testInitBody)},
-		{dial: "10.0.0.12:8080", bound: principalDigest("Bearer alice"), id: testUUID, init: sealedInit{version: "2025-06-18", body: "{}"}},
-		{dial: "127.0.0.1:9001", id: testSessionID, init: testSealedInit(strings.Repeat("x", 300))}, // a 2-byte length prefix
-		{dial: "127.0.0.1:9001", id: testSessionID},
+		{issued: issued, dial: "127.0.0.1:9001", id: testSessionID, init: testSealedInit(testInitBody)},
+		{issued: issued, dial: "10.0.0.12:8080", bound: principalDigest("Bearer alice"), id: testUUID, init: sealedInit{version: "2025-06-18", body: "{}"}},
+		{issued: issued, dial: "127.0.0.1:9001", id: testSessionID, init: testSealedInit(strings.Repeat("x", 300))}, // a 2-byte length prefix
+		{issued: issued, dial: "127.0.0.1:9001", id: testSessionID},
+		{issued: 1, dial: "127.0.0.1:9001", id: testSessionID}, // a 1-byte issue time
 	} {
 		v := s.seal(ss)
-		want := map[bool]byte{true: sealVersionInit, false: sealVersion}[ss.init.body != ""]
+		want := map[bool]byte{true: sealVersionIssuedInit, false: sealVersionIssued}[ss.init.body != ""]
 		if got := versionOf(t, v); got != want {
 			t.Errorf("sealed with init %v: version %d, want %d", ss.init.body != "", got, want)
 		}
@@ -84,21 +89,24 @@ func TestSealInitRoundTrip(t *testing.T) {
 		}
 		return b
 	}
-	for name, plain := range map[string][]byte{
-		"v1 plaintext":        plaintext("127.0.0.1:9001", "", testSessionID),
-		"empty body":          v2("127.0.0.1:9001", "", testSessionID, "a", "c", "", ""),
-		"no header fields":    v2("127.0.0.1:9001", "", testSessionID, testInitBody),
-		"empty ID":            v2("127.0.0.1:9001", "", "", "a", "c", "", testInitBody),
-		"empty dial":          v2("", "", testSessionID, "a", "c", "", testInitBody),
-		"bound of 3 bytes":    v2("127.0.0.1:9001", "abc", testSessionID, "a", "c", "", testInitBody),
-		"length past the end": append(v2("127.0.0.1:9001", "", testSessionID, "a", "c"), 0x7f, 'x'),
-	} {
-		if _, ss, ok := s.open(sealRaw(t, key, sealVersionInit, plain)); ok {
-			t.Errorf("%s: a version 2 value opened to %+v", name, ss)
+	for version, prefix := range map[byte][]byte{sealVersionInit: nil, sealVersionIssuedInit: binary.AppendUvarint(nil, uint64(issued))} {
+		for name, plain := range map[string][]byte{
+			"v1 plaintext":        plaintext("127.0.0.1:9001", "", testSessionID),
+			"empty body":          v2("127.0.0.1:9001", "", testSessionID, "a", "c", "", ""),
+			"no header fields":    v2("127.0.0.1:9001", "", testSessionID, testInitBody),
+			"empty ID":            v2("127.0.0.1:9001", "", "", "a", "c", "", testInitBody),
+			"empty dial":          v2("", "", testSessionID, "a", "c", "", testInitBody),
+			"bound of 3 bytes":    v2("127.0.0.1:9001", "abc", testSessionID, "a", "c", "", testInitBody),
+			"length past the end": append(v2("127.0.0.1:9001", "", testSessionID, "a", "c"), 0x7f, 'x'),
+		} {
+			if _, ss, ok := s.open(sealRaw(t, key, version, append(bytes.Clone(prefix), plain...))); ok {
+				t.Errorf("%s: a version %d value opened to %+v", name, version, ss)
+			}
 		}
-	}
-	if _, _, ok := s.open(sealRaw(t, key, sealVersionInit, v2("127.0.0.1:9001", "", testSessionID, "a", "c", "", testInitBody))); !ok {
-		t.Fatal("a well-formed version 2 plaintext does not open: the rejections above prove nothing")
+		_, ss, ok := s.open(sealRaw(t, key, version, append(bytes.Clone(prefix), v2("127.0.0.1:9001", "", testSessionID, "a", "c", "", testInitBody)...)))
+		if !ok || ss.init.body != testInitBody || ss.issued != map[bool]int64{true: issued, false: 0}[prefix != nil] {
+			t.Fatalf("a well-formed version %d plaintext opens to %+v, %v: the rejections above prove nothing", version, ss, ok)
+		}
 	}
 }
 
@@ -114,12 +122,12 @@ func TestSealedLengthWithInit(t *testing.T) {
 		want   int
 		client string
 	}{
-		{testInitGo, testSessionID, false, 422, "go-sdk"},
-		{testInitGo, testSessionID, true, 443, "go-sdk, bound"},
-		{testInitTS, testUUID, false, 382, "TypeScript SDK"},
-		{testInitTS, testUUID, true, 403, "TypeScript SDK, bound"},
-		{testInitVSCode, testUUID, false, 782, "VS Code-sized"},
-		{testInitVSCode, testUUID, true, 803, "VS Code-sized, bound"},
+		{testInitGo, testSessionID, false, 428, "go-sdk"},
+		{testInitGo, testSessionID, true, 450, "go-sdk, bound"},
+		{testInitTS, testUUID, false, 388, "TypeScript SDK"},
+		{testInitTS, testUUID, true, 410, "TypeScript SDK, bound"},
+		{testInitVSCode, testUUID, false, 788, "VS Code-sized"},
+		{testInitVSCode, testUUID, true, 810, "VS Code-sized, bound"},
 	} {
 		if len(tc.body) != map[string]int{testInitGo: 190, testInitTS: 150, testInitVSCode: 450}[tc.body] {
 			t.Fatalf("%s: initialize of %d bytes", tc.client, len(tc.body))
@@ -134,7 +142,7 @@ func TestSealedLengthWithInit(t *testing.T) {
 		}
 	}
 	// The largest initialize the default limit admits with a UUID (docs/replicas.md).
-	for body, fits := range map[int]bool{1400: true, 1401: false} {
+	for body, fits := range map[int]bool{1395: true, 1396: false} {
 		ss := sealedSession{dial: "127.0.0.1:9001", id: testUUID, init: testSealedInit(strings.Repeat("x", body))}
 		if got := len(s.seal(ss)); (got <= DefaultMaxSessionIDLength) != fits {
 			t.Errorf("an initialize of %d bytes seals to %d bytes; fits %d: %v, want %v", body, got, DefaultMaxSessionIDLength, !fits, fits)
@@ -148,7 +156,7 @@ func TestSealedLengthWithInit(t *testing.T) {
 // it over when its upstream lost it, exactly once: its later requests go
 // to the new upstream session from its table. Each replica moves the
 // session on its own (a: NEWA, b: NEWB), and the client keeps its sealed
-// value on every response. A version 1 value (minted without the
+// value on every response. A version 3 value (minted without the
 // initialize) cannot fail over on b: the upstream's 404 passes, as without
 // failover.
 func TestSealedFailoverOnEveryReplica(t *testing.T) {
@@ -157,8 +165,8 @@ func TestSealedFailoverOnEveryReplica(t *testing.T) {
 	b := newSealedFailoverFixture(t, "test/fo-b", key, 0)
 	up, minted := lostSessionUpstream("OLD", "NEWA", "NEWB")
 	sealed := a.serve(t, bodyRequest(testInitBody, ""), up).Header().Get(HeaderSessionID)
-	if versionOf(t, sealed) != sealVersionInit {
-		t.Fatalf("the sealed ID of a session of a failover table is version %d, want %d (carrying its initialize)", versionOf(t, sealed), sealVersionInit)
+	if versionOf(t, sealed) != sealVersionIssuedInit {
+		t.Fatalf("the sealed ID of a session of a failover table is version %d, want %d (carrying its initialize)", versionOf(t, sealed), sealVersionIssuedInit)
 	}
 	a.serve(t, bodyRequest(`{"jsonrpc":"2.0","method":"notifications/initialized"}`, sealed), up)
 	old := newSealer(t, key).Seal(a.proxy.last().Dial, "OLD")
@@ -182,21 +190,21 @@ func TestSealedFailoverOnEveryReplica(t *testing.T) {
 	if b.h.table.Stats.Adopted() != 1 {
 		t.Errorf("b adopted %d sessions, want 1", b.h.table.Stats.Adopted())
 	}
-	minted["OLD"] = true // a version 1 value of a session the upstream holds routes
+	minted["OLD"] = true // a version 3 value of a session the upstream holds routes
 	if rec := b.serve(t, bodyRequest(`{"jsonrpc":"2.0","id":3,"method":"ping"}`, old), up); rec.Code != http.StatusOK || rec.Header().Get(HeaderSessionID) != old {
-		t.Fatalf("a version 1 value on b: %d %q, want 200 under its own value", rec.Code, rec.Body)
+		t.Fatalf("a version 3 value on b: %d %q, want 200 under its own value", rec.Code, rec.Body)
 	}
 	delete(minted, "OLD")
 	rec := b.serve(t, bodyRequest(`{"jsonrpc":"2.0","id":4,"method":"ping"}`, old), up)
 	if rec.Code != http.StatusNotFound || b.h.table.Stats.Failovers(FailoverUpstream404, true) != 1 || b.h.table.Stats.Failovers(FailoverUpstream404, false) != 0 {
-		t.Fatalf("a version 1 value whose upstream lost it, on b: %d %q, failovers %d; want the upstream's 404 and no failover",
+		t.Fatalf("a version 3 value whose upstream lost it, on b: %d %q, failovers %d; want the upstream's 404 and no failover",
 			rec.Code, rec.Body, b.h.table.Stats.Failovers(FailoverUpstream404, true))
 	}
 }
 
 // TestSealedInitTooLong: when the sealed ID carrying the initialize would
 // be longer than max_session_id_length, the proxy seals the session without
-// it (version 1, a value it accepts), logs one warning, and the session
+// it (version 3, a value it accepts), logs one warning, and the session
 // works and fails over on the replica that learned it; the same table with
 // the default limit seals the initialize (control).
 func TestSealedInitTooLong(t *testing.T) {
@@ -209,7 +217,7 @@ func TestSealedInitTooLong(t *testing.T) {
 			f.serve(t, bodyRequest(testInitBody, ""), up).Header().Get(HeaderSessionID),
 		}
 		warned := f.logs.FilterMessageSnippet("too large to seal").Len()
-		want := map[bool]byte{true: sealVersion, false: sealVersionInit}[maxLen != 0]
+		want := map[bool]byte{true: sealVersionIssued, false: sealVersionIssuedInit}[maxLen != 0]
 		for _, id := range ids {
 			if v := versionOf(t, id); v != want || checkSessionID(id, f.h.MaxSessionIDLength) != "" {
 				t.Fatalf("max_session_id_length %d: sealed ID of %d bytes, version %d; want version %d within the limit", f.h.MaxSessionIDLength, len(id), v, want)

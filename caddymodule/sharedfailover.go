@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"cmp"
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
@@ -9,6 +10,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -104,6 +106,9 @@ type storedSession struct {
 	bound principalSum
 	init  *sessionInit // nil without a failover record, or one that did not open
 	value string       // the value itself
+	// ended is the reason of the session's tombstone; 0 for none, and then
+	// the fields above describe the session.
+	ended EvictReason
 }
 
 // parse returns what value v of session id holds.
@@ -117,33 +122,34 @@ func (c *redisConn) parse(id, v string) storedSession {
 }
 
 // current reads session id from Redis for a failover: what it holds, and
-// false when Redis does not hold the session or did not answer.
-func (c *redisConn) current(id string) (storedSession, bool) {
+// what Redis says of it (storeUnknown when Redis did not answer).
+func (c *redisConn) current(id string) (storedSession, storeState) {
 	if !c.healthy.Load() {
-		return storedSession{}, false
+		return storedSession{}, storeUnknown
 	}
 	ctx, cancel := c.call()
 	defer cancel()
-	v, err := c.client.Get(ctx, c.ks.session(c.ks.hash(id))).Result()
+	s, st, err := c.read(ctx, id, c.ks.hash(id))
 	if err != nil {
-		if !errors.Is(err, redis.Nil) {
-			c.fail(opMove, err)
-		}
-		return storedSession{}, false
+		c.fail(opMove, err)
 	}
-	return c.parse(id, v), true
+	return s, st
 }
 
 // moveScript moves a session in Redis if its value is still the one the
-// caller failed over from (or is gone), and tells every instance; else it
-// returns the value another instance wrote, and changes nothing.
+// caller failed over from (or is gone, without a tombstone), and tells
+// every instance; else it returns the value another instance wrote, or
+// movedEnded for a session that ended for good meanwhile, and changes
+// nothing.
 //
-//	KEYS: the session, its old upstream's set, its new upstream's set, the upstreams
+//	KEYS: the session, its old upstream's set, its new upstream's set, the upstreams, its tombstone
 //	ARGV: the old value, the new value, the TTL (ms), the session's member,
 //	      its expiry (Unix ms), now (Unix ms), the new dial, the channel, the message
 var moveScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then return cur end
+local tomb = redis.call('GET', KEYS[5])
+if not cur and tomb then return '` + movedEnded + `' .. tomb end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('ZREM', KEYS[2], ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
@@ -151,10 +157,16 @@ redis.call('ZADD', KEYS[4], 'GT', ARGV[6], ARGV[7])
 redis.call('PUBLISH', ARGV[8], ARGV[9])
 return ''`)
 
+// movedEnded begins what moveScript returns for a session that ended for
+// good, followed by its tombstone's reason: no value is empty or begins
+// with a space.
+const movedEnded = " ended "
+
 // move records that session id moved from the value old to the value
 // new. It returns "" once Redis holds new, or the value Redis holds
-// instead when another instance moved the session first; an error when
-// Redis did not answer, and then new is written when it answers again.
+// instead when another instance moved the session first, or movedEnded
+// when the session ended for good meanwhile; an error when Redis did not
+// answer, and then new is written when it answers again.
 func (c *redisConn) move(id, old, new string) (string, error) {
 	h := c.ks.hash(id)
 	if !c.healthy.Load() {
@@ -167,7 +179,7 @@ func (c *redisConn) move(id, old, new string) (string, error) {
 	now := time.Now()
 	ctx, cancel := c.call()
 	defer cancel()
-	keys := []string{c.ks.session(h), c.ks.upstream(from), c.ks.upstream(to), c.ks.upstreams()}
+	keys := []string{c.ks.session(h), c.ks.upstream(from), c.ks.upstream(to), c.ks.upstreams(), c.ks.tomb(h)}
 	cur, err := moveScript.Run(ctx, c.client, keys, old, new, c.ttl().Milliseconds(), h.String(),
 		now.Add(c.ttl()).UnixMilli(), now.UnixMilli(), to, c.ks.events(), msgMoved+" "+h.String()+" "+new).Text()
 	if err != nil {
@@ -179,14 +191,16 @@ func (c *redisConn) move(id, old, new string) (string, error) {
 }
 
 // touchScript refreshes a session's TTL, as a touch does, unless another
-// instance changed its value (moved it): a touch of an instance that has
-// not yet heard of a move must not undo it.
+// instance changed its value (moved it), or the session ended for good (a
+// tombstone): a touch of an instance that has not yet heard of a move or
+// an end must not undo it.
 //
-//	KEYS: the session, its upstream's set, the upstreams
+//	KEYS: the session, its upstream's set, the upstreams, its tombstone
 //	ARGV: the value, the TTL (ms), the session's member, its expiry (Unix ms), now (Unix ms), the dial
 var touchScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then return 0 end
+if not cur and redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
 redis.call('ZADD', KEYS[3], 'GT', ARGV[5], ARGV[6])
@@ -202,18 +216,21 @@ func (c *redisConn) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyH
 		return nil
 	}
 	now := time.Now()
-	keys := []string{c.ks.session(h), c.ks.upstream(dial), c.ks.upstreams()}
+	keys := []string{c.ks.session(h), c.ks.upstream(dial), c.ks.upstreams(), c.ks.tomb(h)}
 	return touchScript.Eval(ctx, pipe, keys, v, c.ttl().Milliseconds(), h.String(), now.Add(c.ttl()).UnixMilli(), now.UnixMilli(), dial)
 }
 
 // followTouched makes the sessions whose touch found another value in
 // Redis follow it: another instance moved them, and this one missed the
-// message.
+// message; or ended them for good, and then they end here too.
 func (c *redisConn) followTouched(cmds map[string]*redis.Cmd) {
 	for id, cmd := range cmds {
 		if n, err := cmd.Int(); err == nil && n == 0 {
-			if s, ok := c.current(id); ok {
+			switch s, st := c.current(id); st {
+			case storeHolds:
 				c.t.follow(id, s)
+			case storeEnded:
+				c.t.evictHere(id, s.ended)
 			}
 		}
 	}
@@ -262,18 +279,23 @@ func (s *sessionInit) record() string {
 // table holds on from with record init, when the shared store says it is
 // elsewhere: the request then follows it instead of failing the session
 // over again. False without a store, or when the store has it where this
-// table has it, or nowhere.
-func (t *Table) movedInStore(id string, from *Upstream, init *sessionInit) (failoverResult, bool) {
+// table has it, or nowhere. ended reports that the store holds the session
+// no more, which a reachable store says only of a session that ended or
+// expired on every instance: it must not fail over.
+func (t *Table) movedInStore(id string, from *Upstream, init *sessionInit) (res failoverResult, moved, ended bool) {
 	c := t.store.Load()
 	if c == nil {
-		return failoverResult{}, false
+		return failoverResult{}, false, false
 	}
-	s, ok := c.current(id)
-	if !ok || s.init == nil || s.dial == from.dial && s.init.upstreamID == init.upstreamID {
-		return failoverResult{}, false
+	s, st := c.current(id)
+	if st == storeAbsent || st == storeEnded {
+		return failoverResult{}, false, true
 	}
-	to, moved, ok := t.follow(id, s)
-	return failoverResult{up: to, init: moved, followed: true}, ok
+	if st != storeHolds || s.init == nil || s.dial == from.dial && s.init.upstreamID == init.upstreamID {
+		return failoverResult{}, false, false
+	}
+	to, rec, ok := t.follow(id, s)
+	return failoverResult{up: to, init: rec, followed: true}, ok, false
 }
 
 // recordMove pins session id, which a failover moved from upstream from
@@ -303,6 +325,10 @@ func (t *Table) recordMove(id string, from *Upstream, init *sessionInit, to *Ups
 		cur, err := c.move(id, old, next)
 		if err != nil || cur == "" {
 			return res, nil
+		}
+		if reason, ended := strings.CutPrefix(cur, movedEnded); ended {
+			t.evictHere(id, cmp.Or(reasonNamed(reason), EvictDelete))
+			return failoverResult{}, failoverRefusal(refusedEnded)
 		}
 		s := c.parse(id, cur)
 		if s.init == nil || s.dial == from.dial && s.init.upstreamID == init.upstreamID {

@@ -79,6 +79,11 @@ var evictReasons = [...]EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstre
 // Valid reports whether r is one of the Evict constants.
 func (r EvictReason) Valid() bool { return r > 0 && int(r) < len(evictReasonNames) }
 
+// leavesTombstone reports whether a session that leaves the table for r
+// ended for good: the client ended it (DELETE) or an operator evicted it.
+// Neither failover nor its sealed ID brings it back (tombstone.go).
+func (r EvictReason) leavesTombstone() bool { return r == EvictDelete || r == EvictAdmin }
+
 // local reports whether r is one of the table's own bounds, which forget a
 // session here but do not end it.
 func (r EvictReason) local() bool {
@@ -314,6 +319,10 @@ type Table struct {
 	flights  singleflight.Group
 	inits    map[string]*sessionInit // by session; guarded by mu; nil until one is kept
 
+	// tombs remembers the sessions that ended, which neither failover nor
+	// a sealed ID brings back (tombstone.go).
+	tombs *tombstones
+
 	// store is the table's connection to a shared store; nil keeps the
 	// sessions in this process only.
 	store atomic.Pointer[redisConn]
@@ -340,7 +349,8 @@ func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.T
 	if maxSessions < 1 {
 		return nil, fmt.Errorf("session table %q: max_sessions must be at least 1, got %d", name, maxSessions)
 	}
-	t := &Table{name: name, now: now, epoch: now(), monotonic: monotonic, ups: make(map[string]*Upstream), rearm: make(chan struct{}, 1)}
+	t := &Table{name: name, now: now, epoch: now(), monotonic: monotonic, ups: make(map[string]*Upstream), rearm: make(chan struct{}, 1),
+		tombs: newTombstones(maxSessions)}
 	t.keys.Store(newPrincipalKeys(nil))
 	t.unconfirmed, _ = simplelru.NewLRU(math.MaxInt, t.onEvictUnconfirmed)
 	t.confirmed, _ = simplelru.NewLRU(math.MaxInt, t.onEvict)
@@ -356,7 +366,8 @@ func (t *Table) Name() string { return t.name }
 // Configure changes the table's bounds in place. Shrinking evicts
 // unconfirmed sessions first, oldest first (reason unconfirmed), then the
 // least recently used confirmed ones without an open GET stream (reason
-// lru). A ttl of 0 or less leaves the TTL as is.
+// lru). A ttl of 0 or less leaves the TTL as is. maxSessions bounds the
+// table's tombstones too (tombstone.go).
 // See also [Table.SetUpstreamTTL].
 func (t *Table) Configure(maxSessions int, ttl time.Duration) {
 	if ttl > 0 {
@@ -368,6 +379,7 @@ func (t *Table) Configure(maxSessions int, ttl time.Duration) {
 		t.max = maxSessions
 		t.makeRoom(0, "")
 		t.mu.Unlock()
+		t.tombs.setMax(maxSessions)
 	}
 }
 
@@ -423,18 +435,34 @@ func (t *Table) Lookup(id string) *Upstream {
 // changes nothing. With a shared store, a session this table does
 // not hold is looked up in the store, once: the table keeps it from then on.
 func (t *Table) LookupAs(id, principal string) (up *Upstream, mismatch bool) {
+	up, mismatch, _ = t.lookup(id, principal)
+	return up, mismatch
+}
+
+// lookup is LookupAs that also reports, for a session the table does not
+// hold, whether it ended for good: a tombstone here or, with a shared
+// store, in the store (tombstone.go).
+func (t *Table) lookup(id, principal string) (up *Upstream, mismatch, ended bool) {
 	sum := t.keys.Load().sum(principal) // outside the lock: it costs about a microsecond
 	e, mismatch, touch := t.lookupHere(id, sum)
 	if e.up != nil || mismatch {
 		if touch != "" {
 			t.store.Load().touch(id, touch)
 		}
-		return e.up, mismatch
+		return e.up, mismatch, false
+	}
+	if t.buried(id) == tombEnded {
+		return nil, false, true
 	}
 	if c := t.store.Load(); c != nil {
-		return t.adoptShared(id, c.get(id), sum)
+		s := c.get(id)
+		if s.ended != 0 {
+			return nil, false, true
+		}
+		up, mismatch = t.adoptShared(id, s, sum)
+		return up, mismatch, false
 	}
-	return nil, false
+	return nil, false, false
 }
 
 // lookupHere is LookupAs in this process's table: the session's entry (a
@@ -616,6 +644,7 @@ func (t *Table) learnHere(id, dial string, sum principalSum, client string) (*Up
 	t.unconfirmed.Add(id, entry{up: up, lastUsed: now, created: uint32(now / int64(time.Second)), principal: sum})
 	t.perClient.add(id, client)
 	up.live.Add(1)
+	t.tombs.remove(id) // an upstream opened a session with this ID again
 	return up, true
 }
 
@@ -624,7 +653,9 @@ func (t *Table) learnHere(id, dial string, sum principalSum, client string) (*Up
 // record. It is for sessions whose request names their upstream itself
 // (sealed session IDs) and that this table has not learned: learned on
 // another replica, before a restart, or forgotten since. The session
-// enters confirmed (see [Table.adoptHere]).
+// enters confirmed (see [Table.adoptHere]). It returns nil, adopting
+// nothing, for a session that ended here for good: the client ended it
+// (DELETE) or an operator evicted it, not long ago (tombstone.go).
 func (t *Table) Adopt(id, dial string, origin Origin) *Upstream {
 	up := t.upstream(dial)
 	sum := t.keys.Load().sum(origin.Principal)
@@ -637,6 +668,9 @@ func (t *Table) Adopt(id, dial string, origin Origin) *Upstream {
 		}
 		t.reason = EvictTTL
 		list.Remove(id)
+	}
+	if t.tombs.get(id, now) == tombEnded {
+		return nil
 	}
 	t.adoptHere(id, up, sum)
 	t.Stats.adopted.Add(1)
@@ -668,12 +702,27 @@ func (t *Table) adoptHere(id string, up *Upstream, sum principalSum) entry {
 // shared store, a session that ended (any reason but ttl, lru, unconfirmed
 // and client_cap, which are this table's own bounds) is removed from the
 // store and from every instance's table too, even if this table did not
-// hold it.
+// hold it. A session that ended for good (reasons delete and admin) leaves
+// a tombstone, here and in the store (tombstone.go).
 func (t *Table) Evict(id string, reason EvictReason) bool {
+	return t.evict(id, reason, reason.leavesTombstone())
+}
+
+// endByClient evicts session id for reason, a DELETE of the client ended
+// it, whatever the reason: a tombstone stays, here and in the store.
+func (t *Table) endByClient(id string, reason EvictReason) bool {
+	return t.evict(id, reason, true)
+}
+
+// evict is Evict that leaves a tombstone with bury.
+func (t *Table) evict(id string, reason EvictReason, bury bool) bool {
 	if !reason.Valid() {
 		return false
 	}
 	dial, held := t.evictHere(id, reason)
+	if bury && (!held || !reason.leavesTombstone()) { // else the eviction callback buried it
+		t.bury(id, tombEnded)
+	}
 	c := t.store.Load()
 	if c == nil || reason.local() {
 		return held
@@ -686,7 +735,11 @@ func (t *Table) Evict(id string, reason EvictReason) bool {
 	if u := t.knownUpstream(dial); u != nil && u.cluster.Add(-1) < 0 {
 		u.cluster.Store(0)
 	}
-	c.end(id, dial, reason)
+	var life time.Duration
+	if bury && t.buries(id) {
+		life = t.tombLife(id)
+	}
+	c.end(id, dial, reason, life)
 	return true
 }
 
@@ -715,7 +768,11 @@ func (t *Table) EvictUpstream(dial string, reason EvictReason) int {
 	}
 	n := t.evictUpstreamHere(dial, reason)
 	if c := t.store.Load(); c != nil {
-		c.endUpstream(dial)
+		var life time.Duration
+		if reason.leavesTombstone() {
+			life = t.tombLifeAny()
+		}
+		c.endUpstream(dial, life)
 		if u := t.knownUpstream(dial); u != nil {
 			u.cluster.Store(0)
 		}
@@ -904,6 +961,12 @@ func (t *Table) onEvict(id string, e entry) {
 	e.up.live.Add(-1)
 	delete(t.inits, id)
 	t.Stats.evictions[t.reason].Add(1) // valid: only the table's own code and Evict's checked reasons set it
+	switch {
+	case t.reason.leavesTombstone():
+		t.bury(id, tombEnded)
+	case t.reason == EvictTTL && isSealedKey(id) && t.store.Load() == nil && t.failoverSettings().on:
+		t.bury(id, tombExpired) // with a store, the store says when it expired everywhere
+	}
 	if c := t.store.Load(); c != nil {
 		c.forget(id)
 	}
@@ -925,6 +988,7 @@ func (t *Table) Sweep() int {
 		}
 	}
 	t.sweepUpstreams()
+	t.tombs.sweep(t.clock())
 	return removed
 }
 

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -25,8 +26,9 @@ const DefaultMaxInitializeSize = 4096
 
 // failoverSettings are a table's failover settings.
 type failoverSettings struct {
-	on      bool // failover reinitialize
-	maxInit int  // max_initialize_size, bytes
+	on      bool          // failover reinitialize
+	maxInit int           // max_initialize_size, bytes
+	maxAge  time.Duration // failover_max_age; 0: the table's session_ttl
 }
 
 // sessionInit is what a table keeps of a session for failover: the
@@ -91,16 +93,23 @@ const (
 	failoverMoved    = "moved"    // moved to another upstream
 	failoverFollowed = "followed" // another instance had moved it: it followed that move (shared store)
 	failoverFailed   = "failed"   // no upstream took the replayed initialize
+	// failoverRefused: the session may not fail over: it ended or expired
+	// (a tombstone, or the shared store holds it no more), or its sealed
+	// ID is older than failover_max_age. Nothing was replayed.
+	failoverRefused = "refused"
 )
 
 // failoverStats count failovers by cause and result.
 type failoverStats struct {
-	moved, followed, failed [len(failoverCauseNames)]atomic.Uint64
+	moved, followed, failed, refused [len(failoverCauseNames)]atomic.Uint64
 }
 
 // failoverOutcome returns the result of a failover that ended in res and err.
 func failoverOutcome(res failoverResult, err error) string {
+	var refused failoverRefusal
 	switch {
+	case errors.As(err, &refused):
+		return failoverRefused
 	case err != nil:
 		return failoverFailed
 	case res.followed:
@@ -116,6 +125,8 @@ func (s *failoverStats) count(cause FailoverCause, result string) {
 		s.moved[cause].Add(1)
 	case failoverFollowed:
 		s.followed[cause].Add(1)
+	case failoverRefused:
+		s.refused[cause].Add(1)
 	default:
 		s.failed[cause].Add(1)
 	}
@@ -131,6 +142,17 @@ func (s *Stats) FailoversFollowed(cause FailoverCause) uint64 {
 	return s.failovers.followed[cause].Load()
 }
 
+// FailoversRefused returns how many sessions of an upstream gone for cause
+// were refused failover since the table was created: they had ended or
+// expired, or their sealed session ID was older than failover_max_age, so
+// they ended with 404 instead.
+func (s *Stats) FailoversRefused(cause FailoverCause) uint64 {
+	if cause == 0 || int(cause) >= len(failoverCauseNames) {
+		return 0
+	}
+	return s.failovers.refused[cause].Load()
+}
+
 // Failovers returns how many sessions were moved to another upstream for
 // cause (ok), or could not be (!ok), since the table was created.
 func (s *Stats) Failovers(cause FailoverCause, ok bool) uint64 {
@@ -143,12 +165,30 @@ func (s *Stats) Failovers(cause FailoverCause, ok bool) uint64 {
 	return s.failovers.failed[cause].Load()
 }
 
-// setFailover sets the table's failover settings.
+// setFailover sets the table's failover mode and max_initialize_size,
+// keeping its failover_max_age.
 func (t *Table) setFailover(mode string, maxInit int) {
 	if maxInit <= 0 {
 		maxInit = DefaultMaxInitializeSize
 	}
-	t.failover.Store(&failoverSettings{on: mode == FailoverReinitialize, maxInit: maxInit})
+	t.failover.Store(&failoverSettings{on: mode == FailoverReinitialize, maxInit: maxInit, maxAge: t.failoverSettings().maxAge})
+}
+
+// setFailoverMaxAge sets the table's failover_max_age; 0 or less makes it
+// the table's session_ttl.
+func (t *Table) setFailoverMaxAge(d time.Duration) {
+	fs := t.failoverSettings()
+	fs.maxAge = max(d, 0)
+	t.failover.Store(&fs)
+}
+
+// failoverMaxAge returns the age past which a sealed session ID fails over
+// no more: failover_max_age, or the table's session_ttl.
+func (t *Table) failoverMaxAge() time.Duration {
+	if d := t.failoverSettings().maxAge; d > 0 {
+		return d
+	}
+	return t.TTL()
 }
 
 // failoverSettings returns the table's failover settings; off when unset.
