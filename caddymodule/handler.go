@@ -457,7 +457,10 @@ func (h *Handler) headerSession(r *http.Request, legacy, queryProblem string) (i
 		return "", problem
 	case queryProblem != "":
 		return "", queryProblem
-	case legacy != "" && h.tableKey(id) != legacy:
+	case legacy != "" && id != legacy:
+		// Legacy sessions are never sealed: a header naming the same one is
+		// that ID itself (a plain ID may look like a sealed value's
+		// encoding, so it is not decoded here).
 		return "", "the request names two sessions, one in Mcp-Session-Id and another in the query (" +
 			strings.Join(h.legacyParams(), ", ") + "); send one: a legacy HTTP+SSE message carries its session " +
 			"in the query only, a Streamable HTTP request in Mcp-Session-Id only"
