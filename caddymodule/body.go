@@ -22,6 +22,7 @@ type rpcHead struct {
 	Name    string          // params.name
 	URI     string          // params.uri
 	Version string          // params._meta["io.modelcontextprotocol/protocolVersion"]
+	Batch   []*rpcHead      // the members of a JSON-RPC batch, in order; nil for one message
 }
 
 // name returns the value Mcp-Name mirrors: params.uri for resources/read,
@@ -134,9 +135,9 @@ func parseRPC(body []byte) (*rpcHead, *fault) {
 	var err error
 	switch c := sc.peek(); c {
 	case '{':
-		err = sc.object("the message", []string{"id", "method", "params"}, head.readTop)
+		err = sc.object("the message", topKeys, head.readTop)
 	case '[':
-		err = fmt.Errorf("a JSON-RPC batch cannot be matched by method; send one message per request (protocol 2025-06-18 removed batches)")
+		head.Batch, err = sc.batch()
 	default:
 		err = fmt.Errorf("the message is a JSON %s, not an object", kindOf(c))
 	}
@@ -144,6 +145,52 @@ func parseRPC(body []byte) (*rpcHead, *fault) {
 		return nil, &fault{status: http.StatusBadRequest, code: CodeInvalidRequest, message: "Invalid Request: " + err.Error(), id: head.ID}
 	}
 	return head, nil
+}
+
+// topKeys are the fields of a JSON-RPC message the plugin reads.
+var topKeys = []string{"id", "method", "params"}
+
+// batch reads a JSON-RPC batch (JSON-RPC 2.0 §6), an array of messages,
+// which protocol 2025-03-26 allows and 2025-06-18 removed: the head of each
+// member, in order. An empty batch is an error, as JSON-RPC 2.0 makes it.
+func (sc *scanner) batch() ([]*rpcHead, error) {
+	sc.i++ // '['
+	var heads []*rpcHead
+	for sc.peek() != ']' {
+		h := new(rpcHead)
+		if err := sc.object(fmt.Sprintf("batch member %d", len(heads)+1), topKeys, h.readTop); err != nil {
+			return nil, err
+		}
+		heads = append(heads, h)
+		if sc.peek() == ',' {
+			sc.i++
+		}
+	}
+	sc.i++
+	if len(heads) == 0 {
+		return nil, fmt.Errorf("the batch is empty (JSON-RPC 2.0 §6)")
+	}
+	return heads, nil
+}
+
+// callName returns what a matcher's name condition compares for this
+// message: its name for the methods that carry Mcp-Name, else "".
+func (h *rpcHead) callName() string {
+	if !namedMethod(h.Method) {
+		return ""
+	}
+	return h.name()
+}
+
+// describe names the message in an error: its method, and the name it carries.
+func (h *rpcHead) describe() string {
+	switch {
+	case h.Method == "":
+		return "a response"
+	case h.callName() != "":
+		return h.Method + " " + h.callName()
+	}
+	return h.Method
 }
 
 // readTop reads the value of one top-level field the plugin reads.

@@ -216,6 +216,24 @@ func (ex *exchange) name() string {
 	return ""
 }
 
+// batch returns the members of the request's JSON-RPC batch once a matcher
+// read the body, nil for one message or an unread body. A 2026-07-28
+// request's headers name one method, so it is never judged as a batch.
+func (ex *exchange) batch() []*rpcHead {
+	if ex.fromHeaders() || ex.body == nil {
+		return nil
+	}
+	return ex.body.Batch
+}
+
+// batchesAllowed reports whether protocol version v has JSON-RPC batches:
+// 2025-03-26 and older, and a request without MCP-Protocol-Version, which a
+// server reads as 2025-03-26 (MCP 2025-06-18 transports, §Protocol Version
+// Header).
+func batchesAllowed(v string) bool {
+	return v == "" || isDate(v) && v < "2025-06-18"
+}
+
 // namedMethod reports whether requests of method carry Mcp-Name.
 func namedMethod(method string) bool {
 	return method == "tools/call" || method == "prompts/get" || method == "resources/read"

@@ -54,7 +54,7 @@ func init() {
 // |---|---|
 // | `Mcp-Method`, `Mcp-Name` or `MCP-Protocol-Version` sent more than once, or an `Mcp-Name` whose Base64 does not decode | 400, JSON-RPC error -32020 (HeaderMismatch) |
 // | with `body`, a 2026-07-28 request whose `Mcp-Method`, `Mcp-Name` or `MCP-Protocol-Version` is missing or differs from the body | 400, JSON-RPC error -32020 |
-// | with `body`, a body that is not one JSON object, is a batch, or names a field the matcher reads twice or in another letter case | 400, JSON-RPC error -32700 or -32600 |
+// | with `body`, a body that is not one JSON object or batch, a batch at a protocol version without batches (2025-06-18 and later) or whose members route differently, or one that names a field the matcher reads twice or in another letter case | 400, JSON-RPC error -32700 or -32600 |
 // | with `body`, a body over `max_body_size` | 413, JSON-RPC error -32600 |
 //
 // The `mcp_session` handler (and so `mcp_proxy`) writes that answer when the
@@ -195,7 +195,33 @@ func (m *MatchMCP) match(ex *exchange, r *http.Request) (bool, *fault) {
 			return false, f
 		}
 	}
-	return anyMatch(m.Methods, ex.method()) && anyMatch(m.Names, ex.name()), nil
+	if batch := ex.batch(); batch != nil {
+		return m.matchBatch(batch)
+	}
+	return m.matchCall(ex.method(), ex.name()), nil
+}
+
+// matchCall reports whether a request of method, naming name (see
+// exchange.name), matches the method and name conditions.
+func (m *MatchMCP) matchCall(method, name string) bool {
+	return anyMatch(m.Methods, method) && anyMatch(m.Names, name)
+}
+
+// matchBatch judges a JSON-RPC batch by its members: it matches when every
+// member matches, and not when none does. A batch whose members disagree
+// cannot go one way, and a server would run all of them: it is refused, so
+// that a route for some calls, a refusal above all, is never bypassed by
+// batching them with others.
+func (m *MatchMCP) matchBatch(batch []*rpcHead) (bool, *fault) {
+	first := m.matchCall(batch[0].Method, batch[0].callName())
+	for i, h := range batch[1:] {
+		if m.matchCall(h.Method, h.callName()) != first {
+			return false, &fault{status: http.StatusBadRequest, code: CodeInvalidRequest, message: fmt.Sprintf(
+				"Invalid Request: members 1 (%s) and %d (%s) of this JSON-RPC batch are routed differently by this proxy; "+
+					"send them in separate requests", batch[0].describe(), i+2, h.describe())}
+		}
+	}
+	return first, nil
 }
 
 // versionHolds reports whether every protocol_version condition holds for v.
@@ -265,11 +291,18 @@ func (ex *exchange) report(f *fault) error {
 }
 
 // checkBody reads the body and checks a 2026-07-28 request's headers
-// against it (MCP 2026-07-28 transports, §Server Validation).
+// against it (MCP 2026-07-28 transports, §Server Validation). A batch is
+// refused at protocol versions that removed batches.
 func (ex *exchange) checkBody(r *http.Request, limit int64) *fault {
 	head, f := ex.readBody(r, limit)
-	if f != nil || !ex.trusted {
+	switch {
+	case f != nil:
 		return f
+	case head.Batch != nil && !batchesAllowed(ex.version):
+		return &fault{status: http.StatusBadRequest, code: CodeInvalidRequest, message: fmt.Sprintf(
+			"Invalid Request: protocol %s has no JSON-RPC batches (2025-06-18 removed them); send one message per request", ex.version)}
+	case !ex.trusted || head.Batch != nil:
+		return nil
 	}
 	if f = ex.validate(head); f != nil {
 		f.id = head.ID
