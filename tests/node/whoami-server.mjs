@@ -9,7 +9,7 @@
 //
 // Usage: node whoami-server.mjs --name NAME [--listen 127.0.0.1:0] [--json]
 //                               [--unknown-session 404|400]
-//                               [--express [--allowed-hosts h1,h2]] [--legacy-sse]
+//                               [--express [--allowed-hosts h1,h2] [--oauth]] [--legacy-sse]
 // Writes "127.0.0.1:PORT" to $MCP_ADDR_FILE once listening.
 //
 // With --express it is the Express app the SDK's createMcpExpressApp makes
@@ -21,6 +21,15 @@
 // from loopback (`trust proxy`), and its 401 names resource_metadata from
 // the request's protocol and host, as apps that build OAuth metadata from
 // the request do.
+//
+// With --oauth (and --express) it is also its own OAuth authorization
+// server as far as discovery goes: GET
+// /.well-known/oauth-protected-resource/mcp serves RFC 9728 metadata whose
+// resource is <origin>/mcp and whose authorization server is <origin>, and
+// GET /.well-known/oauth-authorization-server serves RFC 8414 metadata with
+// issuer <origin>, the origin built from the request as above. Only the
+// path-aware resource URL is served, as servers with one MCP endpoint do;
+// the root /.well-known/oauth-protected-resource gets 404.
 //
 // With --legacy-sse it speaks the legacy HTTP+SSE transport (protocol
 // 2024-11-05) with the SDK's SSEServerTransport, as the SDK's documentation
@@ -59,6 +68,7 @@ const { values: opt } = parseArgs({
     express: { type: 'boolean', default: false },
     'allowed-hosts': { type: 'string' },
     'legacy-sse': { type: 'boolean', default: false },
+    oauth: { type: 'boolean', default: false },
   },
 });
 if (!['400', '404'].includes(opt['unknown-session'])) {
@@ -238,6 +248,20 @@ function listener(host) {
   app.set('trust proxy', 'loopback');
   app.get('/healthz', (req, res) => res.send('ok'));
   app.get('/debug/stats', serve);
+  if (opt.oauth) {
+    app.get('/.well-known/oauth-protected-resource/mcp', (req, res) =>
+      res.json({ resource: `${publicOrigin(req)}/mcp`, authorization_servers: [publicOrigin(req)], bearer_methods_supported: ['header'] }),
+    );
+    app.get('/.well-known/oauth-authorization-server', (req, res) =>
+      res.json({
+        issuer: publicOrigin(req),
+        authorization_endpoint: `${publicOrigin(req)}/authorize`,
+        token_endpoint: `${publicOrigin(req)}/token`,
+        response_types_supported: ['code'],
+        code_challenge_methods_supported: ['S256'],
+      }),
+    );
+  }
   app.post('/mcp', serve);
   app.delete('/mcp', serve);
   return app;
