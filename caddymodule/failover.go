@@ -10,6 +10,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -293,34 +294,126 @@ func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhtt
 // notifications/initialized there, and records the new upstream and its
 // session ID.
 func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id string, from *Upstream, init *sessionInit, leaving bool) (failoverResult, error) {
-	ir := subrequest(r, init.body)
+	want := r.Header.Get(HeaderProtocolVersion)
+	body := atVersion(init.body, want)
+	asked := requestedVersion(body)
+	ir := subrequest(r, body)
 	setInitHeaders(ir.Header, init)
 	ex := exchangeOf(ir)
 	ex.replay = true
 	if leaving {
 		ex.noteFailed(from.Dial())
 	}
-	ans, err := sendReplay(next, ir, init.body)
+	var skipped []string // upstreams that opened the session at another version
+	for {
+		to, newID, version, err := h.replayOnce(r, next, ir, body)
+		switch {
+		case err != nil && len(skipped) > 0:
+			return failoverResult{}, fmt.Errorf("%w: %s; every other upstream that answered negotiated another protocol version than the session's %s (%s)",
+				errNoFailover, err, sessionVersion(want), strings.Join(skipped, ", "))
+		case err != nil:
+			return failoverResult{}, err
+		case !sameVersion(want, asked, version):
+			// The client keeps sending its negotiated MCP-Protocol-Version:
+			// an upstream of another version would refuse every request.
+			h.endOrphan(r, next, to, newID, version)
+			skip := to.Dial() + " negotiated " + version
+			if slices.Contains(skipped, skip) { // the policy has nothing else
+				return failoverResult{}, fmt.Errorf("%w: every upstream that answered negotiated another protocol version than the session's %s (%s)",
+					errNoFailover, sessionVersion(want), strings.Join(skipped, ", "))
+			}
+			skipped = append(skipped, skip)
+			clearSelection(ir)
+			ir.Body, ir.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+			continue
+		}
+		if err := h.notifyInitialized(r, next, to, newID, version); err != nil {
+			h.endOrphan(r, next, to, newID, version)
+			return failoverResult{}, err
+		}
+		res, err := h.table.recordMove(id, from, init, to, init.movedTo(newID))
+		if err != nil || res.followed { // no client will use the new upstream session
+			h.endOrphan(r, next, to, newID, version)
+		}
+		return res, err
+	}
+}
+
+// replayOnce sends the replayed initialize ir until an upstream answers it
+// (see sendReplay) and returns the upstream, the session ID it opened, and
+// the protocol version it negotiated. An upstream session that opened but
+// cannot be used is ended at once (endOrphan).
+func (h *Handler) replayOnce(r *http.Request, next caddyhttp.Handler, ir *http.Request, body []byte) (to *Upstream, newID, version string, err error) {
+	ans, err := sendReplay(next, ir, body)
 	if err != nil || !ans.ok() {
-		return failoverResult{}, fmt.Errorf("%w: status %d, error %v", errNoFailover, ans.status, err)
+		return nil, "", "", fmt.Errorf("%w: status %d, error %v", errNoFailover, ans.status, err)
 	}
 	newID, sel := ans.header.Get(HeaderSessionID), selectedUpstream(ir)
 	if sel == nil || len(ans.header[HeaderSessionID]) != 1 || checkSessionID(newID, h.MaxSessionIDLength) != "" {
-		return failoverResult{}, fmt.Errorf("%w: the answer carried no usable Mcp-Session-Id", errNoFailover)
+		return nil, "", "", fmt.Errorf("%w: the answer carried no usable Mcp-Session-Id", errNoFailover)
 	}
-	version, ok := ans.initializeResult()
-	if !ok {
-		return failoverResult{}, fmt.Errorf("%w: the answer carried no initialize result", errNoFailover)
+	to = h.table.upstream(sel.Dial)
+	if version, err = ans.initializeResult(); err != nil {
+		h.endOrphan(r, next, to, newID, "")
+		return nil, "", "", fmt.Errorf("%w: %s", errNoFailover, err)
 	}
-	to := h.table.upstream(sel.Dial)
-	if err := h.notifyInitialized(r, next, to, newID, version); err != nil {
-		return failoverResult{}, err
+	return to, newID, version, nil
+}
+
+// sessionVersion is the protocol version of a session whose requests carry
+// MCP-Protocol-Version header value v: v, or 2025-03-26 without the header,
+// as servers assume (MCP 2025-06-18 transports, §Protocol Version Header).
+func sessionVersion(v string) string {
+	if v == "" {
+		return "2025-03-26"
 	}
-	res, err := h.table.recordMove(id, from, init, to, init.movedTo(newID))
-	if err != nil || res.followed { // no client will use the new upstream session
-		h.endOrphan(r, next, to, newID, version)
+	return v
+}
+
+// sameVersion reports whether an upstream that negotiated version, asked
+// for asked, serves a session whose requests carry MCP-Protocol-Version
+// header value want: the same version; without the header, the version
+// asked for, or 2025-03-26 or older.
+func sameVersion(want, asked, version string) bool {
+	if want == "" {
+		return version == asked || isDate(version) && version <= "2025-03-26"
 	}
-	return res, err
+	return version == want
+}
+
+// atVersion returns the initialize request body with params.protocolVersion
+// set to version, the session's, so that an upstream that supports it
+// negotiates it again (MCP lifecycle, §Version Negotiation: the server
+// answers the requested version when it supports it); body unchanged when
+// version is "" or already asked for, or body cannot be rewritten.
+func atVersion(body []byte, version string) []byte {
+	if version == "" || requestedVersion(body) == version {
+		return body
+	}
+	var msg map[string]json.RawMessage
+	var params map[string]json.RawMessage
+	if json.Unmarshal(body, &msg) != nil || json.Unmarshal(msg["params"], &params) != nil || params == nil {
+		return body
+	}
+	params["protocolVersion"], _ = json.Marshal(version)
+	msg["params"], _ = json.Marshal(params)
+	out, err := json.Marshal(msg)
+	if err != nil {
+		return body
+	}
+	return out
+}
+
+// requestedVersion returns the params.protocolVersion of an initialize
+// request body, "" when it has none.
+func requestedVersion(body []byte) string {
+	var msg struct {
+		Params struct {
+			ProtocolVersion string `json:"protocolVersion"`
+		} `json:"params"`
+	}
+	_ = json.Unmarshal(body, &msg)
+	return msg.Params.ProtocolVersion
 }
 
 // sendReplay sends the replayed initialize ir, of body body, until an
@@ -384,7 +477,7 @@ func (h *Handler) notifyInitialized(r *http.Request, next caddyhttp.Handler, to 
 
 // subrequest returns a POST with body, for the proxy's own exchange with an
 // upstream on behalf of r: r's headers (its credentials among them) without
-// its session and MCP request headers, and r's request variables without
+// its session and MCP request headers, asking for an uncompressed answer, and r's request variables without
 // the policy's, with an empty exchange of its own: nothing decided for it
 // yet, and no placeholders added to r's replacer.
 func subrequest(r *http.Request, body []byte) *http.Request {
@@ -404,6 +497,7 @@ func subrequest(r *http.Request, body []byte) *http.Request {
 	for _, k := range []string{HeaderSessionID, HeaderMethod, HeaderName, HeaderProtocolVersion, "Last-Event-Id", "Content-Length"} {
 		sr.Header.Del(k)
 	}
+	sr.Header.Set("Accept-Encoding", identityEncoding)
 	return sr
 }
 
@@ -543,9 +637,13 @@ func (a *upstreamAnswer) Flush() {}
 func (a *upstreamAnswer) ok() bool { return a.status >= 200 && a.status < 300 }
 
 // initializeResult returns the protocol version of the initialize result
-// the answer carries, as JSON or as an SSE event, and whether it carries one.
-func (a *upstreamAnswer) initializeResult() (string, bool) {
-	body := a.body.Bytes()
+// the answer carries, as JSON or as an SSE event, compressed or not, or an
+// error saying why it carries none.
+func (a *upstreamAnswer) initializeResult() (string, error) {
+	body, err := decodedBody(a.header, a.body.Bytes())
+	if err != nil {
+		return "", err
+	}
 	if strings.HasPrefix(a.header.Get("Content-Type"), "text/event-stream") {
 		body = sseData(body)
 	}
@@ -555,9 +653,9 @@ func (a *upstreamAnswer) initializeResult() (string, bool) {
 		} `json:"result"`
 	}
 	if err := json.Unmarshal(body, &msg); err != nil || msg.Result == nil {
-		return "", false
+		return "", errors.New("the answer carried no initialize result")
 	}
-	return msg.Result.ProtocolVersion, true
+	return msg.Result.ProtocolVersion, nil
 }
 
 // sseData returns the data of the first SSE event of stream that has any.

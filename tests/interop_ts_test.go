@@ -116,6 +116,7 @@ type tsClientSummary struct {
 	Calls     int            `json:"calls"`
 	Deleted   int            `json:"deleted"`
 	PerServer map[string]int `json:"perServer"`
+	MovedTo   map[string]int `json:"movedTo"` // with --hold-dir: sessions answered by another server after the hold
 	Errors    []string       `json:"errors"`
 }
 

@@ -1,0 +1,201 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// compressingSite is a site of Caddy's own compression middleware (encode
+// zstd gzip) in front of server: every JSON answer is compressed with what
+// the request accepts, as the gzip and zstd middleware of Python and Node
+// apps do. Those ignore the go-sdk's Cache-Control: no-transform, which
+// Caddy's encode honours; the site drops it so that encode compresses too.
+func compressingSite(server string) string {
+	return fmt.Sprintf(`encode zstd gzip {
+		minimum_length 1
+		match {
+			header Content-Type application/json*
+		}
+	}
+	reverse_proxy %s {
+		header_down -Cache-Control
+	}`, server)
+}
+
+// TestFailoverOverCompressingServers: with failover reinitialize in front of
+// servers that compress their answers (go-sdk servers in JSON response mode
+// behind Caddy's encode zstd gzip), sessions of go-sdk, raw and TypeScript
+// SDK clients whose upstream goes away move to the other upstream and their
+// calls are answered: the proxy asks its own requests for identity and
+// decodes what comes compressed anyway. The control, same run: the
+// compressing server answers an initialize carrying a client's
+// Accept-Encoding compressed, which the proxy's replay used to forward and
+// fail to read ("the answer carried no initialize result").
+func TestFailoverOverCompressingServers(t *testing.T) {
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
+	servers := startBackends(t, 2, true)
+	ports := []int{mustFreePort(), mustFreePort(), mustFreePort()}
+	fronts := []string{fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])}
+	proxySite := siteBlock(ports[2], failoverSite(fronts[0]+" "+fronts[1], "compressing", true))
+	loadCaddyfile(t, globalOptions()+siteBlock(ports[0], compressingSite(servers[0].Addr()))+siteBlock(ports[1], compressingSite(servers[1].Addr()))+proxySite)
+	url := fmt.Sprintf("http://127.0.0.1:%d/mcp", ports[2])
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// The control: what a client's Accept-Encoding gets from the server.
+	hdr := map[string][]string{"Accept": {"application/json, text/event-stream"}, "Accept-Encoding": {"zstd, gzip"}}
+	if ex := send(t, hc, http.MethodPost, "http://"+fronts[0]+"/mcp", hdr, initBody); ex.header.Get("Content-Encoding") != "zstd" {
+		t.Fatalf("the control: the compressing server answered initialize %d with Content-Encoding %q (%v %q); want zstd", ex.status, ex.header.Get("Content-Encoding"), ex.header, ex.body)
+	}
+
+	var goSessions []*mcp.ClientSession
+	for range 6 {
+		cs, err := connectReconnecting(ctx, url, hc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		goSessions = append(goSessions, cs)
+	}
+	var raws []*zstdSession
+	for range 4 {
+		raws = append(raws, openZstdSession(t, hc, url))
+	}
+	holdDir := t.TempDir()
+	tsDone := make(chan tsClientSummary, 1)
+	go func() {
+		var s tsClientSummary
+		defer func() { tsDone <- s }() // also when runTSClients fails the test
+		s = runTSClients(t, env, url, 6, 3, "--hold-dir", holdDir)
+	}()
+	waitFile(t, filepath.Join(holdDir, "ready"), 60*time.Second)
+
+	// The first server's site goes away (its port refuses), the proxy stays.
+	loadCaddyfile(t, globalOptions()+siteBlock(ports[1], compressingSite(servers[1].Addr()))+proxySite)
+	gone, other := servers[0].Name(), servers[1].Name()
+	if err := os.WriteFile(filepath.Join(holdDir, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	moved := 0
+	for i, cs := range goSessions {
+		creator := cs.InitializeResult().ServerInfo.Name
+		for range 3 {
+			if who, err := whoami(ctx, cs); err != nil || who.Server != other {
+				t.Errorf("go-sdk session %d (on %s): answered by %q, error %v; want %s", i, creator, who.Server, err, other)
+			}
+		}
+		if creator == gone {
+			moved++
+		}
+	}
+	for i, s := range raws {
+		who, status, enc := s.whoami(t, hc, url)
+		if status != http.StatusOK || who.Server != other {
+			t.Errorf("raw session %d (on %s): %d from %q; want 200 from %s", i, s.creator, status, who.Server, other)
+		}
+		if enc != "zstd" {
+			t.Errorf("raw session %d: the answer came with Content-Encoding %q; want the client's zstd, as the server sends it", i, enc)
+		}
+		if s.creator == gone {
+			moved++
+		}
+	}
+	ts := <-tsDone
+	if ts.OK != 6 || ts.MovedTo[other] != ts.PerServer[gone] {
+		t.Errorf("TypeScript clients: %+v; want 6/6 sessions ok, those of %s moved to %s", ts, gone, other)
+	}
+	if moved == 0 || ts.PerServer[gone] == 0 {
+		t.Fatalf("no session was on %s (go-sdk and raw %d, TypeScript %v): the test shows nothing", gone, moved, ts.PerServer)
+	}
+	if m, failed := failoversOf(t, "compressing"); m == 0 || failed != 0 {
+		t.Errorf("caddy_mcp_failovers_total: %v moved, %v failed; want moves and no failure", m, failed)
+	}
+}
+
+// zstdSession is a raw session whose client accepts only zstd answers and
+// decodes them itself.
+type zstdSession struct {
+	id, creator string
+}
+
+// openZstdSession opens a raw session through url and makes one call.
+func openZstdSession(t *testing.T, hc *http.Client, url string) *zstdSession {
+	t.Helper()
+	status, hdr, _ := zstdPost(t, hc, url, "", initBody)
+	s := &zstdSession{id: hdr.Get("Mcp-Session-Id")}
+	if status != http.StatusOK || s.id == "" {
+		t.Fatalf("raw initialize: %d %v", status, hdr)
+	}
+	if status, _, _ := zstdPost(t, hc, url, s.id, tsInitializedMsg); status != http.StatusAccepted {
+		t.Fatalf("raw notifications/initialized: %d", status)
+	}
+	who, status, _ := s.whoami(t, hc, url)
+	if status != http.StatusOK {
+		t.Fatalf("raw whoami: %d", status)
+	}
+	s.creator = who.Server
+	return s
+}
+
+// whoami calls whoami in the session; it returns who answered (on 200),
+// the status, and the answer's Content-Encoding.
+func (s *zstdSession) whoami(t *testing.T, hc *http.Client, url string) (identity, int, string) {
+	t.Helper()
+	status, hdr, body := zstdPost(t, hc, url, s.id, tsWhoamiCall)
+	if status != http.StatusOK {
+		return identity{}, status, hdr.Get("Content-Encoding")
+	}
+	who, err := tsWhoamiResult(body)
+	if err != nil {
+		t.Fatalf("raw whoami: %v in %q", err, body)
+	}
+	return who, status, hdr.Get("Content-Encoding")
+}
+
+// zstdPost sends body, accepting only zstd, and returns the status, the
+// header and the decoded body.
+func zstdPost(t *testing.T, hc *http.Client, url, session, body string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Accept-Encoding", "zstd")
+	if session != "" {
+		req.Header.Set("Mcp-Session-Id", session)
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.Header.Get("Content-Encoding") == "zstd" {
+		d, err := zstd.NewReader(bytes.NewReader(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		if raw, err = io.ReadAll(d); err != nil {
+			t.Fatalf("decoding a zstd answer: %v", err)
+		}
+	}
+	return resp.StatusCode, resp.Header, string(raw)
+}

@@ -1,0 +1,223 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// startOldSDK builds tests/oldsdk (a whoami server on go-sdk v1.0.0, whose
+// newest protocol version is 2025-06-18; a module of its own) and starts n
+// of them named <prefix>1..<prefix>n.
+func startOldSDK(t *testing.T, n int, prefix string) []*testproc.Proc {
+	t.Helper()
+	bin := filepath.Join(binDir, "oldsdk")
+	if _, err := os.Stat(bin); err != nil {
+		build := exec.Command("go", "build", "-o", bin, ".")
+		build.Dir = "oldsdk"
+		build.Env = append(os.Environ(), "GOWORK=off")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("building tests/oldsdk: %v\n%s", err, out)
+		}
+	}
+	return launchFleet(t, n, prefix, whoamiTimeout, func(name, addrFile string) *exec.Cmd {
+		return exec.Command(bin, "-name", name, "-addr-file", addrFile)
+	})
+}
+
+// rawVersionSession is a session opened with raw requests, which sends the
+// MCP-Protocol-Version it negotiated, as clients do.
+type rawVersionSession struct {
+	id, version, creator string
+}
+
+// openRawVersionSession initializes through url asking for 2025-11-25,
+// reads the negotiated version, and makes one whoami call.
+func openRawVersionSession(t *testing.T, hc *http.Client, url string) *rawVersionSession {
+	t.Helper()
+	ex := mcpPost(t, hc, url, "", initBody)
+	msg, err := rpcMessage(ex.body)
+	var res struct {
+		Result struct {
+			ProtocolVersion string `json:"protocolVersion"`
+		} `json:"result"`
+	}
+	if err == nil {
+		err = json.Unmarshal(msg, &res)
+	}
+	s := &rawVersionSession{id: ex.header.Get("Mcp-Session-Id"), version: res.Result.ProtocolVersion}
+	if ex.status != http.StatusOK || s.id == "" || err != nil {
+		t.Fatalf("raw initialize: %d %s (%v)", ex.status, ex.body, err)
+	}
+	if ex := s.post(t, hc, url, tsInitializedMsg); ex.status != http.StatusAccepted {
+		t.Fatalf("raw notifications/initialized: %d %s", ex.status, ex.body)
+	}
+	status, who := s.whoami(t, hc, url)
+	if status != http.StatusOK {
+		t.Fatalf("raw whoami: %d", status)
+	}
+	s.creator = who.Server
+	return s
+}
+
+// post sends body in the session at its negotiated version.
+func (s *rawVersionSession) post(t *testing.T, hc *http.Client, url, body string) exchange {
+	t.Helper()
+	hdr := map[string][]string{"Accept": {"application/json, text/event-stream"}, "Mcp-Session-Id": {s.id}, "Mcp-Protocol-Version": {s.version}}
+	return send(t, hc, http.MethodPost, url, hdr, body)
+}
+
+// whoami calls whoami in the session; who is set on 200.
+func (s *rawVersionSession) whoami(t *testing.T, hc *http.Client, url string) (int, identity) {
+	t.Helper()
+	ex := s.post(t, hc, url, tsWhoamiCall)
+	if ex.status != http.StatusOK {
+		return ex.status, identity{}
+	}
+	who, err := tsWhoamiResult(ex.body)
+	if err != nil {
+		t.Fatalf("raw whoami: %v in %s", err, ex.body)
+	}
+	return ex.status, who
+}
+
+// TestFailoverKeepsProtocolVersion: with failover reinitialize over go-sdk
+// v1.8.0 servers (2025-11-25) and a go-sdk v1.0.0 one (up to 2025-06-18),
+// sessions of raw, go-sdk and TypeScript SDK clients leaving a killed
+// v1.8.0 server move only to the other v1.8.0 server, never to the older
+// one, which would refuse every later request (the control, same run: it
+// answers a request at 2025-11-25 with 400); the older server's own
+// sessions keep working. Once no upstream of the session's version is
+// left, a session gets the proxy's 404, as without failover, so the
+// client negotiates again.
+func TestFailoverKeepsProtocolVersion(t *testing.T) {
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
+	news := startBackends(t, 2, false)
+	olds := startOldSDK(t, 1, "old")
+	all := append(append([]*testproc.Proc{}, news...), olds...)
+	p := startProxy(t, failoverSite(upstreams(all), "versions", true))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	// The control: a session of the older server, asked at 2025-11-25.
+	direct := olds[0].URL()
+	old := openRawVersionSession(t, hc, direct)
+	if old.version != "2025-06-18" {
+		t.Fatalf("go-sdk v1.0.0 negotiated %s, want 2025-06-18", old.version)
+	}
+	old.version = "2025-11-25"
+	if status, _ := old.whoami(t, hc, direct); status != http.StatusBadRequest {
+		t.Fatalf("the control: the v1.0.0 server answered a 2025-11-25 request %d, want 400", status)
+	}
+
+	// Sessions of every client kind, spread over the three upstreams.
+	var goSessions []*mcp.ClientSession
+	for range 9 {
+		cs, err := connectReconnecting(ctx, p.url(), hc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		goSessions = append(goSessions, cs)
+	}
+	var raws []*rawVersionSession
+	for range 6 {
+		raws = append(raws, openRawVersionSession(t, hc, p.url()))
+	}
+	holdDir := t.TempDir()
+	tsDone := make(chan tsClientSummary, 1)
+	go func() {
+		var s tsClientSummary
+		defer func() { tsDone <- s }() // also when runTSClients fails the test
+		s = runTSClients(t, env, p.url(), 9, 3, "--hold-dir", holdDir)
+	}()
+	waitFile(t, filepath.Join(holdDir, "ready"), 60*time.Second)
+
+	news[0].Kill()
+	<-news[0].Done()
+	killed, other := news[0].Name(), news[1].Name()
+	if err := os.WriteFile(filepath.Join(holdDir, "go"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	onKilled := 0
+	for i, cs := range goSessions {
+		creator := cs.InitializeResult().ServerInfo.Name
+		for range 3 {
+			who, err := whoami(ctx, cs)
+			switch {
+			case err != nil:
+				t.Errorf("go-sdk session %d (on %s): %v", i, creator, err)
+			case creator == killed && who.Server != other, creator != killed && who.Server != creator:
+				t.Errorf("go-sdk session %d (on %s): answered by %s", i, creator, who.Server)
+			}
+		}
+		if creator == killed {
+			onKilled++
+		}
+	}
+	for i, s := range raws {
+		status, who := s.whoami(t, hc, p.url())
+		want := s.creator
+		if s.creator == killed {
+			want, onKilled = other, onKilled+1
+		}
+		if status != http.StatusOK || who.Server != want {
+			t.Errorf("raw session %d (on %s, %s): %d, answered by %q; want 200 from %s", i, s.creator, s.version, status, who.Server, want)
+		}
+	}
+	ts := <-tsDone
+	if ts.OK != 9 || ts.MovedTo[olds[0].Name()] != 0 || ts.MovedTo[other] != ts.PerServer[killed] {
+		t.Errorf("TypeScript clients: %+v; want 9/9 sessions ok, those of %s moved to %s, none to %s", ts, killed, other, olds[0].Name())
+	}
+	if onKilled == 0 || ts.PerServer[killed] == 0 {
+		t.Fatalf("no session was on %s (go-sdk and raw %d, TypeScript %v): the test shows nothing", killed, onKilled, ts.PerServer)
+	}
+
+	// No upstream of 2025-11-25 left: the proxy's 404, not a move to v1.0.0.
+	news[1].Kill()
+	<-news[1].Done()
+	for i, s := range raws {
+		if s.version != "2025-11-25" {
+			continue
+		}
+		ex := s.post(t, hc, p.url(), tsWhoamiCall)
+		checkProxy404(t, ex.as("raw session "+s.id+" after both 2025-11-25 servers died"))
+		if !strings.Contains(ex.body, "no other upstream took the session over") {
+			t.Errorf("raw session %d: 404 %s; want it to say no upstream took the session over", i, ex.body)
+		}
+	}
+	for _, s := range raws {
+		if s.version == "2025-06-18" {
+			if status, who := s.whoami(t, hc, p.url()); status != http.StatusOK || who.Server != olds[0].Name() {
+				t.Errorf("a session of the v1.0.0 server: %d from %q; want 200 from it", status, who.Server)
+			}
+		}
+	}
+}
+
+// waitFile waits until path exists, for at most timeout.
+func waitFile(t *testing.T, path string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not appear within %v", path, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
