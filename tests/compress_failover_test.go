@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -170,32 +169,23 @@ func (s *zstdSession) whoami(t *testing.T, hc *http.Client, url string) (identit
 // header and the decoded body.
 func zstdPost(t *testing.T, hc *http.Client, url, session, body string) (int, http.Header, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	hdr := map[string][]string{"Accept": {"application/json, text/event-stream"}, "Accept-Encoding": {"zstd"}}
+	if session != "" {
+		hdr["Mcp-Session-Id"] = []string{session}
+		hdr["Mcp-Protocol-Version"] = []string{"2025-11-25"}
+	}
+	ex := send(t, hc, http.MethodPost, url, hdr, body)
+	if ex.header.Get("Content-Encoding") != "zstd" {
+		return ex.status, ex.header, ex.body
+	}
+	d, err := zstd.NewReader(strings.NewReader(ex.body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Accept-Encoding", "zstd")
-	if session != "" {
-		req.Header.Set("Mcp-Session-Id", session)
-		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	}
-	resp, err := hc.Do(req)
+	defer d.Close()
+	raw, err := io.ReadAll(d)
 	if err != nil {
-		t.Fatalf("POST %s: %v", url, err)
+		t.Fatalf("decoding a zstd answer: %v", err)
 	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if resp.Header.Get("Content-Encoding") == "zstd" {
-		d, err := zstd.NewReader(bytes.NewReader(raw))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
-		if raw, err = io.ReadAll(d); err != nil {
-			t.Fatalf("decoding a zstd answer: %v", err)
-		}
-	}
-	return resp.StatusCode, resp.Header, string(raw)
+	return ex.status, ex.header, string(raw)
 }
