@@ -89,6 +89,14 @@ type UpstreamStatus struct {
 	// reinitialize`, each remaining session fails over to another upstream
 	// on its next request. Absent without a deadline.
 	DrainDeadline string `json:"drain_deadline,omitempty"`
+	// RefusingUntil is when the upstream gets new sessions again (RFC 3339)
+	// after it refused one (429, or a 5xx without a session: a server at its
+	// session cap, or whose dependency is down); absent when it is not
+	// refusing. Its pinned sessions keep working meanwhile.
+	RefusingUntil string `json:"refusing_until,omitempty"`
+	// Refusals is how many new sessions the upstream refused (see
+	// RefusingUntil); absent while 0.
+	Refusals uint64 `json:"refusals,omitempty"`
 }
 
 // SessionStatus is one session in the admin API's answers. Fingerprint is a
@@ -286,7 +294,10 @@ func drainStatus(req adminRequest, on bool) (UpstreamStatus, error) {
 }
 
 func statusOf(t *Table, u *Upstream) UpstreamStatus {
-	st := UpstreamStatus{Table: t.name, Upstream: u.dial, LiveSessions: u.LiveSessions(), Draining: u.Draining()}
+	st := UpstreamStatus{Table: t.name, Upstream: u.dial, LiveSessions: u.LiveSessions(), Draining: u.Draining(), Refusals: u.Refusals()}
+	if at, ok := t.RefusingUntil(u); ok {
+		st.RefusingUntil = at.UTC().Format(time.RFC3339Nano)
+	}
 	if at, ok := t.DrainDeadline(u); ok && u.Draining() {
 		st.DrainDeadline = at.UTC().Format(time.RFC3339Nano)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -50,16 +51,30 @@ const (
 	headersAwaited int32 = iota
 	headersPassed
 	headersExpired
+	headersRefused
 )
 
 // headerWait passes a response to the writer it wraps once its headers
 // come, unless its bound expired first: then it cancels the request to the
 // upstream and drops everything written after, so that the handler may
-// answer or retry. Which comes first is decided once, atomically.
+// answer or retry. Which comes first is decided once, atomically. With
+// hold, a refusal (see refusal.go) is held back in held instead of passed.
 type headerWait struct {
 	caddyhttp.ResponseWriterWrapper
 	state  atomic.Int32
 	cancel context.CancelCauseFunc
+	hold   bool
+	held   *heldAnswer
+}
+
+// refuse holds back the answer of status, whose headers were written, if
+// it is a refusal and the wait holds refusals.
+func (hw *headerWait) refuse(status int) bool {
+	if !hw.hold || !refusal(status, hw.Header()) || !hw.state.CompareAndSwap(headersAwaited, headersRefused) {
+		return false
+	}
+	hw.held = &heldAnswer{status: status, header: hw.Header().Clone()}
+	return true
 }
 
 // expire ends the wait unless the headers came.
@@ -81,30 +96,41 @@ func (hw *headerWait) pass() bool {
 // WriteHeader passes a final status if the bound has not expired, and an
 // informational (1xx) one while it has not.
 func (hw *headerWait) WriteHeader(status int) {
-	if status < 200 && !hw.expired() || status >= 200 && hw.pass() {
+	if status < 200 && hw.state.Load() == headersAwaited || status >= 200 && !hw.refuse(status) && hw.pass() {
 		hw.ResponseWriter.WriteHeader(status)
 	}
 }
 
 // Write passes b, after a 200 status if none was written, unless the bound
-// expired.
+// expired; a held refusal's body is kept.
 func (hw *headerWait) Write(b []byte) (int, error) {
+	if hw.state.Load() == headersRefused {
+		return hw.held.Write(b)
+	}
 	if !hw.pass() {
 		return 0, errHeaderTimeout
 	}
 	return hw.ResponseWriter.Write(b)
 }
 
-// ReadFrom copies r as the wrapped writer does, unless the bound expired.
+// ReadFrom copies r as the wrapped writer does, unless the bound expired;
+// a held refusal's body is kept.
 func (hw *headerWait) ReadFrom(r io.Reader) (int64, error) {
+	if hw.state.Load() == headersRefused {
+		return io.Copy(hw.held, r)
+	}
 	if !hw.pass() {
 		return 0, errHeaderTimeout
 	}
 	return hw.ResponseWriterWrapper.ReadFrom(r)
 }
 
-// FlushError flushes the response, unless the bound expired.
+// FlushError flushes the response, unless the bound expired or a refusal
+// is held.
 func (hw *headerWait) FlushError() error {
+	if hw.state.Load() == headersRefused {
+		return nil
+	}
 	if !hw.pass() {
 		return errHeaderTimeout
 	}
@@ -117,24 +143,28 @@ func (hw *headerWait) Flush() { _ = hw.FlushError() }
 // forward sends sw's request through next once, its response observed by
 // sw. With a positive bound it waits at most that long for the response
 // headers; expired then reports that nothing reached the client and the
-// upstream was left.
-func (h *Handler) forward(sw *sessionWriter, next caddyhttp.Handler, bound time.Duration) (expired bool, err error) {
-	if bound <= 0 {
-		return false, next.ServeHTTP(sw, sw.r)
+// upstream was left. With hold, a refusal (see refusal.go) is returned as
+// held instead of reaching the client.
+func (h *Handler) forward(sw *sessionWriter, next caddyhttp.Handler, bound time.Duration, hold bool) (expired bool, held *heldAnswer, err error) {
+	if bound <= 0 && !hold {
+		return false, nil, next.ServeHTTP(sw, sw.r)
 	}
 	ctx, cancel := context.WithCancelCause(sw.r.Context())
 	defer cancel(nil)
-	hw := &headerWait{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: sw}, cancel: cancel}
-	timer := time.AfterFunc(bound, hw.expire)
-	defer timer.Stop()
+	hw := &headerWait{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: sw}, cancel: cancel, hold: hold}
+	if bound > 0 {
+		timer := time.AfterFunc(bound, hw.expire)
+		defer timer.Stop()
+	}
 	err = next.ServeHTTP(hw, sw.r.WithContext(ctx))
-	return hw.expired(), err
+	return hw.expired(), hw.held, err
 }
 
 // forwardNew forwards a request without a session. One that opens a
 // session waits at most initialize_timeout for each upstream's response
 // headers, and is sent to another upstream when one leaves it waiting (see
-// [Handler.InitializeTimeout]).
+// [Handler.InitializeTimeout]) or refuses it (refusal.go); the client gets
+// a held refusal only when no other upstream takes the session.
 func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	body, opens := h.opening(r)
 	if !opens {
@@ -142,18 +172,32 @@ func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyh
 		defer sw.finishLegacyStream() // also when reverse_proxy aborts a stream with a panic
 		return next.ServeHTTP(sw, r)
 	}
-	bound := time.Duration(h.InitializeTimeout)
+	bound := max(time.Duration(h.InitializeTimeout), 0)
+	var refused *heldAnswer // the last refusal held back
 	for attempt := 1; ; attempt++ {
+		before := w.Header().Clone()
 		sw := newSessionWriter(w, h, r, "", nil)
-		expired, err := h.forward(sw, next, bound)
-		if !expired && (attempt == 1 || err == nil || sw.wroteHeader) {
+		retry := attempt < maxOpenAttempts && body != nil
+		expired, held, err := h.forward(sw, next, bound, true)
+		switch {
+		case held != nil:
+			h.leftRefusing(r, held)
+			clear(w.Header())
+			maps.Copy(w.Header(), before)
+			if !retry {
+				return held.write(w)
+			}
+			refused = held
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			continue
+		case !expired && err != nil && !sw.wroteHeader && refused != nil:
+			return refused.write(w) // no other upstream to send it to
+		case !expired && (attempt == 1 || err == nil || sw.wroteHeader):
 			return err
-		}
-		if !expired { // no other upstream to send it to
+		case !expired: // no other upstream to send it to
 			return h.writeTimeout(w, r, fmt.Sprintf("no upstream sent response headers within %s (initialize_timeout)", bound))
 		}
 		dial := h.leftStuck(r)
-		retry := attempt < maxOpenAttempts && body != nil
 		h.logger.Warn("upstream sent no response headers in time; it gets no new sessions for a while",
 			zap.String("upstream", dial), zap.Duration("initialize_timeout", bound), zap.Bool("retrying", retry))
 		if !retry {
@@ -163,13 +207,12 @@ func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyh
 	}
 }
 
-// opening reports whether r opens a session and its wait for response
-// headers is bounded: a POST of `initialize` (the JSON-RPC method of its
+// opening reports whether r opens a session: a POST of `initialize` (the JSON-RPC method of its
 // body, read once, at most DefaultMaxBodySize bytes) or of a 2026-07-28
 // `server/discover` (its Mcp-Method header). body is the whole request body,
 // to send to another upstream, or nil when it could not be read whole.
 func (h *Handler) opening(r *http.Request) (body []byte, opens bool) {
-	if r.Method != http.MethodPost || h.InitializeTimeout < 0 {
+	if r.Method != http.MethodPost {
 		return nil, false
 	}
 	ex := exchangeOf(r)

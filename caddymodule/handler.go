@@ -557,7 +557,7 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 	if pw.fo = h.failoverFor(w, r, id); pw.fo != nil && pw.fo.again && h.table.pastDrainDeadline(up) && h.failoverRefused(r, id) == "" {
 		return h.serveFailover(w, r, next, id, up, pw.fo, FailoverDrainDeadline)
 	}
-	expired, err := h.forward(pw, next, time.Duration(h.PinnedTimeout))
+	expired, _, err := h.forward(pw, next, time.Duration(h.PinnedTimeout), false)
 	if expired {
 		return h.writePinnedTimeout(w, r, id, up)
 	}

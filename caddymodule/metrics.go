@@ -13,6 +13,10 @@ var (
 		"Sessions the table pins to the upstream.", []string{"table", "upstream"}, nil)
 	descDraining = prometheus.NewDesc("caddy_mcp_upstream_draining",
 		"1 while the upstream is draining: it gets no new sessions but serves its pinned ones.", []string{"table", "upstream"}, nil)
+	descRefusing = prometheus.NewDesc("caddy_mcp_upstream_refusing",
+		"1 while the upstream gets no new sessions because it refused one (429, or 5xx without a session); it serves its pinned ones.", []string{"table", "upstream"}, nil)
+	descRefusals = prometheus.NewDesc("caddy_mcp_upstream_refusals_total",
+		"New sessions the upstream refused (429, or 5xx without a session) that the proxy sent to another upstream, or answered with the refusal when none took them.", []string{"table", "upstream"}, nil)
 	descUnconfirmed = prometheus.NewDesc("caddy_mcp_sessions_unconfirmed",
 		"Sessions not used since the initialize that created them; a flood of initialize requests shows here, and never pushes out used sessions.", []string{"table"}, nil)
 	descMax = prometheus.NewDesc("caddy_mcp_sessions_max",
@@ -70,7 +74,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 
 // Describe sends the descriptors of all the plugin's metrics.
 func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLive, descDraining, descUnconfirmed, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descUnavailable, descEvicted, descRequests, descByMethod, descStreams, descFailovers,
+	for _, d := range []*prometheus.Desc{descLive, descDraining, descRefusing, descRefusals, descUnconfirmed, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descUnavailable, descEvicted, descRequests, descByMethod, descStreams, descFailovers,
 		descClusterLive, descShared, descStoreUp, descStoreErrors} {
 		ch <- d
 	}
@@ -98,6 +102,12 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 			draining = 1
 		}
 		gauge(descDraining, draining, t.name, u.dial)
+		refusing := 0.0
+		if t.refusing(u) {
+			refusing = 1
+		}
+		gauge(descRefusing, refusing, t.name, u.dial)
+		counter(descRefusals, u.Refusals(), t.name, u.dial)
 	}
 	gauge(descUnconfirmed, float64(t.Unconfirmed()), t.name)
 	gauge(descMax, float64(t.MaxSessions()), t.name)

@@ -22,6 +22,8 @@ import (
 var metricNames = map[string]dto.MetricType{
 	"caddy_mcp_sessions_live":              dto.MetricType_GAUGE,
 	"caddy_mcp_upstream_draining":          dto.MetricType_GAUGE,
+	"caddy_mcp_upstream_refusing":          dto.MetricType_GAUGE,
+	"caddy_mcp_upstream_refusals_total":    dto.MetricType_COUNTER,
 	"caddy_mcp_sessions_max":               dto.MetricType_GAUGE,
 	"caddy_mcp_sessions_unconfirmed":       dto.MetricType_GAUGE,
 	"caddy_mcp_sessions_learned_total":     dto.MetricType_COUNTER,
@@ -149,6 +151,8 @@ func upstreamSeries(g gathered, table, dial string, live int64, draining bool) {
 		d = 1
 	}
 	g["caddy_mcp_upstream_draining{"+l+"}"] = d
+	g["caddy_mcp_upstream_refusing{"+l+"}"] = 0
+	g["caddy_mcp_upstream_refusals_total{"+l+"}"] = 0
 }
 
 func TestRegisterMetrics(t *testing.T) {

@@ -182,14 +182,15 @@ func (s *SessionSelection) notePool(pool reverseproxy.UpstreamPool) {
 }
 
 // candidates returns the upstreams of pool that may get a new session:
-// not draining, not left stuck by this request, not one that failed the
-// request if it is a failover's replay (nor the upstream its session
-// leaves), and not stuck (see frozen.go) unless no other one is available:
-// a bounded wait beats no upstream.
+// not draining, not left stuck or refused by this request, not one that
+// failed the request if it is a failover's replay (nor the upstream its
+// session leaves), and not stuck (see frozen.go) nor refusing new sessions
+// (refusal.go) unless no other one is available: a bounded wait, or one
+// more try, beats no upstream.
 func (s *SessionSelection) candidates(pool reverseproxy.UpstreamPool, r *http.Request) reverseproxy.UpstreamPool {
 	ex := exchangeOf(r)
 	avoid := ex.replay && len(ex.failedBy) > 0
-	if s.table == nil || !avoid && !s.table.AnyDraining() && !s.table.anyStuck() && caddyhttp.GetVar(r.Context(), varTried) == nil {
+	if s.table == nil || !avoid && !s.table.AnyDraining() && !s.table.anyStuck() && !s.table.anyRefusing() && caddyhttp.GetVar(r.Context(), varTried) == nil {
 		return pool
 	}
 	kept := make(reverseproxy.UpstreamPool, 0, len(pool))
@@ -198,7 +199,7 @@ func (s *SessionSelection) candidates(pool reverseproxy.UpstreamPool, r *http.Re
 		rec := s.table.knownUpstream(u.Dial)
 		switch {
 		case triedBy(r, u.Dial) || avoid && ex.failed(u.Dial) || rec != nil && rec.Draining():
-		case rec != nil && s.table.stuck(rec):
+		case rec != nil && (s.table.stuck(rec) || s.table.refusing(rec)):
 			stuck = append(stuck, u)
 		default:
 			kept = append(kept, u)

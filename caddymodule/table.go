@@ -157,6 +157,8 @@ type Upstream struct {
 	// then fail over, in nanoseconds since the table's epoch; 0 for none.
 	drainDeadline atomic.Int64
 	stuckUntil    atomic.Int64 // it gets no new sessions until then (frozen.go); same unit as lastSeen
+	refusingUntil atomic.Int64 // it refused a new session and gets none until then (refusal.go); same unit
+	refusals      atomic.Uint64
 }
 
 // Dial returns the upstream's dial address, as written in the config.
@@ -307,11 +309,13 @@ type Table struct {
 	moving      bool        // the callback is for a session moving to confirmed; guarded by mu
 	perClient   clientCap   // guarded by mu
 
-	upMu        sync.RWMutex
-	ups         map[string]*Upstream
-	draining    atomic.Int32 // how many upstreams are draining
-	stuckUntil  atomic.Int64 // the latest stuckUntil of its upstreams (frozen.go)
-	upstreamTTL atomic.Int64 // nanoseconds; see DefaultUpstreamTTL
+	upMu       sync.RWMutex
+	ups        map[string]*Upstream
+	draining   atomic.Int32 // how many upstreams are draining
+	stuckUntil atomic.Int64 // the latest stuckUntil of its upstreams (frozen.go)
+	// refusingUntil is the latest refusingUntil of its upstreams (refusal.go).
+	refusingUntil atomic.Int64
+	upstreamTTL   atomic.Int64 // nanoseconds; see DefaultUpstreamTTL
 
 	// failover holds the failover settings; flights lets one request per
 	// session fail it over while the others wait (tablefailover.go).

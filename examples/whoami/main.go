@@ -78,6 +78,8 @@ func ParseFlags(args []string) (Config, error) {
 	fs.DurationVar(&cfg.Options.SessionTimeout, "session-timeout", 0, "close sessions idle for this `duration` (0: keep them until DELETE)")
 	fs.StringVar(&cfg.Options.BearerToken, "bearer-token", "", "require this bearer `token`; the 401 names OAuth resource metadata at a URL built from the request's Host")
 	fs.BoolVar(&cfg.Options.AnyHost, "any-host", false, "accept any Host on loopback (turn off go-sdk's DNS-rebinding protection)")
+	fs.IntVar(&cfg.Options.MaxSessions, "max-sessions", 0, "answer initialize 503 past this many live `sessions`, as the Python SDK at its cap (0: no cap)")
+	fs.IntVar(&cfg.Options.InitializeStatus, "initialize-status", 0, "answer every initialize with this HTTP `status` (0: serve it)")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}

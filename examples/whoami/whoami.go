@@ -74,6 +74,14 @@ type Options struct {
 	// (StreamableHTTPOptions.DisableLocalhostProtection), which refuses a
 	// request that arrived on loopback with a Host that is not loopback.
 	AnyHost bool
+	// MaxSessions, if positive, caps the live sessions: an initialize past
+	// it gets 503 with Retry-After, as the Python MCP SDK 2.2 answers at its
+	// cap; only a DELETE frees a slot. 0 is no cap.
+	MaxSessions int
+	// InitializeStatus, if not 0, is the status every initialize gets (with
+	// a JSON-RPC error and no session), as from a server whose dependency
+	// is down.
+	InitializeStatus int
 }
 
 // Values of Options.Era.
@@ -126,11 +134,11 @@ func NewHandler(opts Options) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /healthz", HealthHandler(opts.DownFile))
 	if opts.BearerToken == "" {
-		mux.Handle("/", mcpHandler(opts))
+		mux.Handle("/", capped(mcpHandler(opts), opts))
 		return mux
 	}
 	mux.Handle("GET "+ResourceMetadataPrefix+"/", ResourceMetadataHandler())
-	mux.Handle("/", ProtectedByHost(opts.BearerToken, mcpHandler(opts)))
+	mux.Handle("/", ProtectedByHost(opts.BearerToken, capped(mcpHandler(opts), opts)))
 	return mux
 }
 
