@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"unicode/utf8"
 )
 
 // DefaultMaxBodySize is the default bound, in bytes, of the request body
@@ -39,7 +40,7 @@ func (h *rpcHead) name() string {
 // body back so that the upstream receives it unchanged, even when it was
 // too large to read whole. Errors are faults: a body over the limit (413),
 // one that could not be read, is not a single JSON object, or names a field
-// the plugin reads twice or in another letter case (400).
+// the plugin reads twice or under a key that folds to its name (400).
 func (ex *exchange) readBody(r *http.Request, limit int64) (*rpcHead, *fault) {
 	if !ex.bodyRead {
 		ex.bodyRead = true
@@ -121,11 +122,12 @@ func (b *replayBody) Read(p []byte) (int, error) {
 func (b *replayBody) Close() error { return b.rest.Close() }
 
 // parseRPC reads a JSON-RPC message. Fields are matched by their exact
-// name, as the MCP SDKs decode them; a field the plugin reads that appears
-// twice, or also in another letter case (which Go's encoding/json would
-// match), is refused: a server could read another value than the proxy.
-// The body is validated by encoding/json, then scanned in place: the scan
-// allocates only the strings it returns.
+// name, as the MCP Go SDK decodes them; a field the plugin reads that
+// appears twice, or a key that folds to its name (jsonfold.go: "Method",
+// "param\u017f", which Go's encoding/json and so mcp-go read as the field),
+// is refused: a server could read another value than the proxy. The body
+// is validated by encoding/json, then scanned in place: the scan allocates
+// only the strings it returns.
 func parseRPC(body []byte) (*rpcHead, *fault) {
 	if !json.Valid(body) {
 		return nil, &fault{status: http.StatusBadRequest, code: CodeParseError, message: "Parse error: the request body is not one JSON object"}
@@ -248,8 +250,8 @@ func (sc *scanner) peek() byte {
 
 // object reads an object, calling read for each member whose key is one of
 // keys, with the scanner at its value; it skips the others. A null is an
-// empty object. A key of keys given twice, or one differing from a key of
-// keys in letter case only, is an error.
+// empty object. A key of keys given twice, or one that folds to a key of
+// keys without being it (foldsTo), is an error.
 func (sc *scanner) object(what string, keys []string, read func(*scanner, string) error) error {
 	switch sc.peek() {
 	case 'n':
@@ -262,7 +264,7 @@ func (sc *scanner) object(what string, keys []string, read func(*scanner, string
 	sc.i++
 	var seen uint64
 	for sc.peek() != '}' {
-		key, err := sc.key(keys, &seen)
+		key, err := sc.key(what, keys, &seen)
 		if err != nil {
 			return err
 		}
@@ -281,8 +283,9 @@ func (sc *scanner) object(what string, keys []string, read func(*scanner, string
 	return nil
 }
 
-// key reads a member's key and returns it if it is one of keys, else "".
-func (sc *scanner) key(keys []string, seen *uint64) (string, error) {
+// key reads a member's key of object what and returns it if it is one of
+// keys, else "". The key is compared unescaped, as decoders read it.
+func (sc *scanner) key(what string, keys []string, seen *uint64) (string, error) {
 	sc.peek()
 	raw := sc.skip()
 	kb := raw[1 : len(raw)-1]
@@ -294,31 +297,19 @@ func (sc *scanner) key(keys []string, seen *uint64) (string, error) {
 	for i, k := range keys {
 		switch {
 		case string(kb) == k && *seen&(1<<i) != 0:
-			return "", fmt.Errorf("field %q appears twice", k)
+			return "", fmt.Errorf("field %q of %s appears twice", k, what)
 		case string(kb) == k:
 			*seen |= 1 << i
 			return k, nil
-		case equalFold(kb, k):
-			return "", fmt.Errorf("field %q would be read as %q by some servers; spell it %q", kb, k, k)
+		case foldsTo(kb, k):
+			return "", looseKeyError(what, kb, k)
 		}
 	}
 	return "", nil
 }
 
-// equalFold reports whether b and s are equal under ASCII case folding.
-func equalFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := range len(b) {
-		if b[i]|0x20 != s[i]|0x20 {
-			return false
-		}
-	}
-	return true
-}
-
-// string reads a string value; null is "".
+// string reads a string value; null is "". Escapes are decoded, and bytes
+// that are not UTF-8 become U+FFFD, as encoding/json reads them.
 func (sc *scanner) string(what string) (string, error) {
 	switch c := sc.peek(); c {
 	case 'n':
@@ -329,7 +320,7 @@ func (sc *scanner) string(what string) (string, error) {
 		return "", fmt.Errorf("%s is a JSON %s, not a string", what, kindOf(c))
 	}
 	raw := sc.skip()
-	if bytes.IndexByte(raw, '\\') < 0 {
+	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
 		return string(raw[1 : len(raw)-1]), nil
 	}
 	var s string

@@ -70,9 +70,10 @@ func FuzzSessionHeader(f *testing.F) {
 
 // FuzzParseRPC feeds arbitrary bodies to the JSON-RPC parser that the mcp
 // matcher and initialize_timeout read requests with: it must never panic,
-// and whatever it accepts, encoding/json (as the MCP Go SDK decodes it)
-// must read the same method, id and params.name: a body the proxy routes as
-// one call cannot reach the server as another.
+// and whatever it accepts, encoding/json (as mcp-go decodes it) must read
+// the same method, id and params.name: a body the proxy routes as one call
+// cannot reach the server as another. FuzzLooseKeys builds the keys that
+// only fold to these names.
 func FuzzParseRPC(f *testing.F) {
 	for _, seed := range []string{
 		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25"}}`,

@@ -54,7 +54,8 @@ func init() {
 // |---|---|
 // | `Mcp-Method`, `Mcp-Name` or `MCP-Protocol-Version` sent more than once, or an `Mcp-Name` whose Base64 does not decode | 400, JSON-RPC error -32020 (HeaderMismatch) |
 // | with `body`, a 2026-07-28 request whose `Mcp-Method`, `Mcp-Name` or `MCP-Protocol-Version` is missing or differs from the body | 400, JSON-RPC error -32020 |
-// | with `body`, a body that is not one JSON object or batch, a batch at a protocol version without batches (2025-06-18 and later) or whose members route differently, or one that names a field the matcher reads twice or in another letter case | 400, JSON-RPC error -32700 or -32600 |
+// | with `body`, a body that is not one JSON object or batch, a batch at a protocol version without batches (2025-06-18 and later) or whose members route differently, or one that names a field the matcher reads twice | 400, JSON-RPC error -32700 or -32600 |
+// | with `body`, a key that folds to the name of a field the matcher reads without being it (`Method`, `paramſ`, `param\u017f`: Go's encoding/json reads it as the field; see docs/behaviour.md, "The mcp matcher") | 400, JSON-RPC error -32600 naming the key |
 // | with `body`, a body over `max_body_size` | 413, JSON-RPC error -32600 |
 //
 // The `mcp_session` handler (and so `mcp_proxy`) writes that answer when the

@@ -67,6 +67,9 @@ func serveMCPGo(name, mode, addrFile string) error {
 		}
 		return id, nil
 	}))
+	if calls := os.Getenv(mcpGoCallsEnv); calls != "" {
+		addRecordedTools(s, calls)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err

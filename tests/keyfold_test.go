@@ -1,0 +1,206 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	mgmcp "github.com/mark3labs/mcp-go/mcp"
+	mgserver "github.com/mark3labs/mcp-go/server"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
+)
+
+// mcpGoCallsEnv names the file an mcp-go server started by
+// startRecordingMCPGo appends a line to for each call of its `danger` tool.
+const mcpGoCallsEnv = "MCP_AFFINITY_MCPGO_CALLS_FILE"
+
+// addRecordedTools gives an mcp-go server the tools `danger`, each call of
+// which appends "danger <tag>" to the file calls, and `safe`.
+func addRecordedTools(s *mgserver.MCPServer, calls string) {
+	var mu sync.Mutex
+	s.AddTool(mgmcp.NewTool("danger", mgmcp.WithString("tag")), func(_ context.Context, req mgmcp.CallToolRequest) (*mgmcp.CallToolResult, error) {
+		tag := req.GetString("tag", "")
+		mu.Lock()
+		defer mu.Unlock()
+		f, err := os.OpenFile(calls, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		if _, err := fmt.Fprintf(f, "danger %s\n", tag); err != nil {
+			return nil, err
+		}
+		return mgmcp.NewToolResultText("danger ran: " + tag), nil
+	})
+	s.AddTool(mgmcp.NewTool("safe"), func(context.Context, mgmcp.CallToolRequest) (*mgmcp.CallToolResult, error) {
+		return mgmcp.NewToolResultText("safe ran"), nil
+	})
+}
+
+// startRecordingMCPGo starts one mcp-go server (default session manager,
+// as a separate process) with the whoami, danger and safe tools, and
+// returns it and the file its danger calls are recorded in.
+func startRecordingMCPGo(t *testing.T) (*testproc.Proc, string) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := filepath.Join(t.TempDir(), "danger-calls")
+	servers := launchFleet(t, 1, "mgk", mcpGoStartTimeout, func(name, addrFile string) *exec.Cmd {
+		return withEnv(exec.Command(exe), mcpGoServerNameEnv+"="+name, mcpGoServerModeEnv+"="+mcpGoModeDefault,
+			mcpGoServerAddrEnv+"="+addrFile, mcpGoCallsEnv+"="+calls)
+	})
+	return servers[0], calls
+}
+
+// dangerCalls returns the tags of the danger calls the server ran.
+func dangerCalls(t *testing.T, calls string) []string {
+	t.Helper()
+	b, err := os.ReadFile(calls)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tags []string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if tag, ok := strings.CutPrefix(line, "danger "); ok {
+			tags = append(tags, tag)
+		}
+	}
+	return tags
+}
+
+// blockDangerSite is a site that blocks tool danger for every client, with
+// a body matcher (docs/behaviour.md, "The mcp matcher"), and proxies the
+// rest to pool, a Caddyfile upstream list.
+func blockDangerSite(pool string) string {
+	return fmt.Sprintf(`@danger mcp {
+		era legacy_session modern_sessionless other_sessionless
+		method tools/call
+		name danger
+		body
+	}
+	respond @danger `+"`"+`{"jsonrpc":"2.0","id":null,"error":{"code":-32601,"message":"tool danger is blocked here"}}`+"`"+` 403
+	mcp_proxy %s`, pool)
+}
+
+// looseCall is a tools/call of safe with a second member, key, naming
+// danger tagged tag; key is JSON string text, escapes included. mcp-go
+// reads it as a call of danger when key folds to "params" (the last member
+// given for a field wins).
+func looseCall(key, tag string) string {
+	return `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"safe"},"` + key +
+		`":{"name":"danger","arguments":{"tag":"` + tag + `"}}}`
+}
+
+// TestBlockedToolNotReachedThroughLooseKeys blocks tool danger with an
+// `mcp` body matcher in front of a real mcp-go server, which decodes with
+// Go's encoding/json and so reads a key that folds to "params" (ſ U+017F
+// for s, raw or \u017f-escaped, in any letter case) as params. Each such
+// call, sent with a length or chunked, is refused by the proxy with a 400
+// naming the key, and the server never runs danger. The negative control,
+// in the same run: the same bodies sent straight to the server run danger
+// (the bypass is real), a plain call of danger through the proxy is
+// blocked by the route, and calls of other tools work through the proxy.
+func TestBlockedToolNotReachedThroughLooseKeys(t *testing.T) {
+	server, calls := startRecordingMCPGo(t)
+	p := startProxy(t, blockDangerSite(upstreams([]*testproc.Proc{server})))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+
+	ex := send(t, hc, http.MethodPost, p.url(), mcpPOSTHeaders(""), initBody)
+	session := ex.header.Get("Mcp-Session-Id")
+	if ex.status != http.StatusOK || !strings.HasPrefix(session, mcpGoIDPrefix) {
+		t.Fatalf("initialize through the proxy: want 200 with an mcp-go session; got %d %v %s", ex.status, ex.header, ex.body)
+	}
+	hdr := mcpPOSTHeaders(session)
+
+	loose := []struct {
+		name, key string
+		chunked   bool
+	}{
+		{"long s", "paramſ", false},
+		{"long s, chunked", "paramſ", true},
+		{"long s escaped", `param\u017f`, false},
+		{"long s escaped, upper case", `PARAM\u017F`, false},
+		{"long s escaped, chunked", `param\u017f`, true},
+		{"escapes throughout", `\u0070aram\u017f`, false},
+	}
+	for _, tc := range loose {
+		tag := "proxy " + tc.name
+		body := looseCall(tc.key, tag)
+		ex := postMaybeChunked(t, hc, p.url(), hdr, body, tc.chunked)
+		checkBadRequest(t, ex.as(tc.name), "is ambiguous")
+		if e, _ := parseRPCError(ex.body); e.Error.Code != -32600 || !strings.Contains(e.Error.Message, `read it as "params"`) {
+			t.Errorf("%s: want JSON-RPC -32600 saying the key reads as params; got %s", tc.name, ex.body)
+		}
+		t.Logf("%s: %d %s", tc.name, ex.status, ex.body)
+
+		// Negative control: straight to the server, the same body runs danger.
+		direct := postMaybeChunked(t, hc, server.URL(), hdr, strings.Replace(body, tag, "direct "+tc.name, 1), tc.chunked)
+		if direct.status != http.StatusOK || !strings.Contains(direct.body, "danger ran: direct "+tc.name) {
+			t.Fatalf("%s sent straight to mcp-go: want danger to run (the bypass this guards against); got %d %s", tc.name, direct.status, direct.body)
+		}
+	}
+
+	// A key the matcher does not read may hold any character: with the
+	// Kelvin sign (which folds to k) in _meta's progressToken, the call is
+	// still read as danger, and blocked by the route.
+	kelvin := `{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"danger","arguments":{"tag":"proxy kelvin"},"_meta":{"progressTo\u212aen":1}}}`
+	if ex := send(t, hc, http.MethodPost, p.url(), hdr, kelvin); ex.status != http.StatusForbidden || !strings.Contains(ex.body, "blocked here") {
+		t.Errorf("danger with the Kelvin sign in _meta.progressToken: want 403 from the route; got %d %s", ex.status, ex.body)
+	}
+	safe := `{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"safe","arguments":{}}}`
+	if ex := send(t, hc, http.MethodPost, p.url(), hdr, safe); ex.status != http.StatusOK || !strings.Contains(ex.body, "safe ran") {
+		t.Errorf("a call of safe through the proxy: want 200 from the tool; got %d %s", ex.status, ex.body)
+	}
+	plain := `{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"danger","arguments":{"tag":"proxy plain danger"}}}`
+	if ex := send(t, hc, http.MethodPost, p.url(), hdr, plain); ex.status != http.StatusForbidden {
+		t.Errorf("a plain call of danger through the proxy: want 403 from the route; got %d %s", ex.status, ex.body)
+	}
+
+	ran := dangerCalls(t, calls)
+	for _, tag := range ran {
+		if strings.HasPrefix(tag, "proxy") {
+			t.Errorf("danger ran for a request sent through the proxy: %q (all runs: %q)", tag, ran)
+		}
+	}
+	if len(ran) != len(loose) {
+		t.Errorf("danger ran %d times, want %d (once per direct send): %q", len(ran), len(loose), ran)
+	}
+}
+
+// postMaybeChunked POSTs body to url with hdr, with a Content-Length or,
+// if chunked, with Transfer-Encoding: chunked.
+func postMaybeChunked(t *testing.T, hc *http.Client, url string, hdr http.Header, body string, chunked bool) exchange {
+	t.Helper()
+	if !chunked {
+		return send(t, hc, http.MethodPost, url, hdr, body)
+	}
+	req, err := http.NewRequest(http.MethodPost, url, io.NopCloser(strings.NewReader(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength, req.TransferEncoding = -1, []string{"chunked"}
+	for k, vs := range hdr {
+		req.Header[k] = vs
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return exchange{step: "POST " + url + " (chunked)", status: resp.StatusCode, header: resp.Header, body: string(b), proto: resp.Proto}
+}
