@@ -141,48 +141,73 @@ func (a AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	op := strings.TrimPrefix(r.URL.Path, "/mcp_sessions/")
 	switch op {
 	case "":
-		return a.serveGet(w, r, func() (any, error) { return listTables() })
+		return a.serveGet(w, r, nil, func(map[string]string) (any, error) { return listTables() })
 	case "upstream":
-		return a.serveGet(w, r, func() (any, error) {
-			return upstreamStatus(r.URL.Query().Get("table"), r.URL.Query().Get("upstream"), nil)
+		return a.serveGet(w, r, []string{"table", "upstream"}, func(q map[string]string) (any, error) {
+			return upstreamStatus(q["table"], q["upstream"], nil)
 		})
 	case "drain", "undrain":
-		return a.servePost(w, r, func(req adminRequest) (any, error) {
+		return a.servePost(w, r, op, func(req adminRequest) (any, error) {
 			return drainStatus(req, op == "drain")
 		})
 	case "lookup", "evict":
-		return a.servePost(w, r, func(req adminRequest) (any, error) {
+		return a.servePost(w, r, op, func(req adminRequest) (any, error) {
 			if op == "evict" && req.SessionID == "" && req.Upstream != "" {
 				return evictUpstream(req.Table, req.Upstream)
 			}
 			return sessionStatus(req.Table, req.SessionID, op == "evict")
 		})
 	}
-	return apiError(http.StatusNotFound, "unknown endpoint /mcp_sessions/%s; see the README's Operating section", op)
+	return apiError(http.StatusNotFound, "unknown endpoint /mcp_sessions/%s; the endpoints are /mcp_sessions/ and "+
+		"/mcp_sessions/upstream (GET), drain, undrain, lookup and evict (POST), see docs/operating.md#admin-api", op)
 }
 
-func (AdminAPI) serveGet(w http.ResponseWriter, r *http.Request, get func() (any, error)) error {
+// serveGet serves a GET endpoint that takes the query parameters params,
+// each at most once.
+func (AdminAPI) serveGet(w http.ResponseWriter, r *http.Request, params []string, get func(map[string]string) (any, error)) error {
 	if r.Method != http.MethodGet {
 		return apiError(http.StatusMethodNotAllowed, "use GET")
 	}
-	v, err := get()
+	if err := noBody(r); err != nil {
+		return err
+	}
+	q, err := strictQuery(r, params...)
+	if err != nil {
+		return err
+	}
+	v, err := get(q)
 	if err != nil {
 		return err
 	}
 	return writeJSON(w, v)
 }
 
-func (AdminAPI) servePost(w http.ResponseWriter, r *http.Request, do func(adminRequest) (any, error)) error {
+// adminExamples are well-formed bodies of the POST endpoints, for errors.
+var adminExamples = map[string]string{
+	"drain":   `{"table":"default","upstream":"127.0.0.1:9001","deadline":"10m"}`,
+	"undrain": `{"table":"default","upstream":"127.0.0.1:9001"}`,
+	"lookup":  `{"table":"default","session_id":"<the session ID>"}`,
+	"evict":   `{"table":"default","session_id":"<the session ID>"} or {"table":"default","upstream":"127.0.0.1:9001"}`,
+}
+
+// servePost serves the POST endpoint op, whose input is one JSON object in
+// the body, read by decodeStrict.
+func (AdminAPI) servePost(w http.ResponseWriter, r *http.Request, op string, do func(adminRequest) (any, error)) error {
 	if r.Method != http.MethodPost {
 		return apiError(http.StatusMethodNotAllowed, "use POST with a JSON body")
 	}
-	var req adminRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return apiError(http.StatusBadRequest, "decoding the JSON body (fields: table, upstream, session_id, deadline): %v", err)
+	if _, err := strictQuery(r); err != nil {
+		return err
 	}
-	if err := req.check(strings.TrimPrefix(r.URL.Path, "/mcp_sessions/")); err != nil {
+	data, err := readAdminBody(w, r)
+	if err != nil {
+		return err
+	}
+	var req adminRequest
+	if err := decodeStrict(data, &req, adminExamples[op]); err != nil {
+		return err
+	}
+	if err := req.check(op); err != nil {
 		return err
 	}
 	v, err := do(req)

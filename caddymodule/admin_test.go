@@ -439,14 +439,14 @@ func TestAdminErrors(t *testing.T) {
 		{name: "GET lookup", method: http.MethodGet, target: "/mcp_sessions/lookup", status: 405, msgs: []string{"use POST"}},
 		{name: "DELETE evict", method: http.MethodDelete, target: "/mcp_sessions/evict", status: 405, msgs: []string{"use POST"}},
 		{name: "unknown endpoint", method: http.MethodGet, target: "/mcp_sessions/sessions", status: 404, msgs: []string{"unknown endpoint /mcp_sessions/sessions"}},
-		{name: "trailing slash", method: http.MethodPost, target: "/mcp_sessions/drain/", body: `{}`, status: 404, msgs: []string{"unknown endpoint"}},
-		{name: "empty body", method: http.MethodPost, target: "/mcp_sessions/drain", status: 400, msgs: []string{"decoding the JSON body", "EOF"}},
+		{name: "trailing slash", method: http.MethodPost, target: "/mcp_sessions/drain/", body: `{}`, status: 404, msgs: []string{"unknown endpoint", "docs/operating.md#admin-api"}},
+		{name: "empty body", method: http.MethodPost, target: "/mcp_sessions/drain", status: 400, msgs: []string{"decoding the JSON body", "the body is empty", `{"table":"default","upstream":"127.0.0.1:9001"`}},
 		{name: "truncated JSON", method: http.MethodPost, target: "/mcp_sessions/lookup", body: `{"table":"` + tbl.Name() + `","session_id":"` + testSessionID, status: 400, msgs: []string{"decoding the JSON body"}},
-		{name: "not an object", method: http.MethodPost, target: "/mcp_sessions/evict", body: `["` + testSessionID + `"]`, status: 400, msgs: []string{"decoding the JSON body"}},
-		{name: "wrong type", method: http.MethodPost, target: "/mcp_sessions/evict", body: `{"session_id":["` + testSessionID + `"]}`, status: 400, msgs: []string{"decoding the JSON body"}},
-		{name: "number as table", method: http.MethodPost, target: "/mcp_sessions/drain", body: `{"table":5,"upstream":"a:1"}`, status: 400, msgs: []string{"decoding the JSON body"}},
+		{name: "not an object", method: http.MethodPost, target: "/mcp_sessions/evict", body: `["` + testSessionID + `"]`, status: 400, msgs: []string{"decoding the JSON body", "not an object"}},
+		{name: "wrong type", method: http.MethodPost, target: "/mcp_sessions/evict", body: `{"session_id":["` + testSessionID + `"]}`, status: 400, msgs: []string{"decoding the JSON body", `field "session_id" is a JSON array: give it as a JSON string`}},
+		{name: "number as table", method: http.MethodPost, target: "/mcp_sessions/drain", body: `{"table":5,"upstream":"a:1"}`, status: 400, msgs: []string{"decoding the JSON body", `field "table" is a JSON number`}},
 		{name: "garbage after a session ID", method: http.MethodPost, target: "/mcp_sessions/lookup", body: `{"session_id":"` + testSessionID + `"x}`, status: 400, msgs: []string{"decoding the JSON body"}},
-		{name: "body over 64 KiB", method: http.MethodPost, target: "/mcp_sessions/lookup", body: `{"table":"` + strings.Repeat("x", 1<<16) + `"}`, status: 400, msgs: []string{"decoding the JSON body"}},
+		{name: "body over 64 KiB", method: http.MethodPost, target: "/mcp_sessions/lookup", body: `{"table":"` + strings.Repeat("x", 1<<16) + `"}`, status: 400, msgs: []string{"decoding the JSON body", "larger than 65536 bytes"}},
 		{name: "unknown table", method: http.MethodPost, target: "/mcp_sessions/lookup", body: `{"table":"nope","session_id":"` + testSessionID + `"}`, status: 404, msgs: []string{`no session table named "nope"; tables in use: `, tbl.Name()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -537,5 +537,86 @@ func TestAdminRefusesFieldsTheEndpointIgnores(t *testing.T) {
 	}
 	if tbl.Lookup(testSessionID) == nil || tbl.knownUpstream("10.0.0.1:80").Draining() {
 		t.Error("a refused call changed the table")
+	}
+}
+
+// TestAdminRefusesAmbiguousInput: input a lenient reader takes in two ways
+// (a key twice, a second value, a parameter twice) gets 400, saying what
+// to send instead, and changes nothing. The end-to-end test against a real
+// Caddy is tests.TestAdminRefusesAmbiguousInput.
+func TestAdminRefusesAmbiguousInput(t *testing.T) {
+	tbl, _ := clockTable(t, 10, time.Hour)
+	tbl.Learn(testSessionID, "10.0.0.1:80")
+	tbl.upstream("10.0.0.2:80")
+	name := tbl.Name()
+	drain := func(rest string) string { return `{"table":"` + name + `","upstream":"10.0.0.1:80"` + rest + `}` }
+	for _, tc := range []struct {
+		name, method, target, body string
+		msgs                       []string
+	}{
+		{"key twice", "POST", "/mcp_sessions/drain", drain(`,"upstream":"10.0.0.2:80"`), []string{`key "upstream" is given twice: give each field once`}},
+		{"key twice, escaped", "POST", "/mcp_sessions/drain", drain(`,"upstre\u0061m":"10.0.0.2:80"`), []string{`key "upstream" is given twice`}},
+		{"table twice", "POST", "/mcp_sessions/drain", `{"table":"nope","table":"` + name + `","upstream":"10.0.0.1:80"}`, []string{`key "table" is given twice`}},
+		{"key in another case", "POST", "/mcp_sessions/drain", drain(`,"Upstream":"10.0.0.2:80"`), []string{`keys "upstream" and "Upstream" are the same field`}},
+		{"key with the long s", "POST", "/mcp_sessions/evict", `{"table":"` + name + `","ſession_id":"` + testSessionID + `"}`, []string{`unknown field "ſession_id"`}},
+		{"key with the long s, twice", "POST", "/mcp_sessions/evict", `{"table":"` + name + `","session_id":"x","\u017fession_id":"` + testSessionID + `"}`, []string{`keys "session_id" and "ſession_id" are the same field`}},
+		{"unknown key in another case", "POST", "/mcp_sessions/drain", `{"Table":"` + name + `","upstream":"10.0.0.1:80"}`, []string{`unknown field "Table"`, "fields: table, upstream, session_id, deadline"}},
+		{"second object", "POST", "/mcp_sessions/drain", drain(``) + `{"table":"` + name + `","upstream":"10.0.0.2:80"}`, []string{"more follows the object at byte", "send one JSON object"}},
+		{"second object after a newline", "POST", "/mcp_sessions/evict", `{"table":"` + name + `","upstream":"10.0.0.2:80"}` + "\n" + `{"table":"` + name + `","session_id":"` + testSessionID + `"}`, []string{"more follows the object"}},
+		{"text after the object", "POST", "/mcp_sessions/drain", drain(``) + ` x`, []string{"more follows the object"}},
+		{"null field", "POST", "/mcp_sessions/drain", `{"table":null,"upstream":"10.0.0.1:80"}`, []string{`field "table": null is not a value here`}},
+		{"nested key twice", "POST", "/mcp_sessions/drain", drain(`,"deadline":{"a":1,"a":2}`), []string{`field "deadline": key "a" is given twice`}},
+		{"deep nesting", "POST", "/mcp_sessions/drain", drain(`,"deadline":` + strings.Repeat("[", 40) + strings.Repeat("]", 40)), []string{"nest deeper than"}},
+		{"query parameter twice", "GET", "/mcp_sessions/upstream?table=" + name + "&upstream=10.0.0.1:80&upstream=10.0.0.2:80", "", []string{"query parameter upstream is given 2 times: give it once"}},
+		{"unknown query parameter", "GET", "/mcp_sessions/upstream?table=" + name + "&upstream=10.0.0.1:80&Upstream=10.0.0.2:80", "", []string{`takes the query parameters table and upstream, not "Upstream"`}},
+		{"session ID in the query", "GET", "/mcp_sessions/upstream?upstream=10.0.0.1:80&session_id=x", "", []string{"never in a URL"}},
+		{"query that does not parse", "GET", "/mcp_sessions/upstream?upstream=10.0.0.1:80&table=%zz", "", []string{"the query does not parse"}},
+		{"query on the list", "GET", "/mcp_sessions/?table=" + name, "", []string{"GET /mcp_sessions/ takes no query parameters"}},
+		{"query on a POST", "POST", "/mcp_sessions/drain?upstream=10.0.0.2:80", drain(``), []string{"takes no query parameters", "give the fields in the JSON body"}},
+		{"body on a GET", "GET", "/mcp_sessions/upstream?table=" + name + "&upstream=10.0.0.1:80", `{"upstream":"10.0.0.2:80"}`, []string{"takes no body"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, err := adminDo(t, tc.method, tc.target, tc.body)
+			ae := wantAPIError(t, rec, err, http.StatusBadRequest, tc.msgs...)
+			if strings.Contains(ae.Message, testSessionID) {
+				t.Errorf("error message carries the session ID: %q", ae.Message)
+			}
+		})
+	}
+	if tbl.Lookup(testSessionID) == nil || tbl.AnyDraining() || tbl.Evictions(EvictAdmin) != 0 {
+		t.Error("a refused call changed the table")
+	}
+	// The control: the same calls, well formed, act.
+	adminOK(t, "POST", "/mcp_sessions/drain", drain(``), nil)
+	if !tbl.knownUpstream("10.0.0.1:80").Draining() {
+		t.Error("a well-formed drain did not drain")
+	}
+	adminOK(t, "GET", "/mcp_sessions/upstream?table="+name+"&upstream=10.0.0.1:80", "", nil)
+	adminOK(t, "POST", "/mcp_sessions/evict", "\r\n\t "+`{"table":"`+name+`","session_id":"`+testSessionID+`"}`+" \n", nil)
+	if tbl.Lookup(testSessionID) != nil {
+		t.Error("a well-formed evict, with whitespace around its object, did not evict")
+	}
+}
+
+// TestFoldKey checks that keys encoding/json matches to the same field
+// fold to the same key, and others do not.
+func TestFoldKey(t *testing.T) {
+	type probe struct {
+		Params string `json:"params"`
+	}
+	for _, key := range []string{"params", "PARAMS", "Params", "paramſ", "pArAmS"} {
+		var p probe
+		if err := json.Unmarshal([]byte(`{"`+key+`":"x"}`), &p); err != nil || p.Params != "x" {
+			t.Fatalf("encoding/json does not read %q as params: %v", key, err)
+		}
+		if foldKey(key) != foldKey("params") {
+			t.Errorf("foldKey(%q) = %q, foldKey(params) = %q", key, foldKey(key), foldKey("params"))
+		}
+	}
+	if foldKey("\u212a") != foldKey("k") || foldKey("k") != foldKey("K") {
+		t.Error("the Kelvin sign, k and K fold apart")
+	}
+	if foldKey("params") == foldKey("param") || foldKey("table") == foldKey("tables") {
+		t.Error("different keys fold together")
 	}
 }

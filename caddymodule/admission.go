@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"go.uber.org/zap"
@@ -30,22 +31,37 @@ func (t *Table) lists() [2]*simplelru.LRU[string, entry] {
 }
 
 // use stores e, just used, back as session id's entry at the front of the
-// confirmed list; list is the list that held it.
-func (t *Table) use(id string, e entry, list *simplelru.LRU[string, entry]) {
+// confirmed list; list is the list that held it. When this use confirmed
+// the session, it returns the key the table now holds it by.
+func (t *Table) use(id string, e entry, list *simplelru.LRU[string, entry]) (confirmed string) {
 	if list == t.unconfirmed {
-		t.confirm(id, e)
-		return
+		return t.confirm(id, e)
 	}
 	list.Add(id, e)
+	return ""
 }
 
 // confirm moves session id, at its first use since it was learned, to the
 // front of the confirmed list. The number of sessions does not change.
-func (t *Table) confirm(id string, e entry) {
+//
+// The list keeps the key it is given, and id is the request's: a string
+// that may share a larger buffer (an opened sealed ID's key shares the
+// buffer of the whole ID and its plaintext, 576 bytes for a sealed ID that
+// carries its initialize). So the table keeps a copy of id, and keys the
+// session's kept initialize with the same copy, so that it holds one key;
+// it returns the copy, which the shared store's index of sessions may take
+// too (see [redisConn.rekey]).
+func (t *Table) confirm(id string, e entry) string {
+	id = strings.Clone(id)
 	t.moving = true
 	t.unconfirmed.Remove(id)
 	t.moving = false
 	t.confirmed.Add(id, e)
+	if init, ok := t.inits[id]; ok {
+		delete(t.inits, id)
+		t.inits[id] = init
+	}
+	return id
 }
 
 // makeRoom evicts sessions until n more fit in the table, and reports

@@ -126,7 +126,7 @@ func (m *MatchMCP) Provision(ctx caddy.Context) error {
 	m.sessions = slices.Contains(m.Eras, EraLegacySession.String())
 	if m.sessions && (len(m.Methods) > 0 || len(m.Names) > 0) {
 		ctx.Logger().Warn("mcp matcher selects requests of legacy sessions by method or name; " +
-			"a route that sends them to upstreams other than their session's ends those sessions (README: Routing by tool)")
+			"a route that sends them to upstreams other than their session's ends those sessions (docs/behaviour.md#routing-by-tool)")
 	}
 	return nil
 }

@@ -240,6 +240,19 @@ func (c *redisConn) put(id, dial string, bound principalSum, record string) {
 	c.applyCounts(counts)
 }
 
+// rekey makes id, the key the table now holds a session by (see
+// [Table.confirm]), the session ID of its hash here, so that the table and
+// this index share one copy of it; a session this index does not hold is
+// left out.
+func (c *redisConn) rekey(id string) {
+	h := c.ks.hash(id)
+	c.mu.Lock()
+	if _, ok := c.byHash[h]; ok {
+		c.byHash[h] = id
+	}
+	c.mu.Unlock()
+}
+
 func (c *redisConn) queuePut(h keyHash, v string) {
 	c.mu.Lock()
 	c.puts[h] = v

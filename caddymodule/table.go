@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -448,8 +449,13 @@ func (t *Table) LookupAs(id, principal string) (up *Upstream, mismatch bool) {
 // store, in the store (tombstone.go).
 func (t *Table) lookup(id, principal string) (up *Upstream, mismatch, ended bool) {
 	sum := t.keys.Load().sum(principal) // outside the lock: it costs about a microsecond
-	e, mismatch, touch := t.lookupHere(id, sum)
+	e, mismatch, touch, confirmed := t.lookupHere(id, sum)
 	if e.up != nil || mismatch {
+		if confirmed != "" {
+			if c := t.store.Load(); c != nil {
+				c.rekey(confirmed) // outside the lock: hashing costs about a microsecond
+			}
+		}
 		if touch != "" {
 			t.store.Load().touch(id, touch)
 		}
@@ -472,25 +478,26 @@ func (t *Table) lookup(id, principal string) (up *Upstream, mismatch, ended bool
 // lookupHere is LookupAs in this process's table: the session's entry (a
 // zero entry when the table does not hold it). When the shared store's
 // idle timer of the session is due for a refresh, touch is the session's
-// value in the store.
-func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch bool, touch string) {
+// value in the store. When this lookup confirmed the session, confirmed is
+// the key the table now holds it by (see [Table.confirm]).
+func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch bool, touch, confirmed string) {
 	now := t.clock()
 	if e, mismatch, ok := t.lookupRecorded(id, sum, now); ok {
-		return e, mismatch, ""
+		return e, mismatch, "", ""
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, list, ok := t.peek(id)
 	if !ok {
-		return entry{}, false, ""
+		return entry{}, false, "", ""
 	}
 	if t.expired(e, now) {
 		t.reason = EvictTTL
 		list.Remove(id)
-		return entry{}, false, ""
+		return entry{}, false, "", ""
 	}
 	if t.refused(e.principal, sum) {
-		return entry{}, true, ""
+		return entry{}, true, "", ""
 	}
 	if t.store.Load() != nil && crossed(e.lastUsed, now, touchInterval(t.TTL())) {
 		touch = value(e.up.dial, e.principal, t.inits[id].record())
@@ -500,8 +507,8 @@ func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch bool,
 	} else {
 		e.lastUsed = now // its first use, which confirms it, is recorded exactly
 	}
-	t.use(id, e, list)
-	return e, false, touch
+	confirmed = t.use(id, e, list)
+	return e, false, touch, confirmed
 }
 
 // lookupRecorded is lookupHere under the read lock, for the lookups that
@@ -567,6 +574,7 @@ func (t *Table) adoptShared(id string, s storedSession, sum principalSum) (*Upst
 	defer t.mu.Unlock()
 	e, _, ok := t.peek(id)
 	if !ok { // else learned meanwhile
+		id = strings.Clone(id) // the request's, which may share a larger buffer (see [Table.confirm])
 		e = t.adoptHere(id, t.upstream(s.dial), s.bound)
 		t.Stats.shared.Add(1)
 		if _, held := t.confirmed.Peek(id); held && s.init != nil {

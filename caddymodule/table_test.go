@@ -3,11 +3,15 @@ package caddymodule
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
 )
 
 // fakeClock is a clock for [NewTable] that moves only when told to.
@@ -856,4 +860,69 @@ func TestTableTouchResolution(t *testing.T) {
 			t.Error("expired session still found")
 		}
 	})
+}
+
+// TestConfirmKeepsItsOwnKey: a session's first use confirms it under the
+// request's key, which may share a larger buffer (an opened sealed ID's key
+// shares the buffer of the whole ID and its plaintext). The table must
+// keep a copy of the key, not the request's buffer, and one copy: the
+// learned key is dropped by the list, the kept initialize (failover) and
+// the shared store's index (redis) alike.
+func TestConfirmKeepsItsOwnKey(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, tc := range []struct {
+		name            string
+		failover, redis bool
+	}{{"memory", false, false}, {"memory, failover", true, false}, {"redis", false, true}, {"redis, failover", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var tbl *Table
+			if tc.redis {
+				tbl = sharedTable(t, srv.Addr, "confirm/"+t.Name(), time.Second)
+			} else {
+				var err error
+				if tbl, err = NewTable("memory", 10, time.Hour, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var init *sessionInit
+			if tc.failover {
+				tbl.setFailover(FailoverReinitialize, 0)
+				init = &sessionInit{body: []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize"}`)}
+			}
+			key := strings.Repeat("k", 300)
+			requestFreed, learnedFreed := make(chan struct{}), make(chan struct{})
+			func() {
+				learned := strings.Clone(key)
+				runtime.AddCleanup(unsafe.StringData(learned), func(ch chan struct{}) { close(ch) }, learnedFreed)
+				tbl.learnInit(learned, "10.0.0.1:80", Origin{}, init)
+				request := key + strings.Repeat("x", 4096) // the key, and more, in one allocation
+				runtime.AddCleanup(unsafe.StringData(request), func(ch chan struct{}) { close(ch) }, requestFreed)
+				if tbl.Lookup(request[:len(key)]) == nil {
+					t.Fatal("the learned session is not found")
+				}
+			}()
+			for what, ch := range map[string]chan struct{}{"the request's buffer": requestFreed, "the learned key too": learnedFreed} {
+				if !freedSoon(ch) {
+					t.Errorf("after confirming the session, the table keeps %s", what)
+				}
+			}
+			if up, kept := tbl.initOf(key); up == nil || (kept == nil) != (init == nil) || init != nil && string(kept.body) != string(init.body) {
+				t.Errorf("after confirming, the session is on %v with kept initialize %+v, want %+v", up, kept, init)
+			}
+		})
+	}
+}
+
+// freedSoon runs the GC until ch is closed, for up to a second, and
+// reports whether it was.
+func freedSoon(ch chan struct{}) bool {
+	for range 50 {
+		runtime.GC()
+		select {
+		case <-ch:
+			return true
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return false
 }
