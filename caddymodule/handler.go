@@ -98,6 +98,11 @@ var policyVars = []string{varGone, varUnavailable}
 // answers its POST with 404, or is draining past its deadline, moves to
 // another upstream instead of ending (failover.go).
 //
+// Caddy's server `write` timeout does not cut its streams (SSE responses)
+// or the answers of calls in progress: it is lifted while the upstream
+// answers a GET or POST, and put back from the response's headers for any
+// response but a stream (deadline.go).
+//
 // It drops a session when the upstream answers its POST or DELETE with 404,
 // or its DELETE with 2xx; the upstream's response passes unchanged. A 404
 // to a GET keeps the session (see evictAfter).
@@ -294,6 +299,8 @@ type Handler struct {
 	app            *App         // the config's mcp_sessions app, which configures table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
 	warnedInitSize *atomic.Bool // the warning of an initialize too large to seal was logged
+	warnedDeadline *atomic.Bool // the warning of a write timeout that cannot be lifted was logged
+	warnedSlowInit *atomic.Bool // the warning of an initialize slower than initialize_timeout was logged
 	logger         *zap.Logger
 
 	sealer *SessionSealer // nil unless SealSessionIDs is set
@@ -344,7 +351,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	h.table, h.app, h.warnedNoPolicy, h.warnedInitSize = t, app, new(atomic.Bool), new(atomic.Bool)
+	h.table, h.app = t, app
+	h.warnedNoPolicy, h.warnedInitSize, h.warnedDeadline, h.warnedSlowInit = new(atomic.Bool), new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)
 	t.SetLogger(h.logger)
 	return nil
 }
