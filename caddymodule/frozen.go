@@ -132,8 +132,9 @@ func (h *Handler) forward(sw *sessionWriter, next caddyhttp.Handler, bound time.
 }
 
 // forwardNew forwards a request without a session. One that opens a
-// session waits at most initialize_timeout for each upstream's response
-// headers, and is sent to another upstream when one leaves it waiting (see
+// session waits initialize_timeout for each upstream's response headers,
+// and longer while the upstream answers probes (open.go); it is sent to
+// another upstream when one leaves it waiting and does not answer (see
 // [Handler.InitializeTimeout]).
 func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	body, opens := h.opening(r)
@@ -145,7 +146,10 @@ func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyh
 	bound := time.Duration(h.InitializeTimeout)
 	for attempt := 1; ; attempt++ {
 		sw := newSessionWriter(w, h, r, "", nil)
-		expired, err := h.forward(sw, next, bound)
+		expired, slow, err := h.forwardOpening(sw, next, bound) // open.go: slow is not dead
+		if slow {
+			h.noteSlow(r, bound)
+		}
 		if !expired && (attempt == 1 || err == nil || sw.wroteHeader) {
 			return err
 		}
@@ -154,7 +158,7 @@ func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyh
 		}
 		dial := h.leftStuck(r)
 		retry := attempt < maxOpenAttempts && body != nil
-		h.logger.Warn("upstream sent no response headers in time; it gets no new sessions for a while",
+		h.logger.Warn("upstream sent no response headers in time, nor answered a probe; it gets no new sessions for a while",
 			zap.String("upstream", dial), zap.Duration("initialize_timeout", bound), zap.Bool("retrying", retry))
 		if !retry {
 			return h.writeTimeout(w, r, fmt.Sprintf("no upstream sent response headers within %s (initialize_timeout)", bound))
