@@ -58,6 +58,7 @@ type exchange struct {
 	repl     *caddy.Replacer // the request's replacer, once the placeholders are registered with it
 	serving  bool            // an mcp_session handler is serving the request
 	status   int             // the final status written through the handler, 0 before
+	limits   writeLimits     // the server's write limits, lifted while the upstream answers (deadline.go)
 	decision decision
 	pinned   string // dial address of the session's upstream
 
@@ -256,6 +257,9 @@ func (ex *exchange) provide(r *http.Request) {
 func (ex *exchange) WriteHeader(status int) {
 	if status >= 200 && ex.status == 0 {
 		ex.status = status
+		if ex.limits.on {
+			ex.limits.atHeaders(ex.ResponseWriter, ex.Header())
+		}
 	}
 	ex.ResponseWriter.WriteHeader(status)
 }

@@ -161,9 +161,10 @@ func (h *Handler) forward(sw *sessionWriter, next caddyhttp.Handler, bound time.
 }
 
 // forwardNew forwards a request without a session. One that opens a
-// session waits at most initialize_timeout for each upstream's response
-// headers, and is sent to another upstream when one leaves it waiting (see
-// [Handler.InitializeTimeout]) or refuses it (refusal.go); the client gets
+// session waits initialize_timeout for each upstream's response headers,
+// and longer while the upstream answers probes (open.go); it is sent to
+// another upstream when one leaves it waiting and does not answer (see
+// [Handler.InitializeTimeout]), or refuses it (refusal.go); the client gets
 // a held refusal only when no other upstream takes the session.
 func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	body, opens := h.opening(r)
@@ -178,7 +179,10 @@ func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyh
 		before := w.Header().Clone()
 		sw := newSessionWriter(w, h, r, "", nil)
 		retry := attempt < maxOpenAttempts && body != nil
-		expired, held, err := h.forward(sw, next, bound, true)
+		expired, slow, held, err := h.forwardOpening(sw, next, bound) // open.go: slow is not dead
+		if slow {
+			h.noteSlow(r, bound)
+		}
 		switch {
 		case held != nil:
 			h.leftRefusing(r, held)
@@ -198,7 +202,7 @@ func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyh
 			return h.writeTimeout(w, r, fmt.Sprintf("no upstream sent response headers within %s (initialize_timeout)", bound))
 		}
 		dial := h.leftStuck(r)
-		h.logger.Warn("upstream sent no response headers in time; it gets no new sessions for a while",
+		h.logger.Warn("upstream sent no response headers in time, nor answered a probe; it gets no new sessions for a while",
 			zap.String("upstream", dial), zap.Duration("initialize_timeout", bound), zap.Bool("retrying", retry))
 		if !retry {
 			return h.writeTimeout(w, r, fmt.Sprintf("no upstream sent response headers within %s (initialize_timeout)", bound))

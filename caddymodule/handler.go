@@ -86,7 +86,7 @@ var policyVars = []string{varGone, varUnavailable}
 // | a request naming one session in `Mcp-Session-Id` and another in its query | 400 |
 // | a session the table does not hold (unless `unknown_session` is `forward`) | 404 |
 // | a session whose upstream fails active health checks, within the policy's `unhealthy_grace` | 503 with Retry-After; the session is kept |
-// | an `initialize` or `server/discover` that no upstream (of at most three tried) sends response headers for within `initialize_timeout` | 504 |
+// | an `initialize` or `server/discover` that no upstream (of at most three tried) sends response headers for within `initialize_timeout`, nor answers a probe for | 504 |
 // | a session whose upstream sends no response headers within `pinned_timeout` (off by default) | 504; the session is kept |
 // | a session whose upstream was removed, refused the connection, or failed active health checks for `unhealthy_grace` | 404, and the session is dropped (with `failover reinitialize`: see below) |
 //
@@ -97,6 +97,11 @@ var policyVars = []string{varGone, varUnavailable}
 // With `failover reinitialize`, a session whose upstream is gone, or
 // answers its POST with 404, or is draining past its deadline, moves to
 // another upstream instead of ending (failover.go).
+//
+// Caddy's server `write` timeout does not cut its streams (SSE responses)
+// or the answers of calls in progress: it is lifted while the upstream
+// answers a GET or POST, and put back from the response's headers for any
+// response but a stream (deadline.go).
 //
 // It drops a session when the upstream answers its POST or DELETE with 404,
 // or its DELETE with 2xx; the upstream's response passes unchanged. A 404
@@ -250,10 +255,14 @@ type Handler struct {
 	// response headers: an `initialize` (recognised by the JSON-RPC method
 	// of its body, which the proxy reads, up to 4 MiB, before forwarding
 	// it) or a 2026-07-28 `server/discover` (by its `Mcp-Method` header).
-	// When the headers do not come in time, the upstream is stuck: it gets
-	// no new sessions for 30 s unless it answers a request meanwhile, and
-	// the request is sent to another upstream (three upstreams at most), or
-	// answered 504 with a JSON-RPC error when none is left. Sending it again
+	// When the headers do not come in time, the proxy probes the upstream
+	// (`OPTIONS *` on a connection of its own, 1 s): one that answers is
+	// slow, not frozen, and the request goes on waiting for it, probed again
+	// every initialize_timeout, for at most a minute (or initialize_timeout,
+	// if longer). One that does not answer is stuck: it gets no new sessions
+	// for 30 s unless it answers a request meanwhile, and the request is
+	// sent to another upstream (three upstreams at most), or answered 504
+	// with a JSON-RPC error when none is left. Sending it again
 	// is safe: an upstream that sent no headers gave the client no session
 	// ID, so a session it may have created can never be used, and
 	// `initialize` and `server/discover` change nothing else. Other
@@ -294,6 +303,8 @@ type Handler struct {
 	app            *App         // the config's mcp_sessions app, which configures table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
 	warnedInitSize *atomic.Bool // the warning of an initialize too large to seal was logged
+	warnedDeadline *atomic.Bool // the warning of a write timeout that cannot be lifted was logged
+	warnedSlowInit *atomic.Bool // the warning of an initialize slower than initialize_timeout was logged
 	logger         *zap.Logger
 
 	sealer *SessionSealer // nil unless SealSessionIDs is set
@@ -344,7 +355,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	h.table, h.app, h.warnedNoPolicy, h.warnedInitSize = t, app, new(atomic.Bool), new(atomic.Bool)
+	h.table, h.app = t, app
+	h.warnedNoPolicy, h.warnedInitSize, h.warnedDeadline, h.warnedSlowInit = new(atomic.Bool), new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)
 	t.SetLogger(h.logger)
 	return nil
 }

@@ -88,6 +88,8 @@ func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp
 	}
 	ex.serving, ex.ResponseWriter, ex.decision = true, w, decisionBalanced
 	defer func() { ex.serving = false }()
+	h.liftWriteLimits(ex, r)
+	defer ex.limits.putBack(w)
 	if r.Method == http.MethodPost && ex.method() == "subscriptions/listen" {
 		h.table.Stats.methods.listens.Add(1)
 		defer h.table.Stats.methods.listens.Add(-1)

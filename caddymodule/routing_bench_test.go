@@ -58,8 +58,9 @@ func (w *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (w *discardWriter) WriteHeader(int)             {}
 
 // BenchmarkHandlerServeHTTP measures the whole mcp_session handler per
-// request, next handler excluded: a pinned request of a live session, and
-// a sessionless modern request.
+// request, next handler excluded: a pinned request of a live session, a
+// sessionless modern request, and an initialize (its wait for headers
+// bounded by initialize_timeout).
 func BenchmarkHandlerServeHTTP(b *testing.B) {
 	ctx := newContext(b)
 	h := &Handler{Table: "bench/serve"}
@@ -73,9 +74,13 @@ func BenchmarkHandlerServeHTTP(b *testing.B) {
 		w.WriteHeader(http.StatusOK)
 		return nil
 	})
-	run := func(b *testing.B, header map[string]string) {
+	run := func(b *testing.B, header map[string]string, body ...string) {
 		w := &discardWriter{h: http.Header{}}
-		eachRequest(b, func() *http.Request { return caddyRequest(`{}`, header) }, func(r *http.Request) {
+		req := `{}`
+		if len(body) > 0 {
+			req = body[0]
+		}
+		eachRequest(b, func() *http.Request { return caddyRequest(req, header) }, func(r *http.Request) {
 			if err := h.ServeHTTP(w, r, next); err != nil {
 				b.Fatal(err)
 			}
@@ -85,6 +90,7 @@ func BenchmarkHandlerServeHTTP(b *testing.B) {
 	b.Run("modern", func(b *testing.B) {
 		run(b, map[string]string{"Mcp-Protocol-Version": ModernProtocolVersion, "Mcp-Method": "tools/call", "Mcp-Name": "render"})
 	})
+	b.Run("initialize", func(b *testing.B) { run(b, map[string]string{"Content-Type": "application/json"}, testInitBody) })
 }
 
 // benchBody is a tools/call as the MCP Go SDK client sends it at 2026-07-28 (312 bytes).

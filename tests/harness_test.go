@@ -87,7 +87,11 @@ func (p proxy) port() int {
 func (p proxy) url() string { return "http://" + p.addr + "/mcp" }
 
 // globalOptions is the Caddyfile global options block of every test config.
-func globalOptions() string {
+func globalOptions() string { return globalOptionsWith("") }
+
+// globalOptionsWith is globalOptions with server options (such as a
+// `timeouts` block) added to its `servers` block.
+func globalOptionsWith(serverOptions string) string {
 	logs := "log {\n\t\toutput discard\n\t}"
 	if os.Getenv("MCP_TEST_CADDY_LOG") != "" {
 		logs = "log {\n\t\tlevel DEBUG\n\t}"
@@ -99,9 +103,10 @@ func globalOptions() string {
 	persist_config off
 	servers {
 		protocols h1 h2c
+		%s
 	}
 }
-`, adminAddr, logs)
+`, adminAddr, logs, serverOptions)
 }
 
 // siteConfig returns a Caddyfile whose one site listens on 127.0.0.1:port
@@ -130,7 +135,14 @@ func startProxy(t testing.TB, body string) proxy {
 // port, and returns the sites in the order of bodies.
 func startProxies(t testing.TB, bodies ...string) []proxy {
 	t.Helper()
-	cfg := globalOptions()
+	return startProxiesWith(t, "", bodies...)
+}
+
+// startProxiesWith is startProxies with serverOptions added to the servers
+// block of the global options (see globalOptionsWith).
+func startProxiesWith(t testing.TB, serverOptions string, bodies ...string) []proxy {
+	t.Helper()
+	cfg := globalOptionsWith(serverOptions)
 	ps := make([]proxy, len(bodies))
 	for i, body := range bodies {
 		port := mustFreePort()

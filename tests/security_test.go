@@ -58,6 +58,12 @@ func TestConnectionCannotStripSession(t *testing.T) {
 // rebinding attack makes the victim's browser send the attacker's name to
 // a loopback address.
 func tlsSiteConfig(t testing.TB, port int, body string) string {
+	return tlsSiteConfigWith(t, port, "", body)
+}
+
+// tlsSiteConfigWith is tlsSiteConfig with serverOptions (such as a
+// `timeouts` block) added to the servers block of the global options.
+func tlsSiteConfigWith(t testing.TB, port int, serverOptions, body string) string {
 	return fmt.Sprintf(`{
 	admin %s
 	log {
@@ -69,6 +75,7 @@ func tlsSiteConfig(t testing.TB, port int, body string) string {
 	persist_config off
 	servers {
 		protocols h1 h2 h3
+		%s
 	}
 }
 
@@ -77,7 +84,7 @@ https://localhost:%d, https://evil.example:%d {
 	tls internal
 	%s
 }
-`, adminAddr, t.TempDir(), port, port, body)
+`, adminAddr, t.TempDir(), serverOptions, port, port, body)
 }
 
 // TestDNSRebindingProtectionOverHTTP3: on a loopback TLS site, a request

@@ -5,7 +5,7 @@
 // Usage:
 //
 //	whoami-server [-listen 127.0.0.1:0] [-name NAME] [-json] [-era legacy|modern|dual] [-addr-file PATH] [-down-file PATH]
-//	              [-session-timeout DURATION] [-bearer-token TOKEN] [-any-host]
+//	              [-session-timeout DURATION] [-bearer-token TOKEN] [-any-host] [-initialize-delay DURATION]
 package main
 
 import (

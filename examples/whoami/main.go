@@ -32,7 +32,8 @@ type Config struct {
 
 // Main runs a whoami server configured by args (without the program name)
 // until SIGINT or SIGTERM. Flags: -listen, -name, -json, -era, -addr-file,
-// -transport, -down-file, -session-timeout. It returns Run's errors.
+// -transport, -down-file, -session-timeout, -bearer-token, -any-host,
+// -initialize-delay. It returns Run's errors.
 func Main(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -77,6 +78,7 @@ func ParseFlags(args []string) (Config, error) {
 	fs.StringVar(&cfg.Options.DownFile, "down-file", "", "GET /healthz answers 503 while this `file` exists")
 	fs.DurationVar(&cfg.Options.SessionTimeout, "session-timeout", 0, "close sessions idle for this `duration` (0: keep them until DELETE)")
 	fs.StringVar(&cfg.Options.BearerToken, "bearer-token", "", "require this bearer `token`; the 401 names OAuth resource metadata at a URL built from the request's Host")
+	fs.DurationVar(&cfg.Options.InitializeDelay, "initialize-delay", 0, "answer initialize after this `duration`, as a server with a cold start does (each is logged)")
 	fs.BoolVar(&cfg.Options.AnyHost, "any-host", false, "accept any Host on loopback (turn off go-sdk's DNS-rebinding protection)")
 	fs.IntVar(&cfg.Options.MaxSessions, "max-sessions", 0, "answer initialize 503 past this many live `sessions`, as the Python SDK at its cap (0: no cap)")
 	fs.IntVar(&cfg.Options.InitializeStatus, "initialize-status", 0, "answer every initialize with this HTTP `status` (0: serve it)")

@@ -70,6 +70,10 @@ type Options struct {
 	// BearerToken, if set, makes the MCP endpoint an OAuth protected
 	// resource that accepts this one bearer token (see ProtectedByHost).
 	BearerToken string
+	// InitializeDelay makes the server wait this long before it answers
+	// initialize, as a server with a cold start or a slow per-session setup
+	// does; each initialize is logged to stderr ("whoami: initialize").
+	InitializeDelay time.Duration
 	// AnyHost turns off go-sdk's DNS-rebinding protection
 	// (StreamableHTTPOptions.DisableLocalhostProtection), which refuses a
 	// request that arrived on loopback with a Host that is not loopback.
@@ -145,6 +149,9 @@ func NewHandler(opts Options) http.Handler {
 // mcpHandler serves the whoami MCP server for the protocol eras of opts.
 func mcpHandler(opts Options) http.Handler {
 	server := NewServer(opts.Name)
+	if opts.InitializeDelay > 0 {
+		server.AddReceivingMiddleware(delayInitialize(opts.InitializeDelay))
+	}
 	getServer := func(*http.Request) *mcp.Server { return server }
 	if opts.Transport == TransportSSE {
 		return mcp.NewSSEHandler(getServer, nil)
@@ -164,6 +171,22 @@ func mcpHandler(opts Options) http.Handler {
 		return byEra(handler(true), handler(false))
 	}
 	return handler(false)
+}
+
+// delayInitialize returns middleware that logs each initialize request and
+// answers it after d, or when its context ends.
+func delayInitialize(d time.Duration) mcp.Middleware {
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method == "initialize" {
+				fmt.Fprintf(os.Stderr, "whoami: initialize, answering in %v\n", d)
+				if err := sleep(ctx, d); err != nil {
+					return nil, err
+				}
+			}
+			return next(ctx, method, req)
+		}
+	}
 }
 
 // ModernProtocolVersion is the first MCP protocol version without sessions.

@@ -111,6 +111,23 @@ func TestSlowProgress(t *testing.T) {
 	}
 }
 
+// TestInitializeDelay: with InitializeDelay, opening a session takes that
+// long; the calls of the session after it do not wait.
+func TestInitializeDelay(t *testing.T) {
+	const delay = 300 * time.Millisecond
+	url := startServer(t, Options{InitializeDelay: delay})
+	start := time.Now()
+	cs := connect(t, url, nil)
+	if took := time.Since(start); took < delay {
+		t.Errorf("the session opened after %v; want at least %v", took, delay)
+	}
+	start = time.Now()
+	callText(t, cs, &mcp.CallToolParams{Name: "whoami"})
+	if took := time.Since(start); took >= delay {
+		t.Errorf("a call took %v; want it not delayed", took)
+	}
+}
+
 func TestSlowRejectsBadArguments(t *testing.T) {
 	cs := connect(t, startServer(t, Options{}), nil)
 	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "slow", Arguments: SlowInput{Milliseconds: -1}})
@@ -195,6 +212,9 @@ func TestParseFlags(t *testing.T) {
 	}
 	if cfg, err := ParseFlags([]string{"-session-timeout", "5s"}); err != nil || cfg.Options.SessionTimeout != 5*time.Second {
 		t.Errorf("-session-timeout 5s: %+v, %v", cfg, err)
+	}
+	if cfg, err := ParseFlags([]string{"-initialize-delay", "6s"}); err != nil || cfg.Options.InitializeDelay != 6*time.Second {
+		t.Errorf("-initialize-delay 6s: %+v, %v", cfg, err)
 	}
 	if _, err := ParseFlags([]string{"extra"}); err == nil {
 		t.Error("extra argument accepted")
