@@ -172,29 +172,34 @@ func (e *env) startCaddy(name, route string) (*proxyProc, error) {
 // replicas serving route with their session table in it. It returns the
 // replicas and, last, Redis.
 func (e *env) startReplicas(name, route string) ([]*proxyProc, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return nil, fmt.Errorf("the replicas row needs redis-server: %w", err)
-	}
-	port, err := testproc.FreePort()
-	if err != nil {
-		return nil, err
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	redis, err := e.start(name+"-redis", addr, 10*time.Second, nil, e.proxyCPUs(), bin,
-		"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", e.dir)
+	redis, err := e.startRedis(name + "-redis")
 	if err != nil {
 		return nil, err
 	}
 	var out []*proxyProc
 	for _, r := range []string{"a", "b"} {
-		px, err := e.startCaddyWith(name+"-"+r, redisStoreOption(addr), route)
+		px, err := e.startCaddyWith(name+"-"+r, redisStoreOption(redis.Addr()), route)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, px)
 	}
 	return append(out, &proxyProc{Proc: redis}), nil
+}
+
+// startRedis runs redis-server with persistence off on a free port, on the
+// proxy's CPUs.
+func (e *env) startRedis(name string) (*testproc.Proc, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("%s needs redis-server: %w", name, err)
+	}
+	port, err := testproc.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	return e.start(name, fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second, nil, e.proxyCPUs(), bin,
+		"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", e.dir)
 }
 
 // startCaddyWith runs Caddy with more global options, serving route on a

@@ -21,8 +21,9 @@
 //     the proxies vs direct;
 //   - streams: 10,000 concurrent GET SSE streams held open through mcp_proxy;
 //   - memory: RSS and bytes per session of a table of 1,000,000 sessions;
-//   - memcaddy (not run by default: minutes): the same table filled inside
-//     a real Caddy through a million initialize requests;
+//   - sizing (not run by default: minutes): memory per session in a real
+//     Caddy (and Redis) for each session store, failover setting and
+//     sealing, through 200,000 sessions each;
 //   - decision: the caddymodule table benchmarks (ns/op, allocs/op at 1M
 //     sessions, lock contention at -cpu 1,2,4);
 //   - flood: 50,000 initializes from one client against max_sessions 1000
@@ -78,10 +79,16 @@ type options struct {
 	eventConc   int
 	eventDelay  time.Duration
 	memSessions int
-	flood       int
-	decisionCPU string
-	benchtime   string
-	cpuprofile  string
+
+	sizingSessions int
+	sizingConc     int
+	sizingConfigs  []sizingConfig
+	sizingConfirm  bool
+	merge          bool
+	flood          int
+	decisionCPU    string
+	benchtime      string
+	cpuprofile     string
 
 	variants      []variant
 	boundSessions int    // sessions of the proxybound part
@@ -89,10 +96,10 @@ type options struct {
 	restCPUs      string // the load generator's and upstreams' CPUs ("" = all others)
 }
 
-var allParts = []string{"throughput", "sidecar", "proxybound", "firstevent", "streams", "memory", "memcaddy", "decision", "flood"}
+var allParts = []string{"throughput", "sidecar", "proxybound", "firstevent", "streams", "memory", "sizing", "decision", "flood"}
 
-// defaultParts leaves out memcaddy, which takes minutes (a million
-// initialize requests through Caddy), and sidecar and proxybound, which
+// defaultParts leaves out sizing, which takes minutes (200,000 sessions
+// through Caddy for each of 8 configurations), and sidecar and proxybound, which
 // take as long as throughput each and matter only on a quiet machine.
 var defaultParts = []string{"throughput", "firstevent", "streams", "memory", "decision", "flood"}
 
@@ -136,7 +143,7 @@ func parseFlags() (*options, error) {
 	flag.StringVar(&only, "only", strings.Join(defaultParts, ","), "`parts` to run: "+strings.Join(allParts, ", "))
 	flag.IntVar(&o.rounds, "rounds", 1, "run the throughput scenarios `R` times, interleaved, and report each row's median by calls/s")
 	flag.StringVar(&o.out, "o", "", "also write the report (Markdown) to `file`")
-	flag.StringVar(&o.pprofDir, "pprof", "", "save CPU and allocation profiles of every Caddy throughput run into `dir`")
+	flag.StringVar(&o.pprofDir, "pprof", "", "save CPU and allocation profiles of every Caddy throughput run, and a heap profile of each sizing configuration when full, into `dir`")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (binaries, configs, logs)")
 	flag.StringVar(&o.goBin, "go", "go", "the go `command` used to build Caddy and the servers")
 	flag.StringVar(&o.haproxy, "haproxy", "/usr/sbin/haproxy", "HAProxy `binary`")
@@ -148,7 +155,12 @@ func parseFlags() (*options, error) {
 	flag.IntVar(&o.eventConc, "event-concurrency", 4, "streams timed at once (firstevent part)")
 	flag.DurationVar(&o.eventDelay, "event-delay", time.Millisecond, "the upstream writes the first event this long after the stream's headers")
 	flag.IntVar(&o.flood, "flood", 50_000, "`N` initializes sent from one client in the flood part")
-	flag.IntVar(&o.memSessions, "memory-sessions", 1_000_000, "`N` sessions in the table (memory and memcaddy parts)")
+	flag.IntVar(&o.memSessions, "memory-sessions", 1_000_000, "`N` sessions in the table (memory part)")
+	flag.IntVar(&o.sizingSessions, "sizing-sessions", 200_000, "`N` sessions opened per configuration (sizing part)")
+	flag.IntVar(&o.sizingConc, "sizing-concurrency", 64, "sessions opened at once, each worker on its own connection (sizing part)")
+	flag.BoolVar(&o.sizingConfirm, "sizing-confirm", true, "sizing part: send notifications/initialized after each initialize, as a client does; false: initialize only (half the requests, sessions left unconfirmed)")
+	sizingConfigs := flag.String("sizing-configs", "all", "`configurations` of the sizing part: all, or store/failover/sealed joined by commas (memory/off/off,redis/reinitialize/on)")
+	flag.BoolVar(&o.merge, "merge", false, "with -o: replace in the file only the sections this run writes (adding those it lacks), keeping the rest")
 	flag.StringVar(&o.decisionCPU, "decision-cpu", "1,2,4", "-cpu list of the decision benchmarks")
 	flag.StringVar(&o.benchtime, "decision-benchtime", "2000000x", "-benchtime of the decision benchmarks")
 	flag.StringVar(&variants, "variants", "", "extra mcp_proxy (3) rows under other settings: `list` of variants, settings joined by + (transport=http,gogc=400+memlimit=1GiB,keepalive_idle_conns=64,flush_interval=-1,h2c; bench/README.md lists them)")
@@ -189,8 +201,14 @@ func parseFlags() (*options, error) {
 	if o.variants, err = parseVariants(variants); err != nil {
 		return nil, err
 	}
-	if o.sessions < 1 || o.rounds < 1 || o.boundSessions < 1 {
-		return nil, fmt.Errorf("-sessions, -proxybound-sessions and -rounds must be at least 1")
+	if o.sizingConfigs, err = parseSizingConfigs(*sizingConfigs); err != nil {
+		return nil, err
+	}
+	if o.merge && o.out == "" {
+		return nil, fmt.Errorf("-merge needs -o: the report to merge this run's sections into")
+	}
+	if o.sessions < 1 || o.rounds < 1 || o.boundSessions < 1 || o.sizingSessions < 1 || o.sizingConc < 1 {
+		return nil, fmt.Errorf("-sessions, -proxybound-sessions, -rounds, -sizing-sessions and -sizing-concurrency must be at least 1")
 	}
 	return o, nil
 }
@@ -287,7 +305,7 @@ func run() error {
 			return err
 		}
 	}
-	needsBuild := o.runs("throughput") || o.runs("sidecar") || o.runs("proxybound") || o.runs("firstevent") || o.runs("streams") || o.runs("memcaddy") || o.runs("flood")
+	needsBuild := o.runs("throughput") || o.runs("sidecar") || o.runs("proxybound") || o.runs("firstevent") || o.runs("streams") || o.runs("sizing") || o.runs("flood")
 	if needsBuild {
 		if err := e.build(o.goBin, repo); err != nil {
 			return err
@@ -333,8 +351,10 @@ func run() error {
 	if o.runs("memory") {
 		rep.memory, rep.memoryErr = e.memoryPart(o)
 	}
-	if o.runs("memcaddy") {
-		rep.memCaddy, rep.memCaddyErr = e.memCaddyPart(o)
+	if o.runs("sizing") {
+		start := time.Now()
+		rep.sizing, rep.sizingErr = e.sizingPart(o)
+		rep.sizingTime = time.Since(start)
 	}
 	if o.runs("decision") {
 		rep.decision, rep.decisionErr = e.decisionPart(o, repo)
@@ -352,8 +372,16 @@ func run() error {
 	var buf bytes.Buffer
 	rep.write(&buf)
 	os.Stdout.Write(buf.Bytes())
+	out := buf.Bytes()
+	if o.merge {
+		old, err := os.ReadFile(o.out)
+		if err != nil {
+			return fmt.Errorf("-merge: %w", err)
+		}
+		out = []byte(mergeReport(string(old), buf.String()))
+	}
 	if o.out != "" {
-		if err := os.WriteFile(o.out, buf.Bytes(), 0o644); err != nil {
+		if err := os.WriteFile(o.out, out, 0o644); err != nil {
 			return err
 		}
 	}

@@ -24,8 +24,9 @@ type report struct {
 	streamsErr    error
 	memory        *memResult
 	memoryErr     error
-	memCaddy      *memCaddyResult
-	memCaddyErr   error
+	sizing        []*sizingResult
+	sizingErr     error
+	sizingTime    time.Duration
 	decision      *decisionResult
 	decisionErr   error
 	flood         *floodResult
@@ -91,8 +92,8 @@ func (r *report) write(w io.Writer) {
 	if r.memory != nil || r.memoryErr != nil {
 		r.writeMemory(w)
 	}
-	if r.memCaddy != nil || r.memCaddyErr != nil {
-		r.writeMemCaddy(w)
+	if r.sizing != nil || r.sizingErr != nil {
+		r.writeSizing(w)
 	}
 	if r.decision != nil || r.decisionErr != nil {
 		r.writeDecision(w)
@@ -112,27 +113,6 @@ func (r *report) writeChartLinks(w io.Writer, suffixes ...string) {
 			}
 		}
 	}
-}
-
-func (r *report) writeMemCaddy(w io.Writer) {
-	fmt.Fprintf(w, "## Memory per session in a real Caddy\n\n")
-	if r.memCaddyErr != nil {
-		fmt.Fprintf(w, "Error: %s\n\n", oneLine(r.memCaddyErr.Error()))
-		return
-	}
-	m := r.memCaddy
-	fmt.Fprintf(w, "Caddy `mcp_proxy` in front of 3 upstream doubles learns %d sessions from %d initialize-shaped POSTs (IDs of 26 bytes, as go-sdk mints); "+
-		"memory read after a GC forced through `/debug/pprof/heap?gc=1`, before and after the fill.\n\n", m.n, m.n)
-	per := func(a, b int64) string { return fmt.Sprintf("%.1f B", float64(a-b)/float64(m.n)) }
-	fmt.Fprintf(w, "| figure | value |\n|---|--:|\n")
-	fmt.Fprintf(w, "| sessions in the table (admin API) | %d |\n", m.tableSessions)
-	fmt.Fprintf(w, "| time to learn them | %s (%.0f sessions/s) |\n", m.fillTime.Round(time.Second), float64(m.n)/m.fillTime.Seconds())
-	fmt.Fprintf(w, "| Go heap in use before / after | %s / %s |\n", mib(m.heapBefore), mib(m.heap))
-	fmt.Fprintf(w, "| Go heap per session, ID included | %s |\n", per(m.heap, m.heapBefore))
-	fmt.Fprintf(w, "| RSS before / after | %s / %s |\n", mib(m.rssBefore), mib(m.rssFull))
-	fmt.Fprintf(w, "| RSS per session, ID included | %s |\n", per(m.rssFull, m.rssBefore))
-	fmt.Fprintf(w, "| peak RSS (VmHWM) | %s |\n", mib(m.hwm))
-	fmt.Fprintln(w)
 }
 
 func firstField(s string) string {
