@@ -213,7 +213,7 @@ func (e *env) sizeOne(o *options, cfg sizingConfig, upstreams []string) *sizingR
 	case res.held != res.n:
 		res.err = fmt.Errorf("the table holds %d sessions, not the %d opened", res.held, res.n)
 	case redisAddr != "" && res.redisKeys < int64(res.n):
-		res.err = fmt.Errorf("Redis holds %d keys, fewer than the %d sessions opened: the store missed writes", res.redisKeys, res.n)
+		res.err = fmt.Errorf("redis holds %d keys, fewer than the %d sessions opened: the store missed writes", res.redisKeys, res.n)
 	}
 	return res
 }
