@@ -28,10 +28,12 @@ import (
 // does not allocate.
 func foldsTo(key []byte, name string) bool {
 	switch {
+	case len(key) < len(name) || len(key) > utf8.UTFMax*len(name) || len(name) == 0:
+		return false
+	case key[0] < utf8.RuneSelf && lowerASCII(key[0]) != lowerASCII(name[0]):
+		return false // most keys: the first byte differs
 	case len(key) == len(name):
 		return string(key) != name && asciiFold(key, name)
-	case len(key) < len(name) || len(key) > utf8.UTFMax*len(name):
-		return false
 	}
 	return unicodeFold(key, name)
 }
@@ -48,25 +50,28 @@ func asciiFold(key []byte, name string) bool {
 }
 
 // unicodeFold reports whether key's characters equal name's bytes one for
-// one under Unicode simple case folding. A byte that is not UTF-8 is
-// utf8.RuneError, which folds to no ASCII character.
+// one under Unicode simple case folding. ASCII bytes are compared in
+// place, so that an ASCII key, which cannot fold to a name of another
+// length, is turned down at its first differing byte. A byte that is not
+// UTF-8 is utf8.RuneError, which folds to no ASCII character.
 func unicodeFold(key []byte, name string) bool {
 	j := 0
-	for len(key) > 0 {
-		r, n := utf8.DecodeRune(key)
-		key = key[n:]
+	for i := 0; i < len(key); j++ {
 		if j == len(name) {
 			return false
 		}
-		c := name[j]
-		j++
-		if r < utf8.RuneSelf {
-			if lowerASCII(byte(r)) != lowerASCII(c) {
+		if c := key[i]; c < utf8.RuneSelf {
+			if lowerASCII(c) != lowerASCII(name[j]) {
 				return false
 			}
-		} else if !inFoldOrbit(r, rune(c)) {
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(key[i:])
+		if !inFoldOrbit(r, rune(name[j])) {
 			return false
 		}
+		i += n
 	}
 	return j == len(name)
 }
