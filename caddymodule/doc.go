@@ -62,4 +62,6 @@
 //     redissync.go and keycheck.go (redis).
 //   - Operations: admin.go, metrics.go, methods.go (the method label).
 //   - transport.go, unixsockets.go and matcher.go: their modules.
+//   - command.go: the `caddy mcp-proxy` subcommand, which runs the
+//     Caddyfile its flags stand for.
 package caddymodule
