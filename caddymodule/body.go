@@ -114,6 +114,9 @@ type replayBody struct {
 	rest    io.ReadCloser
 	eof     bool // rest is at its end: buf is the whole body
 	started bool // Read was called: buf is what is left of the bytes read
+
+	hold    *bodyHold // where buf is charged, when nothing else keeps it; nil otherwise
+	charged int64     // bytes, given back to hold once buf is read
 }
 
 // Read reads the bytes read before, then the rest of the original body.
@@ -122,6 +125,11 @@ func (b *replayBody) Read(p []byte) (int, error) {
 	if len(b.buf) > 0 {
 		n := copy(p, b.buf)
 		b.buf = b.buf[n:]
+		if len(b.buf) == 0 && b.hold != nil {
+			b.buf = nil
+			b.hold.giveBack(b.charged)
+			b.hold = nil
+		}
 		return n, nil
 	}
 	if b.eof {

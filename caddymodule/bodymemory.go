@@ -125,12 +125,23 @@ func (h *bodyHold) release() {
 	h.held, h.ended = 0, true
 }
 
+// giveBack releases n of the bytes the request holds, before it ends.
+func (h *bodyHold) giveBack(n int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if n = min(n, h.held); n > 0 {
+		h.budget.give(n)
+		h.held -= n
+	}
+}
+
 // readHead reads r's body into memory, at most limit bytes and one more to
 // tell a longer body, charging the bytes to the budget before it allocates
 // them, and puts them back in front of the rest: the body passes on
 // unchanged. whole reports that buf is the whole body, of at most limit
-// bytes. A head read before and not yet consumed is returned again, at no
-// charge. err is the body's read error, or errBodyMemory when the budget
+// bytes; a head that is not is given back to the budget once it has passed
+// on (callers keep only whole bodies). A head read before and not yet
+// consumed is returned again, at no charge. err is the body's read error, or errBodyMemory when the budget
 // is spent; what was read is put back then too.
 func (ex *exchange) readHead(r *http.Request, limit int64) (buf []byte, whole bool, err error) {
 	if r.Body == nil || r.Body == http.NoBody {
@@ -145,8 +156,13 @@ func (ex *exchange) readHead(r *http.Request, limit int64) (buf []byte, whole bo
 		want = r.ContentLength
 	}
 	buf, eof, err := ex.readUpTo(r.Body, want)
-	r.Body = &replayBody{buf: buf, rest: r.Body, eof: eof || err == nil && int64(len(buf)) == r.ContentLength}
-	return buf, err == nil && int64(len(buf)) <= limit, err
+	rb := &replayBody{buf: buf, rest: r.Body, eof: eof || err == nil && int64(len(buf)) == r.ContentLength}
+	r.Body = rb
+	whole = err == nil && int64(len(buf)) <= limit
+	if !whole {
+		rb.hold, rb.charged = &ex.mem, int64(cap(buf))
+	}
+	return buf, whole, err
 }
 
 // readUpTo reads at most want bytes of body, growing its buffer from

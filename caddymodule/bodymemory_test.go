@@ -78,7 +78,9 @@ func waitHeld(t *testing.T, want int64) {
 
 // TestReadHead: a head is read at most to its bound and one byte more,
 // charged before it is allocated, read again at no charge, and put back:
-// the body passes on unchanged, also when the budget refuses the read.
+// the body passes on unchanged, also when the budget refuses the read. A
+// head shorter than the body is given back once it passed on; a whole
+// body stays charged until the request ends.
 func TestReadHead(t *testing.T) {
 	body := strings.Repeat("x", 100<<10)
 	for _, known := range []bool{true, false} {
@@ -101,6 +103,9 @@ func TestReadHead(t *testing.T) {
 		if got, _ := io.ReadAll(r.Body); string(got) != body {
 			t.Errorf("known length %v: the body passed on is %d bytes, want the %d sent", known, len(got), len(body))
 		}
+		if b.Held() != 0 {
+			t.Errorf("known length %v: a head that is not the whole body is still charged (%d bytes) after it passed on", known, b.Held())
+		}
 
 		r = httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(body))
 		if !known {
@@ -114,6 +119,11 @@ func TestReadHead(t *testing.T) {
 		if buf, whole, _ = ex.readHead(r, int64(len(body))); !whole || len(buf) != len(body) {
 			t.Errorf("known length %v: the whole body read again is %d bytes, whole %v", known, len(buf), whole)
 		}
+		_, _ = io.ReadAll(r.Body)
+		if h := b.Held(); h < int64(len(body)) || h > int64(len(body))+1 { // one byte more to see the end of a body of unknown length
+			t.Errorf("known length %v: a whole body, which callers keep, is charged %d bytes, want %d until the request ends", known, h, len(body))
+		}
+		ex.mem.release()
 	}
 
 	b := &bodyBudget{max: 8 << 10}
