@@ -25,6 +25,7 @@ func init() {
 //
 //	GET  /mcp_sessions/                          every table: sessions, bounds, and per upstream: live sessions, draining
 //	GET  /mcp_sessions/upstream?table=&upstream= one upstream: live sessions, draining
+//	GET  /mcp_sessions/status                    the status page (HTML), with drain and undrain buttons
 //	POST /mcp_sessions/drain    {"table", "upstream"[, "deadline"]}   stop sending new sessions to the upstream;
 //	                                                    past the deadline, its sessions fail over (failover reinitialize)
 //	POST /mcp_sessions/undrain  {"table", "upstream"}   send new sessions to it again
@@ -150,6 +151,8 @@ func (a AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		return a.servePost(w, r, op, func(req adminRequest) (any, error) {
 			return drainStatus(req, op == "drain")
 		})
+	case "status":
+		return a.serveStatus(w, r)
 	case "lookup", "evict":
 		return a.servePost(w, r, op, func(req adminRequest) (any, error) {
 			if op == "evict" && req.SessionID == "" && req.Upstream != "" {
@@ -159,7 +162,8 @@ func (a AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		})
 	}
 	return apiError(http.StatusNotFound, "unknown endpoint /mcp_sessions/%s; the endpoints are /mcp_sessions/ and "+
-		"/mcp_sessions/upstream (GET), drain, undrain, lookup and evict (POST), see docs/operating.md#admin-api", op)
+		"/mcp_sessions/upstream (GET), drain, undrain, lookup and evict (POST), and the status page /mcp_sessions/status; "+
+		"see docs/operating.md#admin-api", op)
 }
 
 // serveGet serves a GET endpoint that takes the query parameters params,
@@ -387,32 +391,43 @@ func sessionStatus(table, id string, evict bool) (SessionStatus, error) {
 // has routed to them.
 func (a *App) configuredUpstreams(table string) map[string]bool {
 	dials := map[string]bool{}
-	httpApp := a.httpApp()
-	if httpApp == nil {
-		return dials
-	}
-	for _, srv := range httpApp.Servers {
-		collectUpstreams(srv.Routes, table, dials)
-		if srv.Errors != nil {
-			collectUpstreams(srv.Errors.Routes, table, dials)
-		}
+	for dial := range a.configuredHosts(table) {
+		dials[dial] = true
 	}
 	return dials
 }
 
-func collectUpstreams(routes caddyhttp.RouteList, table string, dials map[string]bool) {
+// configuredHosts is configuredUpstreams with the provisioned upstream of
+// each dial address (one of them, when several handlers list it), whose
+// Healthy reports Caddy's health checks of its host.
+func (a *App) configuredHosts(table string) map[string]*reverseproxy.Upstream {
+	hosts := map[string]*reverseproxy.Upstream{}
+	httpApp := a.httpApp()
+	if httpApp == nil {
+		return hosts
+	}
+	for _, srv := range httpApp.Servers {
+		collectUpstreams(srv.Routes, table, hosts)
+		if srv.Errors != nil {
+			collectUpstreams(srv.Errors.Routes, table, hosts)
+		}
+	}
+	return hosts
+}
+
+func collectUpstreams(routes caddyhttp.RouteList, table string, hosts map[string]*reverseproxy.Upstream) {
 	for _, route := range routes {
 		for _, h := range route.Handlers {
 			switch h := h.(type) {
 			case *caddyhttp.Subroute:
-				collectUpstreams(h.Routes, table, dials)
+				collectUpstreams(h.Routes, table, hosts)
 			case *reverseproxy.Handler:
 				if h.LoadBalancing == nil {
 					continue
 				}
 				if s, ok := h.LoadBalancing.SelectionPolicy.(*SessionSelection); ok && s.Table == table {
 					for _, u := range h.Upstreams {
-						dials[u.Dial] = true
+						hosts[u.Dial] = u
 					}
 				}
 			}

@@ -26,7 +26,7 @@ const defaultProxyFrom = "localhost:8000"
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "mcp-proxy",
-		Usage: `--to <upstream> [--to <upstream>...] [--from <addr>] [--failover] [--redis <host:port>] [--seal-key <key>] [--admin <addr>|off] [--access-log] [--debug] [--print-caddyfile]`,
+		Usage: `--to <upstream> [--to <upstream>...] [--from <addr>] [--failover] [--redis <host:port>] [--seal-key <key>] [--status <path>|off] [--admin <addr>|off] [--access-log] [--debug] [--print-caddyfile]`,
 		Short: "An MCP reverse proxy with session affinity, without a config file",
 		Long: `
 Runs mcp_proxy: every request of an MCP session (Streamable HTTP,
@@ -51,6 +51,11 @@ instead (32 random bytes in base64; {env.NAME} or {file.path} keep it off
 the command line). --admin is Caddy's admin endpoint, where the session
 API lives (default localhost:2019; off turns it off).
 
+--status is the path of the status page (sessions, health and drain state
+per upstream; read-only) on the proxy's own address: /mcp-status by
+default when --from is a loopback address, off otherwise, since the page
+names the upstreams.
+
 --print-caddyfile prints the Caddyfile these flags run, and exits.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
@@ -59,6 +64,7 @@ API lives (default localhost:2019; off turns it off).
 			cmd.Flags().Bool("failover", false, "Move sessions of an upstream that is gone to another upstream")
 			cmd.Flags().StringArray("redis", nil, "Redis address host:port sharing the session table (repeatable for a cluster)")
 			cmd.Flags().String("seal-key", "", "Key that seals the upstream into session IDs (base64, 32 bytes)")
+			cmd.Flags().String("status", "", "Path of the status page, or off (default /mcp-status on loopback, else off)")
 			cmd.Flags().String("admin", "localhost:2019", "Admin endpoint address, or off")
 			cmd.Flags().Bool("access-log", false, "Enable the access log")
 			cmd.Flags().BoolP("debug", "v", false, "Enable verbose debug logs")
@@ -75,6 +81,7 @@ type proxyFlags struct {
 	failover  bool
 	redis     []string
 	sealKey   string
+	status    string // the status page's path, "off", or "" for the default
 	admin     string
 	accessLog bool
 	debug     bool
@@ -114,7 +121,7 @@ func cmdMCPProxy(fs caddycmd.Flags) (int, error) {
 // Caddyfile token.
 func readProxyFlags(fs caddycmd.Flags) (proxyFlags, error) {
 	f := proxyFlags{
-		from: fs.String("from"), failover: fs.Bool("failover"), sealKey: fs.String("seal-key"),
+		from: fs.String("from"), failover: fs.Bool("failover"), sealKey: fs.String("seal-key"), status: fs.String("status"),
 		admin: fs.String("admin"), accessLog: fs.Bool("access-log"), debug: fs.Bool("debug"),
 	}
 	var err error
@@ -137,6 +144,12 @@ func (f proxyFlags) check() error {
 	named := map[string][]string{"--from": {f.from}, "--to": f.to, "--redis": f.redis, "--admin": {f.admin}}
 	if f.sealKey != "" {
 		named["--seal-key"] = []string{f.sealKey}
+	}
+	if f.status != "" {
+		named["--status"] = []string{f.status}
+		if f.status != "off" && !strings.HasPrefix(f.status, "/") {
+			return fmt.Errorf("invalid --status %q: give a path such as /mcp-status, or off", f.status)
+		}
 	}
 	for flag, values := range named {
 		for _, v := range values {
@@ -168,10 +181,15 @@ func checkToken(v string) error {
 
 // proxySite is where the subcommand listens.
 type proxySite struct {
-	address string // the Caddyfile site address
-	bind    string // the host to bind, "" for all interfaces
-	url     string // the base URL clients use
+	address  string // the Caddyfile site address
+	bind     string // the host to bind, "" for all interfaces
+	url      string // the base URL clients use
+	loopback bool   // bound to a loopback address only
 }
+
+// defaultStatusPath is the status page's path when --status is not given
+// and the proxy listens on loopback.
+const defaultStatusPath = "/mcp-status"
 
 // site works out the site from --from: without a scheme, plain HTTP on the
 // given host (bound to it) and port; with https, Caddy's automatic HTTPS.
@@ -197,7 +215,22 @@ func (f proxyFlags) site() (proxySite, error) {
 	if host == "" {
 		host = "localhost"
 	}
-	return proxySite{address: "http://:" + a.Port, bind: a.Host, url: "http://" + net.JoinHostPort(host, a.Port)}, nil
+	ip := net.ParseIP(a.Host)
+	loopback := a.Host == "localhost" || ip != nil && ip.IsLoopback()
+	return proxySite{address: "http://:" + a.Port, bind: a.Host, url: "http://" + net.JoinHostPort(host, a.Port), loopback: loopback}, nil
+}
+
+// statusPath returns the status page's path on site, or "" for none.
+func (f proxyFlags) statusPath(site proxySite) string {
+	switch {
+	case f.status == "off":
+		return ""
+	case f.status != "":
+		return f.status
+	case site.loopback:
+		return defaultStatusPath
+	}
+	return ""
 }
 
 // upstreams splits --to into static upstreams and at most one socket
@@ -242,21 +275,30 @@ func (f proxyFlags) caddyfile(site proxySite) (string, error) {
 	if f.accessLog {
 		b.WriteString("\tlog\n")
 	}
-	b.WriteString("\tmcp_proxy")
+	indent := "\t"
+	if path := f.statusPath(site); path != "" {
+		fmt.Fprintf(&b, "\thandle %s {\n\t\tmcp_status\n\t}\n\thandle {\n", path)
+		indent = "\t\t"
+	}
+	b.WriteString(indent + "mcp_proxy")
 	for _, u := range static {
 		b.WriteString(" " + u)
 	}
 	b.WriteString(" {\n")
 	if pattern != "" {
-		fmt.Fprintf(&b, "\t\tdynamic unix_sockets %s\n", pattern)
+		fmt.Fprintf(&b, "%s\tdynamic unix_sockets %s\n", indent, pattern)
 	}
 	if f.failover {
-		b.WriteString("\t\tfailover reinitialize\n")
+		fmt.Fprintf(&b, "%s\tfailover reinitialize\n", indent)
 	}
 	if f.sealKey != "" {
-		fmt.Fprintf(&b, "\t\tseal_session_ids %s\n", f.sealKey)
+		fmt.Fprintf(&b, "%s\tseal_session_ids %s\n", indent, f.sealKey)
 	}
-	b.WriteString("\t}\n}\n")
+	b.WriteString(indent + "}\n")
+	if indent != "\t" {
+		b.WriteString("\t}\n")
+	}
+	b.WriteString("}\n")
 	return b.String(), nil
 }
 
@@ -276,9 +318,13 @@ func adaptCaddyfile(cfg string) ([]byte, error) {
 	return out, nil
 }
 
-// announce prints what to give MCP clients and where the session API is.
+// announce prints what to give MCP clients, the status page and where the
+// session API is.
 func (f proxyFlags) announce(site proxySite) {
 	fmt.Printf("MCP proxy on %s: give MCP clients %s/<path of your server's MCP endpoint, e.g. /mcp>\n", site.url, site.url)
+	if path := f.statusPath(site); path != "" {
+		fmt.Printf("Status page: %s%s\n", site.url, path)
+	}
 	if f.admin != "off" {
 		fmt.Printf("Sessions per upstream: http://%s/mcp_sessions/\n", f.admin)
 	}

@@ -25,13 +25,18 @@ func TestProxyCommandAdaptsLikeItsCaddyfile(t *testing.T) {
 }
 http://:8000 {
 	bind localhost
-	mcp_proxy 127.0.0.1:9001 127.0.0.1:9002
+	handle /mcp-status {
+		mcp_status
+	}
+	handle {
+		mcp_proxy 127.0.0.1:9001 127.0.0.1:9002
+	}
 }`,
 	}, {
 		name: "every option",
 		flags: proxyFlags{from: "127.0.0.1:8123", to: []string{"127.0.0.1:9001-9003", "unix//run/mcp.sock"},
 			failover: true, redis: []string{"10.0.0.1:6379", "10.0.0.2:6379"}, sealKey: "{env.MCP_SEAL_KEY}",
-			admin: "127.0.0.1:2999", accessLog: true, debug: true},
+			status: "off", admin: "127.0.0.1:2999", accessLog: true, debug: true},
 		caddyfile: `{
 	debug
 	admin 127.0.0.1:2999
@@ -52,14 +57,19 @@ http://:8123 {
 }`,
 	}, {
 		name:  "gunicorn sockets",
-		flags: proxyFlags{from: ":8000", to: []string{"unix//run/mcp/worker-*.sock"}, admin: "off"},
+		flags: proxyFlags{from: ":8000", to: []string{"unix//run/mcp/worker-*.sock"}, status: "/ops/status", admin: "off"},
 		caddyfile: `{
 	admin off
 	persist_config off
 }
 http://:8000 {
-	mcp_proxy {
-		dynamic unix_sockets /run/mcp/worker-*.sock
+	handle /ops/status {
+		mcp_status
+	}
+	handle {
+		mcp_proxy {
+			dynamic unix_sockets /run/mcp/worker-*.sock
+		}
 	}
 }`,
 	}, {
@@ -127,6 +137,7 @@ func TestProxyCommandRefusesBadFlags(t *testing.T) {
 		{"a path", func(f *proxyFlags) { f.from = "localhost:8000/mcp" }, "paths are not allowed"},
 		{"two patterns", func(f *proxyFlags) { f.to = []string{"unix//a/*.sock", "unix//b/*.sock"} }, "only one socket pattern"},
 		{"pattern and fixed", func(f *proxyFlags) { f.to = []string{"unix//a/*.sock", "127.0.0.1:9001"} }, "cannot be mixed"},
+		{"a status page that is no path", func(f *proxyFlags) { f.status = "status" }, "give a path such as /mcp-status"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := base()

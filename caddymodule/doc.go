@@ -9,7 +9,7 @@
 //
 // # Modules
 //
-// The package registers 10 Caddy modules:
+// The package registers 11 Caddy modules:
 //   - mcp_sessions ([App]): the session tables, by name, and their settings;
 //   - mcp_sessions.stores.memory ([MemoryStore]): the default store, a
 //     table in this Caddy's memory only;
@@ -31,12 +31,15 @@
 //   - http.reverse_proxy.upstreams.unix_sockets ([UnixSocketUpstreams]):
 //     every unix socket matching a pattern is an upstream;
 //   - admin.api.mcp_sessions ([AdminAPI]): session counts, lookup, eviction,
-//     drain and undrain under Caddy's admin endpoint.
+//     drain and undrain under Caddy's admin endpoint, and the status page;
+//   - http.handlers.mcp_status ([StatusPage]): the status page on a site
+//     route, read-only.
 //
 // Caddyfile directives: `mcp_proxy` (the handler and the policy in one
 // directive), `mcp_session` (the handler), `lb_policy mcp_session` and
 // `lb_policy least_sessions` inside `reverse_proxy`, `transport mcp`,
-// `dynamic unix_sockets`, the `mcp` matcher, and the global option
+// `dynamic unix_sockets`, the `mcp` matcher, `mcp_status` (the status
+// page), and the global option
 // `mcp_sessions`, which configures the app and its store. docs/caddyfile.md
 // is the reference of every option; the field docs of the module structs
 // are the JSON reference.
@@ -60,7 +63,9 @@
 //   - Legacy HTTP+SSE: legacysse.go and sse.go.
 //   - The stores: store.go (memory), redis.go, redisconn.go, rediskeys.go,
 //     redissync.go and keycheck.go (redis).
-//   - Operations: admin.go, metrics.go, methods.go (the method label).
+//   - Operations: admin.go, metrics.go, methods.go (the method label), the
+//     status page in statuspage.go (its HTML and CSS beside it),
+//     statushandler.go and activity.go (its recent figures).
 //   - transport.go, unixsockets.go and matcher.go: their modules.
 //   - command.go: the `caddy mcp-proxy` subcommand, which runs the
 //     Caddyfile its flags stand for.

@@ -64,6 +64,14 @@ var docBlocks = []docBlock{
 		structs:  []string{"LeastSessionsSelection"},
 	},
 	{
+		name: "mcp_status",
+		parse: func(opt string) error {
+			return new(StatusPage).UnmarshalCaddyfile(caddyfile.NewTestDispenser("mcp_status {\n" + opt + "\n}"))
+		},
+		sections: []string{"mcp_status"},
+		structs:  []string{"StatusPage"},
+	},
+	{
 		name: "mcp_sessions",
 		parse: func(opt string) error {
 			_, err := parseAppOption(caddyfile.NewTestDispenser("mcp_sessions {\n"+opt+"\n}"), nil)

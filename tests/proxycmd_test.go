@@ -3,10 +3,12 @@ package tests
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +58,9 @@ func TestProxyCommandPinsSessions(t *testing.T) {
 	if res.ok != sessions || res.onCreator != sessions*calls || len(res.perServer) != 3 {
 		t.Fatalf("want %d/%d sessions ok, %d calls on the creating server, over 3 servers; got %s", sessions, sessions, sessions*calls, res)
 	}
+	if !strings.Contains(p.Log().String(), "Status page: http://"+addr+"/mcp-status") {
+		t.Fatalf("want the command to print its status page's URL; it printed:\n%s", p.Log().Tail(20))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const open = 6 // sessions left open: runSessions ends its own with DELETE
@@ -64,6 +69,21 @@ func TestProxyCommandPinsSessions(t *testing.T) {
 	openSessions(ctx, t, m[1]+"/mcp", hc, open)
 	if held := upstreamSessions(t, "http://"+admin+"/mcp_sessions/"); held != open {
 		t.Fatalf("the session API lists %d live sessions over the upstreams, want the %d open ones", held, open)
+	}
+	resp, err := hc.Get("http://" + addr + "/mcp-status?refresh=off")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	rows := statusRows(t, string(page))
+	var shown int
+	for _, b := range bs {
+		n, _ := strconv.Atoi(rows[b.Addr()]["live"])
+		shown += n
+	}
+	if resp.StatusCode != http.StatusOK || len(rows) != 3 || shown != open {
+		t.Fatalf("the status page: status %d, %d upstream rows, %d live sessions; want 200, 3 rows, %d sessions", resp.StatusCode, len(rows), shown, open)
 	}
 
 	stock := freeAddr(t)
