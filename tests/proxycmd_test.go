@@ -67,7 +67,13 @@ func TestProxyCommandPinsSessions(t *testing.T) {
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	openSessions(ctx, t, m[1]+"/mcp", hc, open)
-	if held := upstreamSessions(t, "http://"+admin+"/mcp_sessions/"); held != open {
+	// The ended sessions' DELETEs may still be on their way: wait for them.
+	held := upstreamSessions(t, "http://"+admin+"/mcp_sessions/")
+	for end := time.Now().Add(5 * time.Second); held != open && time.Now().Before(end); {
+		time.Sleep(50 * time.Millisecond)
+		held = upstreamSessions(t, "http://"+admin+"/mcp_sessions/")
+	}
+	if held != open {
 		t.Fatalf("the session API lists %d live sessions over the upstreams, want the %d open ones", held, open)
 	}
 	resp, err := hc.Get("http://" + addr + "/mcp-status?refresh=off")
