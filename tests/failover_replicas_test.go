@@ -7,21 +7,7 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
-
-// foFleet is a Redis, three go-sdk servers and three Caddy replicas whose
-// tables share the Redis. Their site routes /<table>/mcp to an mcp_proxy
-// over the servers: "fo" with failover reinitialize; "nofo" without
-// failover (the negative control); "sealedfo" with failover reinitialize
-// and seal_session_ids.
-type foFleet struct {
-	redis *redistest.Server
-	srv   []*testproc.Proc
-	rs    []*replica
-}
 
 // foTables are the tables of a foFleet and their mcp_proxy options.
 var foTables = []struct{ name, options string }{
@@ -30,19 +16,31 @@ var foTables = []struct{ name, options string }{
 	{"sealedfo", "failover reinitialize\n\t\t\tseal_session_ids {env.FO_SEAL_KEY}"},
 }
 
-func startFailoverFleet(t *testing.T) *foFleet {
-	f := &foFleet{redis: redistest.Start(t), srv: startBackends(t, 3, false)}
-	global, body := storeLog, ""
-	for _, tb := range foTables {
-		global = fmt.Sprintf("mcp_sessions %s {\n\t\t%s\n\t}\n\t%s", tb.name, redisStore(f.redis.Addr, sharedTimeout), global)
-		body += fmt.Sprintf("handle_path /%s/* {\n\t\tmcp_proxy %s {\n\t\t\ttable %s\n\t\t\t%s\n\t\t}\n\t}\n\t", tb.name, upstreams(f.srv), tb.name, tb.options)
+// startFailoverFleet starts a Redis, three go-sdk servers and three Caddy
+// replicas whose tables share the Redis. Their site routes /<table>/mcp to
+// an mcp_proxy over the servers: "fo" with failover reinitialize; "nofo"
+// without failover (the negative control); "sealedfo" with failover
+// reinitialize and seal_session_ids.
+func startFailoverFleet(t *testing.T) *fleet {
+	global := func(f *fleet) string {
+		g := storeLog
+		for _, tb := range foTables {
+			g = fmt.Sprintf("mcp_sessions %s {\n\t\t%s\n\t}\n\t%s", tb.name, redisStore(f.redis.Addr, sharedTimeout), g)
+		}
+		return g
 	}
-	f.rs = startStoreReplicas(t, 3, global, body, "FO_SEAL_KEY="+newSealKey(t))
-	return f
+	body := func(f *fleet) string {
+		b := ""
+		for _, tb := range foTables {
+			b += fmt.Sprintf("handle_path /%s/* {\n\t\tmcp_proxy %s {\n\t\t\ttable %s\n\t\t\t%s\n\t\t}\n\t}\n\t", tb.name, upstreams(f.srv), tb.name, tb.options)
+		}
+		return b
+	}
+	return newFleet(t, withRedis(), withServers(3, false), withReplicas(3, "c", global, body, "FO_SEAL_KEY="+newSealKey(t)))
 }
 
 // failoversAt returns the failovers of table on every replica with result.
-func (f *foFleet) failoversAt(t testing.TB, table, result string) int {
+func (f *fleet) failoversAt(t testing.TB, table, result string) int {
 	return int(metricSum(t, f.rs, "caddy_mcp_failovers_total", map[string]string{"table": table, "result": result}))
 }
 
@@ -65,7 +63,7 @@ func TestFailoverReplicas(t *testing.T) {
 	t.Run("replicas failing a session over at once", func(t *testing.T) { testFailoverReplicasConverge(t, f) })
 }
 
-func testFailoverReplicasKill(t *testing.T, f *foFleet) {
+func testFailoverReplicasKill(t *testing.T, f *fleet) {
 	const n, raw = 30, 12
 	url := func(table string) string { return tableURL(f.rs[0], table) }
 	lbs, vs := map[string]*balancer{}, map[string][]*vsSession{}
@@ -150,7 +148,7 @@ func splitSessions(ss []*foSession) int {
 // session ID, the same for every replica, and the next calls through each
 // replica reach it too: the replicas that lost the compare-and-set follow
 // the winner's move.
-func testFailoverReplicasConverge(t *testing.T, f *foFleet) {
+func testFailoverReplicasConverge(t *testing.T, f *fleet) {
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	victim := f.srv[0]
@@ -194,7 +192,7 @@ func testFailoverReplicasConverge(t *testing.T, f *foFleet) {
 // atOnce calls whoami in session id through every replica at the same
 // moment, then twice more through each, and reports whether every call was
 // answered by one server other than dead, under one session ID.
-func atOnce(t *testing.T, hc *http.Client, f *foFleet, table, id, dead string) bool {
+func atOnce(t *testing.T, hc *http.Client, f *fleet, table, id, dead string) bool {
 	got := make([]identity, len(f.rs))
 	status := make([]int, len(f.rs))
 	var start, wg sync.WaitGroup

@@ -626,7 +626,7 @@ func TestFailoverDrainDeadline(t *testing.T) {
 func TestRollingDeployFailoverDeadline(t *testing.T) {
 	rdRequireTools(t)
 	const table, n, deadline = "rolling_failover", 24, 2
-	f := startRDFleet(t, "s1", "s2", "s3")
+	f := newFleet(t, withScriptedServers("s1", "s2", "s3"))
 	p := startProxy(t, failoverSite(strings.Join(f.ups, " "), table, true))
 	var out string
 	var code int

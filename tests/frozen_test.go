@@ -185,7 +185,7 @@ func TestFrozenUpstreamNeverHoldsNewSessions(t *testing.T) {
 func TestFrozenUpstreamWithHealthChecks(t *testing.T) {
 	f := startHealthFleet(t, "\t\thealth_interval 1s\n\t\thealth_timeout 1s", 6)
 	s1 := f.sessions["s1"]
-	resume := freeze(t, f.bs[0])
+	resume := freeze(t, f.srv[0])
 	start := time.Now()
 	var status, hung int
 	var body string

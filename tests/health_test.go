@@ -16,78 +16,29 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
-// healthFleet is two whoami servers with a health endpoint each
+// startHealthFleet starts two whoami servers with a health endpoint each
 // (GET /healthz, 503 while the server's down file exists) behind mcp_proxy
-// with active health checks, and go-sdk client sessions on both.
-type healthFleet struct {
-	bs       []*testproc.Proc
-	down     []string // the servers' down files
-	p        proxy
-	hc       *http.Client
-	sessions map[string][]*mcp.ClientSession // by the server that answers them
-	first    map[*mcp.ClientSession]identity
-}
-
-// startHealthFleet starts the fleet with the given mcp_proxy options and n
-// sessions, and checks that both servers got some.
-func startHealthFleet(t *testing.T, options string, n int) *healthFleet {
+// with active health checks and the given options, and n go-sdk client
+// sessions held on them, some on each server.
+func startHealthFleet(t *testing.T, options string, n int) *fleet {
 	t.Helper()
-	f := &healthFleet{hc: newHTTPClient(), sessions: map[string][]*mcp.ClientSession{}, first: map[*mcp.ClientSession]identity{}}
-	t.Cleanup(f.hc.CloseIdleConnections)
-	dir := t.TempDir()
-	f.bs = startBackendsWith(t, 2, true, func(name string) []string {
-		return []string{"-down-file", filepath.Join(dir, name+".down")}
-	})
-	for _, b := range f.bs {
-		f.down = append(f.down, filepath.Join(dir, b.Name()+".down"))
+	site := func(f *fleet) string {
+		return fmt.Sprintf("mcp_proxy %s {\n\t\thealth_uri /healthz\n%s\n\t}", upstreams(f.srv), options)
 	}
-	f.p = startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\thealth_uri /healthz\n%s\n\t}", upstreams(f.bs), options))
-	ctx := context.Background()
-	for range n {
-		cs, err := connect(ctx, f.p.url(), f.hc)
-		if err != nil {
-			t.Fatalf("connect: %v", err)
-		}
-		t.Cleanup(func() { cs.Close() })
-		id, err := whoami(ctx, cs)
-		if err != nil {
-			t.Fatalf("whoami: %v", err)
-		}
-		f.sessions[id.Server] = append(f.sessions[id.Server], cs)
-		f.first[cs] = id
-	}
-	if len(f.sessions["s1"]) == 0 || len(f.sessions["s2"]) == 0 {
-		t.Fatalf("want sessions on both servers, got %v", f.sessions)
-	}
-	return f
-}
-
-// setDown makes server i fail (or pass) its health checks.
-func (f *healthFleet) setDown(t *testing.T, i int, down bool) {
-	t.Helper()
-	var err error
-	if down {
-		err = os.WriteFile(f.down[i], nil, 0o644)
-	} else {
-		err = os.Remove(f.down[i])
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	return newFleet(t, withServers(2, true), withHealthDown(), withSite(site), withHeldSessions(n))
 }
 
 // call makes a raw whoami call of session cs through the proxy.
-func (f *healthFleet) call(t *testing.T, cs *mcp.ClientSession) exchange {
+func (f *fleet) call(t *testing.T, cs *mcp.ClientSession) exchange {
 	t.Helper()
 	return send(t, f.hc, http.MethodPost, f.p.url(), mcpPOSTHeaders(cs.ID()), gunicornCallBody)
 }
 
 // waitStatus makes raw calls of cs until one gets status, and returns that
 // exchange and when it came, or fails t after limit.
-func (f *healthFleet) waitStatus(t *testing.T, cs *mcp.ClientSession, status int, limit time.Duration) (exchange, time.Time) {
+func (f *fleet) waitStatus(t *testing.T, cs *mcp.ClientSession, status int, limit time.Duration) (exchange, time.Time) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {
@@ -204,7 +155,7 @@ func TestLastingUnhealthyEndsSessionsAfterGrace(t *testing.T) {
 
 	t.Run("process gone", func(t *testing.T) {
 		f := startHealthFleet(t, "\t\thealth_interval 250ms", 6)
-		f.bs[0].Kill()
+		f.srv[0].Kill()
 		time.Sleep(time.Second) // the health checks see it
 		start := time.Now()
 		for _, cs := range f.sessions["s1"] {
@@ -261,7 +212,7 @@ func TestLastingUnhealthyFailsOverAfterGrace(t *testing.T) {
 }
 
 // mustConnect opens a new go-sdk client session through the fleet's proxy.
-func mustConnect(t *testing.T, f *healthFleet) *mcp.ClientSession {
+func mustConnect(t *testing.T, f *fleet) *mcp.ClientSession {
 	t.Helper()
 	cs, err := connect(context.Background(), f.p.url(), f.hc)
 	if err != nil {

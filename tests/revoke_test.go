@@ -130,7 +130,7 @@ func TestEndedSessionsStayEnded(t *testing.T) {
 	}
 
 	refused := map[string]int{}
-	for _, tb := range f.tables {
+	for _, tb := range revokeTables {
 		refused[tb.name] = refusedFailovers(t, f.rs[0], tb.name) + refusedFailovers(t, f.rs[1], tb.name)
 	}
 	tombs := tombstonesIn(f.redis)

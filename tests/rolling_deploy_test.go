@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,8 +19,6 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // rdScript is the rolling deploy example script, relative to this package.
@@ -34,128 +31,6 @@ func rdRequireTools(t *testing.T) {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("the rolling deploy script needs %s, which is not installed: %v", tool, err)
 		}
-	}
-}
-
-// rdCtl is a control script that starts a whoami server on a given port and
-// records its PID in DIR/PORT.pid, so the rolling deploy script's --stop can
-// be `kill $(cat DIR/{port}.pid)`. Without a name, it starts the next
-// version of the server last started on the port: NAME-v2.
-const rdCtl = `#!/usr/bin/env bash
-# usage: ctl.sh start HOST PORT [NAME]
-set -euo pipefail
-dir=$(cd "$(dirname "$0")" && pwd)
-bin=%s
-[ "$1" = start ] || { echo "usage: ctl.sh start HOST PORT [NAME]" >&2; exit 2; }
-host=$2 port=$3
-if [ -n "${4:-}" ]; then
-	name=$4
-	echo "$name" >"$dir/$port.name"
-else
-	name=$(cat "$dir/$port.name")-v2
-fi
-"$bin" -listen "$host:$port" -name "$name" >>"$dir/$port.log" 2>&1 &
-echo $! >"$dir/$port.pid"
-`
-
-// rdFleet is a set of whoami servers on fixed ports, managed through rdCtl
-// and PID files so that a shell script can replace them.
-type rdFleet struct {
-	dir   string
-	ctl   string
-	ups   []string // dial addresses
-	ports []int
-	names []string // the first version's names
-	pids  []int    // the first version's PIDs
-}
-
-// startRDFleet starts one whoami server per name, each on a free port.
-func startRDFleet(t *testing.T, names ...string) *rdFleet {
-	t.Helper()
-	f := &rdFleet{dir: t.TempDir(), names: names}
-	f.ctl = filepath.Join(f.dir, "ctl.sh")
-	if err := os.WriteFile(f.ctl, fmt.Appendf(nil, rdCtl, rdShellQuote(whoamiBin)), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.killAll)
-	for _, name := range names {
-		port := mustFreePort()
-		up := fmt.Sprintf("127.0.0.1:%d", port)
-		out, err := exec.Command("bash", f.ctl, "start", "127.0.0.1", strconv.Itoa(port), name).CombinedOutput()
-		if err != nil {
-			t.Fatalf("starting %s: %v\n%s", name, err, out)
-		}
-		f.ups, f.ports = append(f.ups, up), append(f.ports, port)
-		f.pids = append(f.pids, f.pid(t, len(f.ports)-1))
-		rdWaitAccepting(t, up)
-	}
-	return f
-}
-
-// pid returns the PID recorded for server i.
-func (f *rdFleet) pid(t testing.TB, i int) int {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.pid", f.ports[i])))
-	if err != nil {
-		t.Fatalf("reading the PID of %s: %v", f.ups[i], err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil {
-		t.Fatalf("PID file of %s: %v", f.ups[i], err)
-	}
-	return pid
-}
-
-// killAll kills every server the fleet started, old and new versions.
-func (f *rdFleet) killAll() {
-	pids := slices.Clone(f.pids)
-	for _, port := range f.ports {
-		if data, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.pid", port))); err == nil {
-			if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
-				pids = append(pids, pid)
-			}
-		}
-	}
-	for _, pid := range pids {
-		if p, err := os.FindProcess(pid); err == nil {
-			_ = p.Kill()
-		}
-	}
-}
-
-// stopCmd is the --stop command: `kill $(cat DIR/{port}.pid)`, the usual
-// way to stop a server that wrote a PID file.
-func (f *rdFleet) stopCmd() string {
-	return fmt.Sprintf("kill $(cat %s/{port}.pid)", rdShellQuote(f.dir))
-}
-
-// startCmd is the --start command, which starts the next version.
-func (f *rdFleet) startCmd() string {
-	return fmt.Sprintf("bash %s start {host} {port}", rdShellQuote(f.ctl))
-}
-
-// log returns the output of the servers that ran on port i.
-func (f *rdFleet) log(i int) string {
-	data, _ := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.log", f.ports[i])))
-	return string(data)
-}
-
-// rdShellQuote quotes s for a POSIX shell.
-func rdShellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// rdWaitAccepting waits until addr accepts TCP connections. The server was
-// started by the control script, not by launch, so there is no process to
-// watch: only its port.
-func rdWaitAccepting(t testing.TB, addr string) {
-	t.Helper()
-	deadline := time.Now().Add(whoamiTimeout)
-	for !testproc.Accepts(addr) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not accept connections after %v", addr, whoamiTimeout)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -217,7 +92,7 @@ type rdObservation struct {
 func TestRollingDeployUnderLoad(t *testing.T) {
 	rdRequireTools(t)
 	const table = "rolling_deploy"
-	f := startRDFleet(t, "s1", "s2", "s3")
+	f := newFleet(t, withScriptedServers("s1", "s2", "s3"))
 	p := startProxy(t, "mcp_proxy "+strings.Join(f.ups, " ")+" {\n\t\ttable "+table+"\n\t}")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -417,7 +292,7 @@ func TestRollingDeployUnderLoad(t *testing.T) {
 func TestRollingDeployScriptFailures(t *testing.T) {
 	rdRequireTools(t)
 	const table = "rolling_failures"
-	f := startRDFleet(t, "f1", "f2")
+	f := newFleet(t, withScriptedServers("f1", "f2"))
 	p := startProxy(t, "mcp_proxy "+strings.Join(f.ups, " ")+" {\n\t\ttable "+table+"\n\t}")
 	victim := f.ups[0]
 	runSessions(t, p.url(), 2, sessionPlan{calls: 1}) // traffic, as in production; TestRollingDeployIdleProxy runs without
@@ -524,7 +399,7 @@ func TestRollingDeployScriptFailures(t *testing.T) {
 func TestRollingDeployIdleProxy(t *testing.T) {
 	rdRequireTools(t)
 	const table = "rolling_idle"
-	f := startRDFleet(t, "i1", "i2")
+	f := newFleet(t, withScriptedServers("i1", "i2"))
 	p := startProxy(t, "mcp_proxy "+strings.Join(f.ups, " ")+" {\n\t\ttable "+table+"\n\t}")
 	out, code := runRollingDeploy(t, append([]string{"--admin", adminAddr, "--table", table,
 		"--stop", f.stopCmd(), "--start", f.startCmd(), "--poll", "0.1", "--port-timeout", "10"}, f.ups...)...)

@@ -15,33 +15,18 @@ import (
 // the session's initialize, so every replica can fail a session over on
 // its own, once.
 
-// sealedFleet is two Caddy replicas (separate processes) with the same
-// sealing key over the same upstreams, with `failover reinitialize` or
-// without, behind a balancer that sends every initialize to the first
-// replica and every other request to the replicas in turn.
-type sealedFleet struct {
-	name string
-	rs   []*replica
-	lb   *balancer
-}
-
-// startSealedFleet starts the fleet's replicas; env holds MCP_SESSION_KEY.
-func startSealedFleet(t *testing.T, name string, srv []*testproc.Proc, failover bool, env []string) *sealedFleet {
+// startSealedFleet starts two Caddy replicas <name>1, <name>2 with the
+// same sealing key (env holds MCP_SESSION_KEY) over the servers srv, with
+// `failover reinitialize` or without, behind a balancer that sends every
+// initialize to the first replica and every other request to the replicas
+// in turn.
+func startSealedFleet(t *testing.T, name string, srv []*testproc.Proc, failover bool, env []string) *fleet {
 	t.Helper()
 	mode := map[bool]string{true: "reinitialize", false: "off"}[failover]
-	body := fmt.Sprintf("mcp_proxy %s {\n\t\tseal_session_ids {env.MCP_SESSION_KEY}\n\t\tfailover %s\n\t}", upstreams(srv), mode)
-	f := &sealedFleet{name: name}
-	for i := range 2 {
-		f.rs = append(f.rs, startReplica(t, fmt.Sprintf("%s%d", name, i+1), body, env...))
+	body := func(f *fleet) string {
+		return fmt.Sprintf("mcp_proxy %s {\n\t\tseal_session_ids {env.MCP_SESSION_KEY}\n\t\tfailover %s\n\t}", upstreams(f.srv), mode)
 	}
-	f.lb = newBalancer(f.rs...)
-	f.lb.learnOn, f.lb.roundRobin = f.rs[0].addr, true
-	return f
-}
-
-// urls returns the replicas' MCP endpoints, the first replica's first.
-func (f *sealedFleet) urls() []string {
-	return []string{f.rs[0].url(), f.rs[1].url()}
+	return newFleet(t, withServersOf(srv), withReplicas(2, name, nil, body, env...), withLearnOnFirst())
 }
 
 // failoversAt returns how many sessions the Caddy with admin endpoint admin
@@ -155,7 +140,7 @@ func (s *spreadSession) broken() bool {
 	return true
 }
 
-// upstreamSessions returns how many upstream sessions answered the
+// upstreamSessionsAfterGET returns how many upstream sessions answered the
 // session's calls after its GET.
 func (s *spreadSession) upstreamSessions() int {
 	seen := map[identity]bool{}
@@ -269,7 +254,7 @@ func TestFailoverSealedReplicas(t *testing.T) {
 	srv := startBackends(t, 3, false)
 	key := newSealKey(t)
 	env := []string{"MCP_SESSION_KEY=" + key}
-	fleets := []*sealedFleet{startSealedFleet(t, "fo", srv, true, env), startSealedFleet(t, "nofo", srv, false, env)}
+	fleets := []*fleet{startSealedFleet(t, "fo", srv, true, env), startSealedFleet(t, "nofo", srv, false, env)}
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	const n, raw, later = 30, 10, 8

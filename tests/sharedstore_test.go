@@ -108,16 +108,6 @@ func rawSession(t testing.TB, hc *http.Client, url string) string {
 	return id
 }
 
-// sharedFleet is three go-sdk servers, a Redis, and three Caddy replicas
-// whose site routes /<table>/mcp to an mcp_proxy with that table: "shared"
-// in Redis; "local" in memory (the negative control); "short" in Redis with
-// a 2 s session_ttl.
-type sharedFleet struct {
-	redis    *redistest.Server
-	backends []*testproc.Proc
-	replicas []*replica
-}
-
 // tableURL returns replica r's MCP endpoint for table.
 func tableURL(r *replica, table string) string { return "http://" + r.addr + "/" + table + "/mcp" }
 
@@ -141,30 +131,17 @@ func tableRoutes(ups string, tables ...string) string {
 	return b.String()
 }
 
-// startStoreReplicas starts n replicas c1..cn with global options, body
-// and more environment variables env, and checks, when the test ends, that
-// none reported a data race.
-func startStoreReplicas(t *testing.T, n int, global, body string, env ...string) []*replica {
-	rs := make([]*replica, n)
-	for i := range rs {
-		rs[i] = startReplicaWith(t, fmt.Sprintf("c%d", i+1), global, body, append([]string{"MCP_SESSIONS_HASH_KEY=" + replicaHashKey}, env...)...)
-		r := rs[i]
-		t.Cleanup(func() {
-			r.stop()
-			if log := r.proc.Log().String(); strings.Contains(log, "DATA RACE") {
-				t.Errorf("replica %s (built with -race) reported a data race:\n%s", r.name, log)
-			}
-		})
+// startSharedFleet starts three go-sdk servers, a Redis, and three Caddy
+// replicas whose site routes /<table>/mcp to an mcp_proxy with that table:
+// "shared" in Redis; "local" in memory (the negative control); "short" in
+// Redis with a 2 s session_ttl.
+func startSharedFleet(t *testing.T) *fleet {
+	global := func(f *fleet) string {
+		return fmt.Sprintf("mcp_sessions shared {\n\t\t%s\n\t}\n\tmcp_sessions short {\n\t\tsession_ttl 2s\n\t\t%s\n\t}\n\t%s",
+			redisStore(f.redis.Addr, sharedTimeout), redisStore(f.redis.Addr, sharedTimeout), storeLog)
 	}
-	return rs
-}
-
-func startSharedFleet(t *testing.T) *sharedFleet {
-	f := &sharedFleet{redis: redistest.Start(t), backends: startBackends(t, 3, true)}
-	global := fmt.Sprintf("mcp_sessions shared {\n\t\t%s\n\t}\n\tmcp_sessions short {\n\t\tsession_ttl 2s\n\t\t%s\n\t}\n\t%s",
-		redisStore(f.redis.Addr, sharedTimeout), redisStore(f.redis.Addr, sharedTimeout), storeLog)
-	f.replicas = startStoreReplicas(t, 3, global, tableRoutes(upstreams(f.backends), "shared", "local", "short"))
-	return f
+	body := func(f *fleet) string { return tableRoutes(upstreams(f.srv), "shared", "local", "short") }
+	return newFleet(t, withRedis(), withServers(3, true), withReplicas(3, "c", global, body))
 }
 
 // TestReplicasShareSessions covers behaviours 1 to 3 of sessions shared
@@ -181,10 +158,10 @@ func TestReplicasShareSessions(t *testing.T) {
 // testPinnedEverywhere: every request of a session goes to a random
 // replica; with the redis store every call reaches the session's server,
 // with the memory store (negative control, same run) sessions break.
-func testPinnedEverywhere(t *testing.T, f *sharedFleet) {
-	lb := newBalancer(f.replicas...)
-	res := runSessionsWith(t, tableURL(f.replicas[0], "shared"), lb.client(), 100, sessionPlan{calls: 10})
-	shared := metricSum(t, f.replicas, "caddy_mcp_sessions_shared_total", map[string]string{"table": "shared"})
+func testPinnedEverywhere(t *testing.T, f *fleet) {
+	lb := newBalancer(f.rs...)
+	res := runSessionsWith(t, tableURL(f.rs[0], "shared"), lb.client(), 100, sessionPlan{calls: 10})
+	shared := metricSum(t, f.rs, "caddy_mcp_sessions_shared_total", map[string]string{"table": "shared"})
 	t.Logf("redis store, 3 replicas, every request to a random replica: %s; %.0f sessions taken from Redis by a replica that had not seen them", res, shared)
 	if res.ok != 100 || res.onCreator != 1000 {
 		t.Errorf("redis store: want 100/100 sessions and 1000/1000 calls answered by the session's server; got %s", res)
@@ -192,8 +169,8 @@ func testPinnedEverywhere(t *testing.T, f *sharedFleet) {
 	if shared < 100 {
 		t.Errorf("replicas took %.0f sessions from Redis; with 100 sessions over 3 replicas, want at least 100", shared)
 	}
-	neg := newBalancer(f.replicas...)
-	bad := runSessionsWith(t, tableURL(f.replicas[0], "local"), neg.client(), 100, sessionPlan{calls: 10})
+	neg := newBalancer(f.rs...)
+	bad := runSessionsWith(t, tableURL(f.rs[0], "local"), neg.client(), 100, sessionPlan{calls: 10})
 	t.Logf("memory store (negative control), same replicas and servers: %s", bad)
 	if bad.ok > 10 {
 		t.Errorf("memory store: %d/100 sessions survived random replicas; the negative control shows nothing", bad.ok)
@@ -206,10 +183,10 @@ func testPinnedEverywhere(t *testing.T, f *sharedFleet) {
 // testEndedEverywhere: a session ended on one replica (DELETE, the
 // upstream's 404, admin eviction, TTL) is not pinned by the others 1 s
 // later: their next request gets the proxy's own 404.
-func testEndedEverywhere(t *testing.T, f *sharedFleet) {
+func testEndedEverywhere(t *testing.T, f *fleet) {
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
-	c1, c2, c3 := f.replicas[0], f.replicas[1], f.replicas[2]
+	c1, c2, c3 := f.rs[0], f.rs[1], f.rs[2]
 	ends := []struct {
 		name string
 		end  func(id string)
@@ -221,7 +198,7 @@ func testEndedEverywhere(t *testing.T, f *sharedFleet) {
 			}
 		}},
 		{"upstream 404 through c1", func(id string) {
-			for _, b := range f.backends { // the server forgets the session behind the proxies' backs
+			for _, b := range f.srv { // the server forgets the session behind the proxies' backs
 				send(t, hc, http.MethodDelete, "http://"+b.Addr()+"/mcp", map[string][]string{"Mcp-Session-Id": {id}}, "")
 			}
 			if ex := sessionCall(t, hc, tableURL(c1, "shared"), id); ex.status != http.StatusNotFound || isProxy404(ex) {
@@ -261,7 +238,7 @@ func testEndedEverywhere(t *testing.T, f *sharedFleet) {
 		t.Fatalf("ttl: a session used within its TTL is not pinned on c3: %d %s", ex.status, ex.body)
 	}
 	time.Sleep(2*time.Second + time.Second + 200*time.Millisecond)
-	for _, r := range f.replicas {
+	for _, r := range f.rs {
 		if ex := sessionCall(t, hc, tableURL(r, "short"), id); !isProxy404(ex) {
 			t.Errorf("ttl: 3.2 s after its last use %s answered %d %s, want the proxy's 404", r.name, ex.status, ex.body)
 		}
@@ -285,10 +262,10 @@ func clusterView(t testing.TB, r *replica, table string) (cluster, local map[str
 
 // evictAll forgets every session of the table on every replica, through
 // one replica's admin API.
-func evictAll(t testing.TB, f *sharedFleet, table string) {
+func evictAll(t testing.TB, f *fleet, table string) {
 	t.Helper()
-	for _, b := range f.backends {
-		if st, err := adminDoAt(f.replicas[0].admin, http.MethodPost, "/mcp_sessions/evict", map[string]string{"table": table, "upstream": b.Addr()}, nil); st != 200 {
+	for _, b := range f.srv {
+		if st, err := adminDoAt(f.rs[0].admin, http.MethodPost, "/mcp_sessions/evict", map[string]string{"table": table, "upstream": b.Addr()}, nil); st != 200 {
 			t.Fatalf("evicting the sessions of %s: %d %v", b.Addr(), st, err)
 		}
 	}
@@ -338,21 +315,21 @@ func openVia(ctx context.Context, t testing.TB, lb *balancer, url string, n int)
 // testDrainAcrossReplicas: drain and undrain through any replica's admin
 // API apply on all; the admin API and metrics count live sessions per
 // upstream across replicas beside the replica's own view.
-func testDrainAcrossReplicas(t *testing.T, f *sharedFleet) {
+func testDrainAcrossReplicas(t *testing.T, f *fleet) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	evictAll(t, f, "shared")
-	lb, url := newBalancer(f.replicas...), tableURL(f.replicas[0], "shared")
+	lb, url := newBalancer(f.rs...), tableURL(f.rs[0], "shared")
 	open := openVia(ctx, t, lb, url, 30)
 	perServer := map[string]int64{}
 	for _, s := range open {
 		perServer[s.server]++
 	}
 	want := map[string]int64{}
-	for _, b := range f.backends {
+	for _, b := range f.srv {
 		want[b.Addr()] = perServer[b.Name()]
 	}
-	for _, r := range f.replicas {
+	for _, r := range f.rs {
 		var cluster, local map[string]int64
 		ok := waitFor(3*time.Second, func() bool {
 			cluster, local, _ = clusterView(t, r, "shared")
@@ -372,12 +349,12 @@ func testDrainAcrossReplicas(t *testing.T, f *sharedFleet) {
 
 	// Drain s1 through c2: every replica sees it within 1 s, and no new
 	// session goes to s1 through any replica.
-	s1 := f.backends[0]
-	if st, err := adminDoAt(f.replicas[1].admin, http.MethodPost, "/mcp_sessions/drain", map[string]string{"table": "shared", "upstream": s1.Addr()}, nil); st != 200 {
+	s1 := f.srv[0]
+	if st, err := adminDoAt(f.rs[1].admin, http.MethodPost, "/mcp_sessions/drain", map[string]string{"table": "shared", "upstream": s1.Addr()}, nil); st != 200 {
 		t.Fatalf("drain: %d %v", st, err)
 	}
 	time.Sleep(time.Second)
-	for _, r := range f.replicas {
+	for _, r := range f.rs {
 		if _, _, draining := clusterView(t, r, "shared"); !draining[s1.Addr()] {
 			t.Errorf("%s does not drain %s 1 s after c2 drained it", r.name, s1.Addr())
 		}
@@ -393,11 +370,11 @@ func testDrainAcrossReplicas(t *testing.T, f *sharedFleet) {
 		}
 	}
 	// Undrain through c3: every replica sees it within 1 s.
-	if st, err := adminDoAt(f.replicas[2].admin, http.MethodPost, "/mcp_sessions/undrain", map[string]string{"table": "shared", "upstream": s1.Addr()}, nil); st != 200 {
+	if st, err := adminDoAt(f.rs[2].admin, http.MethodPost, "/mcp_sessions/undrain", map[string]string{"table": "shared", "upstream": s1.Addr()}, nil); st != 200 {
 		t.Fatalf("undrain: %d %v", st, err)
 	}
 	time.Sleep(time.Second)
-	for _, r := range f.replicas {
+	for _, r := range f.rs {
 		if _, _, draining := clusterView(t, r, "shared"); draining[s1.Addr()] {
 			t.Errorf("%s still drains %s 1 s after c3 undrained it", r.name, s1.Addr())
 		}
@@ -425,14 +402,14 @@ func spread(ctx context.Context, t *testing.T, lb *balancer, url string, waves, 
 
 // testLeastSessionsAcrossReplicas: least_sessions spreads the new sessions
 // of three replicas sharing Redis as evenly as one replica spreads its own.
-func testLeastSessionsAcrossReplicas(t *testing.T, f *sharedFleet) {
+func testLeastSessionsAcrossReplicas(t *testing.T, f *fleet) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	evictAll(t, f, "shared")
 	evictAll(t, f, "local")
 	time.Sleep(1200 * time.Millisecond) // a sync: counts start at 0 everywhere
-	three, perThree := spread(ctx, t, newBalancer(f.replicas...), tableURL(f.replicas[0], "shared"), 10, 6)
-	one, perOne := spread(ctx, t, newBalancer(f.replicas[0]), tableURL(f.replicas[0], "local"), 10, 6)
+	three, perThree := spread(ctx, t, newBalancer(f.rs...), tableURL(f.rs[0], "shared"), 10, 6)
+	one, perOne := spread(ctx, t, newBalancer(f.rs[0]), tableURL(f.rs[0], "local"), 10, 6)
 	t.Logf("60 sessions in waves of 6: 3 replicas sharing Redis %v (gap %d); 1 replica %v (gap %d)", perThree, three, perOne, one)
 	if three > max(one, 2)+1 {
 		t.Errorf("3 replicas spread sessions with a gap of %d, 1 replica with %d", three, one)
@@ -445,7 +422,7 @@ func testLeastSessionsAcrossReplicas(t *testing.T, f *sharedFleet) {
 func TestReplicasSurviveRestarts(t *testing.T) {
 	t.Parallel()
 	f := startSharedFleet(t)
-	shared, local := startChurn(t, f.replicas, "shared", 24), startChurn(t, f.replicas, "local", 12)
+	shared, local := startChurn(t, f.rs, "shared", 24), startChurn(t, f.rs, "local", 12)
 	pause := func() { time.Sleep(1500 * time.Millisecond) }
 	pause()
 	restartOne := func(r *replica, lbs ...*balancer) {
@@ -460,20 +437,20 @@ func TestReplicasSurviveRestarts(t *testing.T) {
 		}
 	}
 	t.Log("restarting c1")
-	restartOne(f.replicas[0], shared.lb, local.lb)
+	restartOne(f.rs[0], shared.lb, local.lb)
 	pause()
 	t.Log("restarting c1, c2, c3 one by one")
-	for _, r := range f.replicas {
+	for _, r := range f.rs {
 		restartOne(r, shared.lb, local.lb)
 		pause()
 	}
 	t.Log("restarting c1, c2, c3 at once")
 	var wg sync.WaitGroup
-	for _, r := range f.replicas {
+	for _, r := range f.rs {
 		wg.Go(r.stop)
 	}
 	wg.Wait()
-	for _, r := range f.replicas {
+	for _, r := range f.rs {
 		r.start(t)
 	}
 	pause()
