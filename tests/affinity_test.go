@@ -175,7 +175,7 @@ func TestReloadKeepsSessions(t *testing.T) {
 	defer hc.CloseIdleConnections()
 
 	const sessions = 30
-	css := make([]*liveSession, sessions)
+	css := make([]*session, sessions)
 	for i := range css {
 		css[i] = openLiveSession(ctx, t, p.url(), hc)
 	}
@@ -191,16 +191,16 @@ func TestReloadKeepsSessions(t *testing.T) {
 		lost := 0
 		for _, s := range css {
 			id, err := whoamiAcrossReload(ctx, t, hc, s.cs)
-			removed := n == 2 && s.server == bs[0].Name()
+			removed := n == 2 && s.first.Server == bs[0].Name()
 			switch {
 			case removed && err == nil:
-				t.Errorf("reload %d: a session of the removed upstream %s was re-routed to %s", n+1, s.server, id.Server)
+				t.Errorf("reload %d: a session of the removed upstream %s was re-routed to %s", n+1, s.first.Server, id.Server)
 			case removed:
 				lost++
 			case err != nil:
-				t.Errorf("reload %d: session on %s lost: %v", n+1, s.server, err)
-			case id.Server != s.server:
-				t.Errorf("reload %d: session of %s answered by %s", n+1, s.server, id.Server)
+				t.Errorf("reload %d: session on %s lost: %v", n+1, s.first.Server, err)
+			case id.Server != s.first.Server:
+				t.Errorf("reload %d: session of %s answered by %s", n+1, s.first.Server, id.Server)
 			}
 		}
 		t.Logf("reload %d kept every session of its upstreams (%d sessions of the removed upstream ended)", n+1, lost)
@@ -211,9 +211,9 @@ func TestReloadKeepsSessions(t *testing.T) {
 }
 
 // reopenLost replaces the sessions owned by server with new ones.
-func reopenLost(ctx context.Context, t testing.TB, url string, hc *http.Client, css []*liveSession, server string) []*liveSession {
+func reopenLost(ctx context.Context, t testing.TB, url string, hc *http.Client, css []*session, server string) []*session {
 	for i, s := range css {
-		if s.server == server {
+		if s.first.Server == server {
 			css[i] = openLiveSession(ctx, t, url, hc)
 		}
 	}

@@ -31,11 +31,11 @@ func tryLoadCaddyfile(t testing.TB, cfg string) error {
 	return caddy.Load(js, true)
 }
 
-// openSessions opens n go-sdk sessions through url and returns the servers
+// openLiveSessions opens n go-sdk sessions through url and returns the servers
 // that own them, in order.
-func openSessions(ctx context.Context, t testing.TB, url string, hc *http.Client, n int) []*liveSession {
+func openLiveSessions(ctx context.Context, t testing.TB, url string, hc *http.Client, n int) []*session {
 	t.Helper()
-	css := make([]*liveSession, n)
+	css := make([]*session, n)
 	for i := range css {
 		cs, err := connectNoStream(ctx, url, hc) // a GET stream would keep it from eviction
 		if err != nil {
@@ -64,7 +64,7 @@ func TestSessionsAppSettings(t *testing.T) {
 	// The global option sets the bounds of a table mcp_proxy names.
 	loadCaddyfile(t, withGlobal(site("mcp_proxy "+upstreams(bs)+" {\n\t\ttable app\n\t}"),
 		"mcp_sessions app {\n\t\tmax_sessions 10\n\t\tsession_ttl 1h\n\t}"))
-	css := openSessions(ctx, t, url, hc, 6)
+	css := openLiveSessions(ctx, t, url, hc, 6)
 	if st := tableOf(t, "app"); st.MaxSessions != 10 || st.SessionTTL != "1h0m0s" || st.Sessions != 6 {
 		t.Fatalf("table from the global option: %+v, want 6 sessions of 10, ttl 1h", st)
 	}
@@ -106,7 +106,7 @@ func TestSessionsAppSettings(t *testing.T) {
 		switch {
 		case i < 3 && err == nil:
 			t.Errorf("session %d, among the least recently used, survived the lower max_sessions", i)
-		case i >= 3 && (err != nil || id.Server != s.server):
+		case i >= 3 && (err != nil || id.Server != s.first.Server):
 			t.Errorf("session %d lost or misrouted after the reload: %v, %+v", i, err, id)
 		case err == nil:
 			kept++

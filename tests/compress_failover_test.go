@@ -69,9 +69,9 @@ func TestFailoverOverCompressingServers(t *testing.T) {
 		defer cs.Close()
 		goSessions = append(goSessions, cs)
 	}
-	var raws []*zstdSession
+	var raws []*session
 	for range 4 {
-		raws = append(raws, openZstdSession(t, hc, url))
+		raws = append(raws, openRawSession(t, hc, url, rawZstd))
 	}
 	holdDir := t.TempDir()
 	tsDone := make(chan tsClientSummary, 1)
@@ -102,7 +102,8 @@ func TestFailoverOverCompressingServers(t *testing.T) {
 		}
 	}
 	for i, s := range raws {
-		who, status, enc := s.whoami(t, hc, url)
+		sp := s.rawCall(t, hc, url, 0)
+		who, status, enc := sp.who, sp.status, sp.header.Get("Content-Encoding")
 		if status != http.StatusOK || who.Server != other {
 			t.Errorf("raw session %d (on %s): %d from %q; want 200 from %s", i, s.creator, status, who.Server, other)
 		}
@@ -125,58 +126,12 @@ func TestFailoverOverCompressingServers(t *testing.T) {
 	}
 }
 
-// zstdSession is a raw session whose client accepts only zstd answers and
-// decodes them itself.
-type zstdSession struct {
-	id, creator string
-}
-
-// openZstdSession opens a raw session through url and makes one call.
-func openZstdSession(t *testing.T, hc *http.Client, url string) *zstdSession {
+// zstdDecoded returns the body of ex, decoded when it came with
+// Content-Encoding zstd.
+func zstdDecoded(t testing.TB, ex exchange) string {
 	t.Helper()
-	status, hdr, _ := zstdPost(t, hc, url, "", initBody)
-	s := &zstdSession{id: hdr.Get("Mcp-Session-Id")}
-	if status != http.StatusOK || s.id == "" {
-		t.Fatalf("raw initialize: %d %v", status, hdr)
-	}
-	if status, _, _ := zstdPost(t, hc, url, s.id, tsInitializedMsg); status != http.StatusAccepted {
-		t.Fatalf("raw notifications/initialized: %d", status)
-	}
-	who, status, _ := s.whoami(t, hc, url)
-	if status != http.StatusOK {
-		t.Fatalf("raw whoami: %d", status)
-	}
-	s.creator = who.Server
-	return s
-}
-
-// whoami calls whoami in the session; it returns who answered (on 200),
-// the status, and the answer's Content-Encoding.
-func (s *zstdSession) whoami(t *testing.T, hc *http.Client, url string) (identity, int, string) {
-	t.Helper()
-	status, hdr, body := zstdPost(t, hc, url, s.id, tsWhoamiCall)
-	if status != http.StatusOK {
-		return identity{}, status, hdr.Get("Content-Encoding")
-	}
-	who, err := tsWhoamiResult(body)
-	if err != nil {
-		t.Fatalf("raw whoami: %v in %q", err, body)
-	}
-	return who, status, hdr.Get("Content-Encoding")
-}
-
-// zstdPost sends body, accepting only zstd, and returns the status, the
-// header and the decoded body.
-func zstdPost(t *testing.T, hc *http.Client, url, session, body string) (int, http.Header, string) {
-	t.Helper()
-	hdr := map[string][]string{"Accept": {"application/json, text/event-stream"}, "Accept-Encoding": {"zstd"}}
-	if session != "" {
-		hdr["Mcp-Session-Id"] = []string{session}
-		hdr["Mcp-Protocol-Version"] = []string{"2025-11-25"}
-	}
-	ex := send(t, hc, http.MethodPost, url, hdr, body)
 	if ex.header.Get("Content-Encoding") != "zstd" {
-		return ex.status, ex.header, ex.body
+		return ex.body
 	}
 	d, err := zstd.NewReader(strings.NewReader(ex.body))
 	if err != nil {
@@ -187,5 +142,5 @@ func zstdPost(t *testing.T, hc *http.Client, url, session, body string) (int, ht
 	if err != nil {
 		t.Fatalf("decoding a zstd answer: %v", err)
 	}
-	return ex.status, ex.header, string(raw)
+	return string(raw)
 }

@@ -66,12 +66,12 @@ func TestFailoverReplicas(t *testing.T) {
 func testFailoverReplicasKill(t *testing.T, f *fleet) {
 	const n, raw = 30, 12
 	url := func(table string) string { return tableURL(f.rs[0], table) }
-	lbs, vs := map[string]*balancer{}, map[string][]*vsSession{}
+	lbs, vs := map[string]*balancer{}, map[string][]*session{}
 	for _, tb := range foTables {
 		lbs[tb.name] = newRoundRobin(f.rs...)
-		vs[tb.name] = openVSSessions(t, lbs[tb.name].client(), url(tb.name), raw)
+		vs[tb.name] = openRawSessions(t, lbs[tb.name].client(), url(tb.name), raw, rawPlain)
 	}
-	runs := map[string][]*foSession{}
+	runs := map[string][]*session{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	ready, kill := make(chan struct{}, len(foTables)), make(chan struct{})
@@ -95,7 +95,7 @@ func testFailoverReplicasKill(t *testing.T, f *fleet) {
 	dn := f.srv[1].Name()
 	for _, tb := range foTables {
 		for _, v := range vs[tb.name] {
-			v.resume(t, lbs[tb.name].client(), url(tb.name))
+			v.resume(t, lbs[tb.name].client(), 3, url(tb.name))
 		}
 		s := summarizeFailover(runs[tb.name], dn, killed, dead)
 		onDead, deadOK, others, othersOK := vsSummary(vs[tb.name], dn)
@@ -129,10 +129,10 @@ func testFailoverReplicasKill(t *testing.T, f *fleet) {
 
 // splitSessions returns how many sessions a server saw under more than
 // one session ID: replicas that did not agree on one new upstream session.
-func splitSessions(ss []*foSession) int {
+func splitSessions(ss []*session) int {
 	n := 0
 	for _, s := range ss {
-		for _, ids := range s.seen {
+		for _, ids := range s.seenBy() {
 			if len(ids) > 1 {
 				n++
 				break

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"os/exec"
@@ -18,131 +17,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// foSession is one client session of a failover run: it calls whoami until
-// stopped, or until its session is lost.
-type foSession struct {
-	id       string              // the client's session ID
-	creator  string              // the server that created the session
-	seen     map[string][]string // server -> the session IDs it saw, in order, deduplicated
-	calls    int                 // calls answered
-	failed   []callSpan          // calls that failed
-	lost     bool                // the session ended: 404, or 3 failures in a row
-	spans    []callSpan          // every call
-	connErr  error
-	lastErrs []error
-}
-
-// callSpan is when one call ran, and its error.
-type callSpan struct {
-	start, end time.Time
-	err        error
-}
-
-// servers returns the servers that answered the session's calls.
-func (s *foSession) servers() int { return len(s.seen) }
-
-// consistent reports whether every server saw one session ID, the creator
-// the client's own, any other an ID of its own.
-func (s *foSession) consistent() bool {
-	for srv, ids := range s.seen {
-		if len(ids) != 1 || (srv == s.creator) != (ids[0] == s.id) {
-			return false
-		}
-	}
-	return true
-}
-
-// note records the identity a call was answered with.
-func (s *foSession) note(id identity) {
-	ids := s.seen[id.Server]
-	if len(ids) == 0 || ids[len(ids)-1] != id.Session {
-		s.seen[id.Server] = append(ids, id.Session)
-	}
-}
-
-// runFailoverSession connects through url and calls whoami every 20 ms,
-// each call bounded by 10 s, until stop is closed; started is called once
-// the first call is answered (or the session failed).
-func runFailoverSession(ctx context.Context, url string, hc *http.Client, started func(), stop <-chan struct{}) *foSession {
-	s := &foSession{seen: map[string][]string{}}
-	once := sync.OnceFunc(started)
-	defer once()
-	cs, err := connectReconnecting(ctx, url, hc)
-	if err != nil {
-		s.connErr = err
-		return s
-	}
-	defer cs.Close()
-	s.id, s.creator = cs.ID(), cs.InitializeResult().ServerInfo.Name
-	for streak := 0; streak < 3; {
-		sp := s.call(ctx, cs)
-		if sp.err != nil {
-			streak++
-			if is404(sp.err) || errors.Is(sp.err, mcp.ErrSessionMissing) {
-				break
-			}
-		} else {
-			streak = 0
-			once()
-		}
-		select {
-		case <-stop:
-			return s
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	s.lost = true
-	return s
-}
-
-// call makes one whoami call and records it.
-func (s *foSession) call(ctx context.Context, cs *mcp.ClientSession) callSpan {
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	sp := callSpan{start: time.Now()}
-	var id identity
-	id, sp.err = whoami(cctx, cs)
-	sp.end = time.Now()
-	s.spans = append(s.spans, sp)
-	if sp.err != nil {
-		s.failed = append(s.failed, sp)
-		s.lastErrs = append(s.lastErrs, sp.err)
-		return sp
-	}
-	s.calls++
-	s.note(id)
-	return sp
-}
-
-// foRun runs n sessions through url, calls act once every session has
-// answered a call, keeps them calling for hold, and returns them.
-func foRun(t *testing.T, url string, n int, hold time.Duration, act func()) []*foSession {
-	t.Helper()
-	hc := newHTTPClient()
-	defer hc.CloseIdleConnections()
-	return foRunWith(t, url, hc, n, hold, act)
-}
-
-// foRunWith is foRun through the HTTP client hc.
-func foRunWith(t *testing.T, url string, hc *http.Client, n int, hold time.Duration, act func()) []*foSession {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	ss := make([]*foSession, n)
-	stop := make(chan struct{})
-	var started, wg sync.WaitGroup
-	started.Add(n)
-	for i := range ss {
-		wg.Go(func() { ss[i] = runFailoverSession(ctx, url, hc, started.Done, stop) })
-	}
-	started.Wait()
-	act()
-	time.Sleep(hold)
-	close(stop)
-	wg.Wait()
-	return ss
-}
-
 // foCounts are what every failover summary counts of a run's sessions.
 type foCounts struct {
 	sessions, connErrs, calls, failedCalls, inFlight, lost int
@@ -151,23 +25,23 @@ type foCounts struct {
 
 // add counts session x of a run whose server was killed between killed
 // and dead, and reports whether x connected at all.
-func (c *foCounts) add(x *foSession, killed, dead time.Time) bool {
+func (c *foCounts) add(x *session, killed, dead time.Time) bool {
 	c.sessions++
 	if x.connErr != nil {
 		c.connErrs++
 		c.errs = append(c.errs, x.connErr.Error())
 		return false
 	}
-	c.calls += x.calls
-	c.failedCalls += len(x.failed)
+	c.calls += len(x.answered)
+	c.failedCalls += len(x.failed())
 	for _, sp := range x.spans {
 		if sp.start.Before(dead) && sp.end.After(killed) {
 			c.inFlight++
 		}
 	}
-	for _, err := range x.lastErrs {
+	for _, sp := range x.failed() {
 		if len(c.errs) < 4 {
-			c.errs = append(c.errs, err.Error())
+			c.errs = append(c.errs, sp.err.Error())
 		}
 	}
 	if x.lost {
@@ -183,7 +57,7 @@ type foSummary struct {
 	onDead, lostOnDead, movedOK, othersOK, inconsistent int
 }
 
-func summarizeFailover(ss []*foSession, deadServer string, killed, dead time.Time) foSummary {
+func summarizeFailover(ss []*session, deadServer string, killed, dead time.Time) foSummary {
 	var s foSummary
 	for _, x := range ss {
 		if !s.add(x, killed, dead) {
@@ -202,7 +76,7 @@ func summarizeFailover(ss []*foSession, deadServer string, killed, dead time.Tim
 		if x.lost {
 			s.lostOnDead++
 		}
-		if !x.lost && x.servers() == 2 && len(x.seen[deadServer]) == 1 {
+		if !x.lost && x.servers() == 2 && len(x.seenBy()[deadServer]) == 1 {
 			s.movedOK++
 		}
 	}
@@ -225,64 +99,15 @@ func failoverSite(ups, table string, on bool) string {
 	return fmt.Sprintf("mcp_proxy %s {\n\t\ttable %s\n\t\tfailover %s\n\t}", ups, table, mode)
 }
 
-// vsSession is a raw client session that behaves as VS Code does after its
-// server restarts: it never re-initializes, and reopens its GET stream with
-// its old session ID before it sends POSTs.
-type vsSession struct {
-	id, creator string
-	get         int      // status of the GET reopened after the kill
-	posts       []int    // statuses of the POSTs after it
-	answered    []string // the servers that answered them
-}
-
-// openVSSessions opens n raw sessions through url, each with one call.
-func openVSSessions(t *testing.T, hc *http.Client, url string, n int) []*vsSession {
-	t.Helper()
-	vs := make([]*vsSession, n)
-	for i := range vs {
-		id := mcpInitialize(t, hc, url)
-		_, who := rawWhoami(t, hc, url, id)
-		vs[i] = &vsSession{id: id, creator: who.Server}
-	}
-	return vs
-}
-
-// resume reopens the session's GET stream (reading only its status), then
-// makes 3 whoami calls.
-func (v *vsSession) resume(t *testing.T, hc *http.Client, url string) {
-	v.get = reopenGET(t, hc, url, v.id)
-	for range 3 {
-		status, who := rawWhoami(t, hc, url, v.id)
-		v.posts = append(v.posts, status)
-		v.answered = append(v.answered, who.Server)
-	}
-}
-
-// reopenGET reopens the GET stream of session id through url, as VS Code
-// does after its server restarts, and returns the status, reading nothing
-// more.
-func reopenGET(t *testing.T, hc *http.Client, url, id string) int {
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header = http.Header{"Accept": {"text/event-stream"}, "Mcp-Session-Id": {id}, "Mcp-Protocol-Version": {"2025-11-25"}}
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatalf("GET of session %s: %v", id, err)
-	}
-	resp.Body.Close()
-	return resp.StatusCode
-}
-
 // vsSummary sums up raw sessions after the kill of deadServer: how many
 // were on it, and how many of those and of the others got 200 to their GET
 // and every POST, the POSTs all answered by one live server.
-func vsSummary(vs []*vsSession, deadServer string) (onDead, deadOK, others, othersOK int) {
+func vsSummary(vs []*session, deadServer string) (onDead, deadOK, others, othersOK int) {
 	for _, v := range vs {
+		after := v.afterGET()
 		ok := v.get == http.StatusOK
-		for i, st := range v.posts {
-			ok = ok && st == http.StatusOK && v.answered[i] == v.answered[0] && v.answered[i] != deadServer
+		for _, sp := range after {
+			ok = ok && sp.status == http.StatusOK && sp.who.Server == after[0].who.Server && sp.who.Server != deadServer
 		}
 		if v.creator == deadServer {
 			onDead++
@@ -291,7 +116,7 @@ func vsSummary(vs []*vsSession, deadServer string) (onDead, deadOK, others, othe
 			}
 		} else {
 			others++
-			if ok && v.answered[0] == v.creator {
+			if ok && after[0].who.Server == v.creator {
 				othersOK++
 			}
 		}
@@ -313,9 +138,9 @@ func killUnderLoad(t *testing.T, srv []*testproc.Proc, label string) {
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	const n, raw = 60, 15
-	vs := [][]*vsSession{openVSSessions(t, hc, ps[0].url(), raw), openVSSessions(t, hc, ps[1].url(), raw)}
+	vs := [][]*session{openRawSessions(t, hc, ps[0].url(), raw, rawPlain), openRawSessions(t, hc, ps[1].url(), raw, rawPlain)}
 	var killed, dead time.Time
-	runs := make([][]*foSession, 2)
+	runs := make([][]*session, 2)
 	var wg sync.WaitGroup
 	ready, kill := make(chan struct{}, 2), make(chan struct{})
 	for i, p := range ps {
@@ -330,7 +155,7 @@ func killUnderLoad(t *testing.T, srv []*testproc.Proc, label string) {
 	close(kill)
 	wg.Wait()
 	for _, v := range append(vs[0], vs[1]...) {
-		v.resume(t, hc, ps[slicesIndex(vs[0], v)].url())
+		v.resume(t, hc, 3, ps[slicesIndex(vs[0], v)].url())
 	}
 
 	son := summarizeFailover(runs[0], srv[1].Name(), killed, dead)
@@ -374,7 +199,7 @@ func failoversOf(t testing.TB, table string) (moved, failed float64) {
 }
 
 // slicesIndex returns 0 if v is in vs, 1 otherwise.
-func slicesIndex(vs []*vsSession, v *vsSession) int {
+func slicesIndex(vs []*session, v *session) int {
 	for _, x := range vs {
 		if x == v {
 			return 0
@@ -645,8 +470,8 @@ func TestRollingDeployFailoverDeadline(t *testing.T) {
 	}
 	lost, failed, calls, moved, inconsistent := 0, 0, 0, 0, 0
 	for _, s := range ss {
-		calls += s.calls
-		failed += len(s.failed)
+		calls += len(s.answered)
+		failed += len(s.failed())
 		if s.lost || s.connErr != nil {
 			lost++
 		}
@@ -702,7 +527,7 @@ func failoverKeepsClientID(t *testing.T, srv []*testproc.Proc, sealed bool) {
 	p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\ttable fo%s%v%s\n\t\tfailover reinitialize\n\t}", upstreams(srv), srv[0].Name(), sealed, seal))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
-	vs := openVSSessions(t, hc, p.url(), 12)
+	vs := openRawSessions(t, hc, p.url(), 12, rawPlain)
 	seen := map[string]string{} // client ID -> the session ID its creator saw
 	for _, v := range vs {
 		_, who := rawWhoami(t, hc, p.url(), v.id)
@@ -712,7 +537,7 @@ func failoverKeepsClientID(t *testing.T, srv []*testproc.Proc, sealed bool) {
 	<-srv[1].Done()
 	moved, others, leaked, echoed := 0, 0, 0, 0
 	for _, v := range vs {
-		v.resume(t, hc, p.url())
+		v.resume(t, hc, 3, p.url())
 		ex := mcpPost(t, hc, p.url(), v.id, tsWhoamiCall)
 		who, _ := tsWhoamiResult(ex.body)
 		if got := ex.header.Values("Mcp-Session-Id"); len(got) > 1 || len(got) == 1 && got[0] != v.id {
@@ -746,11 +571,11 @@ func TestFailoverUpstreamRemoved(t *testing.T) {
 	loadCaddyfile(t, siteConfig(port, failoverSite(upstreams(srv), "removed", true)))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
-	vs := openVSSessions(t, hc, url, 12)
+	vs := openRawSessions(t, hc, url, 12, rawPlain)
 	loadCaddyfile(t, siteConfig(port, failoverSite(upstreams(srv[1:]), "removed", true)))
 	hc.CloseIdleConnections()
 	for _, v := range vs {
-		v.resume(t, hc, url)
+		v.resume(t, hc, 3, url)
 	}
 	onGone, goneOK, others, othersOK := vsSummary(vs, srv[0].Name())
 	fam, _ := scrape(t)
@@ -775,7 +600,7 @@ func TestFailoverRestartedUpstream(t *testing.T) {
 	ps := startProxies(t, failoverSite(upstreams(srv), "restartfo", true), failoverSite(upstreams(srv), "restartnofo", false))
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
-	vs := [][]*vsSession{openVSSessions(t, hc, ps[0].url(), 10), openVSSessions(t, hc, ps[1].url(), 10)}
+	vs := [][]*session{openRawSessions(t, hc, ps[0].url(), 10, rawPlain), openRawSessions(t, hc, ps[1].url(), 10, rawPlain)}
 	for i, p := range ps {
 		for _, v := range vs[i] {
 			if st := reopenGET(t, hc, p.url(), v.id); st != http.StatusOK {
@@ -790,7 +615,7 @@ func TestFailoverRestartedUpstream(t *testing.T) {
 	ready(t, whoamiTimeout, []*testproc.Proc{again}, testproc.Listening())
 	for i, p := range ps {
 		for _, v := range vs[i] {
-			v.resume(t, hc, p.url())
+			v.resume(t, hc, 3, p.url())
 		}
 	}
 	onDead, deadOK, others, othersOK := vsSummary(vs[0], srv[0].Name())
@@ -806,8 +631,8 @@ func TestFailoverRestartedUpstream(t *testing.T) {
 		t.Errorf("negative control: want every session of the restarted server broken without failover, the others ok")
 	}
 	for _, v := range vs[1] {
-		if v.creator == srv[0].Name() && (v.get != http.StatusNotFound || slices.ContainsFunc(v.posts, func(st int) bool { return st != http.StatusNotFound })) {
-			t.Errorf("negative control: session %s got GET %d and calls %v; want 404 to each", v.id, v.get, v.posts)
+		if v.creator == srv[0].Name() && (v.get != http.StatusNotFound || slices.ContainsFunc(v.statuses(), func(st int) bool { return st != http.StatusNotFound })) {
+			t.Errorf("negative control: session %s got GET %d and calls %v; want 404 to each", v.id, v.get, v.statuses())
 		}
 	}
 }

@@ -431,7 +431,7 @@ func TestGunicornHooksReload(t *testing.T) {
 	}
 
 	type fresh struct {
-		rep     sessionReport
+		rep     *session
 		started time.Duration // after the HUP
 	}
 	var (

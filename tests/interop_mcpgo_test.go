@@ -135,8 +135,8 @@ func TestInteropMCPGoStateful(t *testing.T) {
 			peerSessions, peerSessions, peerTotalCalls, res)
 	}
 	for _, r := range res.reports {
-		if !strings.HasPrefix(r.sessionID, mcpGoIDPrefix) {
-			t.Fatalf("session ID %q is not an mcp-go ID", r.sessionID)
+		if !strings.HasPrefix(r.id, mcpGoIDPrefix) {
+			t.Fatalf("session ID %q is not an mcp-go ID", r.id)
 		}
 	}
 

@@ -126,8 +126,8 @@ func TestInteropGunicornPerWorkerPorts(t *testing.T) {
 			peerSessions, peerSessions, peerTotalCalls, res)
 	}
 	for _, r := range res.reports {
-		if len(r.sessionID) != 32 || strings.Trim(r.sessionID, "0123456789abcdef") != "" {
-			t.Fatalf("session ID %q is not uuid4().hex", r.sessionID)
+		if len(r.id) != 32 || strings.Trim(r.id, "0123456789abcdef") != "" {
+			t.Fatalf("session ID %q is not uuid4().hex", r.id)
 		}
 	}
 	recordInterop(interopRow{

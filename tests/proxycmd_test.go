@@ -61,7 +61,7 @@ func TestProxyCommandPinsSessions(t *testing.T) {
 	const open = 6 // sessions left open: runSessions ends its own with DELETE
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
-	openSessions(ctx, t, m[1]+"/mcp", hc, open)
+	openLiveSessions(ctx, t, m[1]+"/mcp", hc, open)
 	if held := upstreamSessions(t, "http://"+admin+"/mcp_sessions/"); held != open {
 		t.Fatalf("the session API lists %d live sessions over the upstreams, want the %d open ones", held, open)
 	}

@@ -106,7 +106,7 @@ func TestRollingDeployUnderLoad(t *testing.T) {
 		stopLoad atomic.Bool
 		loadWG   sync.WaitGroup
 		mu       sync.Mutex
-		sessions []sessionReport
+		sessions []*session
 	)
 	for range workers {
 		loadWG.Go(func() {
@@ -195,7 +195,7 @@ func TestRollingDeployUnderLoad(t *testing.T) {
 			failed = append(failed, fmt.Errorf("session created by %q: %d calls misrouted, error %v", s.creator, s.misrouted, s.err))
 			continue
 		}
-		calls += s.calls
+		calls += len(s.answered)
 		all[s.creator]++
 		switch {
 		case s.began.Before(scriptStart):
@@ -504,10 +504,10 @@ func rdSessionOn(ctx context.Context, t testing.TB, url string, hc *http.Client,
 	var landed []string
 	for range 12 {
 		s := openLiveSession(ctx, t, url, hc)
-		if s.server == server {
+		if s.first.Server == server {
 			return s.cs
 		}
-		landed = append(landed, s.server)
+		landed = append(landed, s.first.Server)
 	}
 	var health, tables any
 	_, _ = adminDo(http.MethodGet, "/reverse_proxy/upstreams", nil, &health)

@@ -42,81 +42,53 @@ func failoversAt(t *testing.T, admin string) (moved, failed int) {
 	return moved, failed
 }
 
-// spreadSession is a raw client session that never re-initializes (the VS
-// Code behaviour), learned on the fleet's first replica.
-type spreadSession struct {
-	id       string
-	first    identity     // who answered its first call
-	get      int          // status of the GET reopened with its ID
-	statuses []int        // statuses of the calls after it
-	by       [][]identity // by replica: who answered its calls through it
-	echoed   int          // answers to the calls carrying the client's own Mcp-Session-Id
-	otherIDs int          // answers carrying any other Mcp-Session-Id
-}
+// The raw sessions of these tests never re-initialize (the VS Code
+// behaviour): they are learned on a fleet's first replica, then resume
+// their GET stream and call through the replicas in turn (session.resume).
 
-// openSpreadSessions opens n raw sessions through url, each with one call.
-func openSpreadSessions(t *testing.T, hc *http.Client, url string, n int) []*spreadSession {
-	t.Helper()
-	ss := make([]*spreadSession, n)
-	for i := range ss {
-		id := mcpInitialize(t, hc, url)
-		status, who := rawWhoami(t, hc, url, id)
-		if status != http.StatusOK {
-			t.Fatalf("first call of raw session %d through %s: %d", i, url, status)
-		}
-		ss[i] = &spreadSession{id: id, first: who}
-	}
-	return ss
-}
-
-// resumeAcross reopens the session's GET stream through the last of urls,
-// then calls whoami through each of urls in turn, twice around.
-func (s *spreadSession) resumeAcross(t *testing.T, hc *http.Client, urls []string) {
-	s.get = reopenGET(t, hc, urls[len(urls)-1], s.id)
-	s.statuses, s.by = nil, make([][]identity, len(urls))
-	for range 2 {
-		for i, u := range urls {
-			ex := mcpPost(t, hc, u, s.id, tsWhoamiCall)
-			s.statuses = append(s.statuses, ex.status)
-			if ex.status == http.StatusOK {
-				who, err := tsWhoamiResult(ex.body)
-				if err != nil {
-					t.Fatalf("whoami in session %s: %v in %s", s.id, err, ex.body)
-				}
-				s.by[i] = append(s.by[i], who)
-			}
-			s.noteIDs(ex.header.Values("Mcp-Session-Id"))
+// idsAfterGET counts the Mcp-Session-Id fields of the answers after the
+// session's reopened GET: the client's own, or any other (an upstream's
+// ID leaked, or a fresh value).
+func idsAfterGET(s *session) (echoed, other int) {
+	for _, sp := range s.afterGET() {
+		switch ids := sp.header.Values("Mcp-Session-Id"); {
+		case len(ids) == 1 && ids[0] == s.id:
+			echoed++
+		case len(ids) > 0:
+			other++
 		}
 	}
+	return echoed, other
 }
 
-// noteIDs counts an answer's Mcp-Session-Id fields: the client's own, or
-// any other (an upstream's ID leaked, or a fresh value).
-func (s *spreadSession) noteIDs(ids []string) {
-	switch {
-	case len(ids) == 1 && ids[0] == s.id:
-		s.echoed++
-	case len(ids) > 0:
-		s.otherIDs++
+// answeredVia returns, by the index of the URL a call went through, who
+// answered the session's calls after its GET with 200.
+func answeredVia(s *session) map[int][]identity {
+	by := map[int][]identity{}
+	for _, sp := range s.afterGET() {
+		if sp.status == http.StatusOK {
+			by[sp.via] = append(by[sp.via], sp.who)
+		}
 	}
+	return by
 }
 
-// ok reports whether the session came through as failover promises: its
-// GET and every call answered 200; through each replica, one upstream
+// spreadOK reports whether the session came through as failover promises:
+// its GET and every call answered 200; through each replica, one upstream
 // session answered every call (a replica moves a session at most once);
 // a session of a dead server was answered by a live server in a session
 // of its own, any other by its first server under its own ID; no answer
 // gave the client another Mcp-Session-Id than its own.
-func (s *spreadSession) ok(dead map[string]bool) bool {
-	if s.get != http.StatusOK || s.otherIDs != 0 {
+func spreadOK(s *session, dead map[string]bool) bool {
+	if _, other := idsAfterGET(s); s.get != http.StatusOK || other != 0 {
 		return false
 	}
-	for _, st := range s.statuses {
+	for _, st := range s.statuses() {
 		if st != http.StatusOK {
 			return false
 		}
 	}
-	for _, ids := range s.by {
+	for _, ids := range answeredVia(s) {
 		for _, who := range ids {
 			if who != ids[0] {
 				return false
@@ -130,9 +102,10 @@ func (s *spreadSession) ok(dead map[string]bool) bool {
 	return true
 }
 
-// broken reports whether the session got 404 to its GET and every call.
-func (s *spreadSession) broken() bool {
-	for _, st := range append([]int{s.get}, s.statuses...) {
+// spreadBroken reports whether the session got 404 to its GET and every
+// call after it.
+func spreadBroken(s *session) bool {
+	for _, st := range append([]int{s.get}, s.statuses()...) {
 		if st != http.StatusNotFound {
 			return false
 		}
@@ -142,9 +115,9 @@ func (s *spreadSession) broken() bool {
 
 // upstreamSessionsAfterGET returns how many upstream sessions answered the
 // session's calls after its GET.
-func (s *spreadSession) upstreamSessions() int {
+func upstreamSessionsAfterGET(s *session) int {
 	seen := map[identity]bool{}
-	for _, ids := range s.by {
+	for _, ids := range answeredVia(s) {
 		for _, who := range ids {
 			seen[who] = true
 		}
@@ -157,14 +130,15 @@ func (s *spreadSession) upstreamSessions() int {
 // servers' sessions that are ok.
 type spreadSummary struct{ onDead, deadOK, deadBroken, others, othersOK, newSessions, echoed, otherIDs int }
 
-func summarizeSpread(ss []*spreadSession, dead map[string]bool) spreadSummary {
+func summarizeSpread(ss []*session, dead map[string]bool) spreadSummary {
 	var r spreadSummary
 	for _, s := range ss {
-		r.echoed, r.otherIDs = r.echoed+s.echoed, r.otherIDs+s.otherIDs
-		ok := s.ok(dead)
+		echoed, other := idsAfterGET(s)
+		r.echoed, r.otherIDs = r.echoed+echoed, r.otherIDs+other
+		ok := spreadOK(s, dead)
 		if !dead[s.first.Server] {
 			r.others++
-			if ok && s.upstreamSessions() == 1 {
+			if ok && upstreamSessionsAfterGET(s) == 1 {
 				r.othersOK++
 			}
 			continue
@@ -172,9 +146,9 @@ func summarizeSpread(ss []*spreadSession, dead map[string]bool) spreadSummary {
 		r.onDead++
 		if ok {
 			r.deadOK++
-			r.newSessions += s.upstreamSessions()
+			r.newSessions += upstreamSessionsAfterGET(s)
 		}
-		if s.broken() {
+		if spreadBroken(s) {
 			r.deadBroken++
 		}
 	}
@@ -193,14 +167,15 @@ type sealedFoSummary struct {
 // two upstream sessions on live servers (at most one per replica) answered
 // its calls; any other session if it was never lost, both replicas
 // answered it, and only its creator did, under one ID.
-func summarizeSealedFailover(ss []*foSession, lb *balancer, dead string, killed, deadAt time.Time) sealedFoSummary {
+func summarizeSealedFailover(ss []*session, lb *balancer, dead string, killed, deadAt time.Time) sealedFoSummary {
 	var s sealedFoSummary
 	for _, x := range ss {
 		if !s.add(x, killed, deadAt) {
 			continue
 		}
+		seen := x.seenBy()
 		live := map[identity]bool{}
-		for srv, ids := range x.seen {
+		for srv, ids := range seen {
 			for _, id := range ids {
 				if srv != dead {
 					live[identity{srv, id}] = true
@@ -210,7 +185,7 @@ func summarizeSealedFailover(ss []*foSession, lb *balancer, dead string, killed,
 		both := lb.replicasThatAnswered(x.id) == 2
 		if x.creator != dead {
 			s.others++
-			if !x.lost && both && len(live) == 1 && len(x.seen) == 1 {
+			if !x.lost && both && len(live) == 1 && len(seen) == 1 {
 				s.othersOK++
 			}
 			continue
@@ -258,16 +233,16 @@ func TestFailoverSealedReplicas(t *testing.T) {
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	const n, raw, later = 30, 10, 8
-	rawSs, laterSs := make([][]*spreadSession, 2), make([][]*spreadSession, 2)
+	rawSs, laterSs := make([][]*session, 2), make([][]*session, 2)
 	for i, f := range fleets {
-		rawSs[i] = openSpreadSessions(t, hc, f.rs[0].url(), raw)
-		laterSs[i] = openSpreadSessions(t, hc, f.rs[0].url(), later)
+		rawSs[i] = openRawSessions(t, hc, f.rs[0].url(), raw, rawPlain)
+		laterSs[i] = openRawSessions(t, hc, f.rs[0].url(), later, rawPlain)
 	}
 	live := mcpInitialize(t, hc, srv[0].URL()) // for values of the format without the initialize
 	doomed := mcpInitialize(t, hc, srv[2].URL())
 
 	// One server killed under load.
-	runs := make([][]*foSession, 2)
+	runs := make([][]*session, 2)
 	ready, kill, done := make(chan struct{}, 2), make(chan struct{}), make(chan struct{}, 2)
 	for i, f := range fleets {
 		go func() {
@@ -290,7 +265,7 @@ func TestFailoverSealedReplicas(t *testing.T) {
 	dead := map[string]bool{srv[1].Name(): true}
 	for i, f := range fleets {
 		for _, s := range rawSs[i] {
-			s.resumeAcross(t, hc, f.urls())
+			s.resume(t, hc, 2, f.urls()...)
 		}
 	}
 
@@ -343,7 +318,7 @@ func TestFailoverSealedReplicas(t *testing.T) {
 	dead[srv[2].Name()] = true
 	for i, f := range fleets {
 		for _, s := range laterSs[i] {
-			s.resumeAcross(t, hc, []string{f.rs[1].url()})
+			s.resume(t, hc, 2, f.rs[1].url())
 		}
 	}
 	lon, loff := summarizeSpread(laterSs[0], dead), summarizeSpread(laterSs[1], dead)
@@ -382,11 +357,11 @@ func TestFailoverSealedReplicasTS(t *testing.T) {
 	f := startSealedFleet(t, "tsfo", srv, true, []string{"MCP_SESSION_KEY=" + newSealKey(t)})
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
-	ss := openSpreadSessions(t, hc, f.rs[0].url(), 12)
+	ss := openRawSessions(t, hc, f.rs[0].url(), 12, rawPlain)
 	srv[1].Kill()
 	<-srv[1].Done()
 	for _, s := range ss {
-		s.resumeAcross(t, hc, f.urls())
+		s.resume(t, hc, 2, f.urls()...)
 	}
 	r := summarizeSpread(ss, map[string]bool{srv[1].Name(): true})
 	t.Logf("TypeScript SDK servers, %s killed: %d/%d of its sessions ok through both replicas, in %d upstream sessions; %d/%d others ok; "+

@@ -29,7 +29,7 @@ func TestConnectionCannotStripSession(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s := openLiveSession(ctx, t, p.url(), hc)
-	cs, owner := s.cs, s.server
+	cs, owner := s.cs, s.first.Server
 	call := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`
 	request := func(connection string) string {
 		return fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+

@@ -285,9 +285,9 @@ func waitFor(d time.Duration, cond func() bool) bool {
 
 // openVia opens n go-sdk sessions through the balancer and returns them
 // with the server of each; they stay open.
-func openVia(ctx context.Context, t testing.TB, lb *balancer, url string, n int) []*liveSession {
+func openVia(ctx context.Context, t testing.TB, lb *balancer, url string, n int) []*session {
 	t.Helper()
-	out := make([]*liveSession, n)
+	out := make([]*session, n)
 	var wg sync.WaitGroup
 	for i := range out {
 		wg.Go(func() {
@@ -302,7 +302,8 @@ func openVia(ctx context.Context, t testing.TB, lb *balancer, url string, n int)
 				t.Errorf("whoami: %v", err)
 				return
 			}
-			out[i] = &liveSession{cs: cs, server: id.Server}
+			out[i] = &session{cs: cs, id: cs.ID()}
+			out[i].record(callSpan{who: id})
 		})
 	}
 	wg.Wait()
@@ -323,7 +324,7 @@ func testDrainAcrossReplicas(t *testing.T, f *fleet) {
 	open := openVia(ctx, t, lb, url, 30)
 	perServer := map[string]int64{}
 	for _, s := range open {
-		perServer[s.server]++
+		perServer[s.first.Server]++
 	}
 	want := map[string]int64{}
 	for _, b := range f.srv {
@@ -360,13 +361,13 @@ func testDrainAcrossReplicas(t *testing.T, f *fleet) {
 		}
 	}
 	for _, s := range openVia(ctx, t, lb, url, 15) {
-		if s.server == s1.Name() {
+		if s.first.Server == s1.Name() {
 			t.Errorf("a new session went to the draining %s", s1.Name())
 		}
 	}
 	for _, s := range open {
-		if id, err := whoami(ctx, s.cs); err != nil || id.Server != s.server {
-			t.Errorf("a session of %s broke while its upstream drained: %v %+v", s.server, err, id)
+		if id, err := whoami(ctx, s.cs); err != nil || id.Server != s.first.Server {
+			t.Errorf("a session of %s broke while its upstream drained: %v %+v", s.first.Server, err, id)
 		}
 	}
 	// Undrain through c3: every replica sees it within 1 s.
@@ -387,7 +388,7 @@ func spread(ctx context.Context, t *testing.T, lb *balancer, url string, waves, 
 	per := map[string]int{}
 	for range waves {
 		for _, s := range openVia(ctx, t, lb, url, wave) {
-			per[s.server]++
+			per[s.first.Server]++
 		}
 	}
 	counts := []int{}

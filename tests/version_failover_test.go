@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"os"
 	"os/exec"
@@ -34,62 +33,6 @@ func startOldSDK(t *testing.T, n int, prefix string) []*testproc.Proc {
 	})
 }
 
-// rawVersionSession is a session opened with raw requests, which sends the
-// MCP-Protocol-Version it negotiated, as clients do.
-type rawVersionSession struct {
-	id, version, creator string
-}
-
-// openRawVersionSession initializes through url asking for 2025-11-25,
-// reads the negotiated version, and makes one whoami call.
-func openRawVersionSession(t *testing.T, hc *http.Client, url string) *rawVersionSession {
-	t.Helper()
-	ex := mcpPost(t, hc, url, "", initBody)
-	msg, err := rpcMessage(ex.body)
-	var res struct {
-		Result struct {
-			ProtocolVersion string `json:"protocolVersion"`
-		} `json:"result"`
-	}
-	if err == nil {
-		err = json.Unmarshal(msg, &res)
-	}
-	s := &rawVersionSession{id: ex.header.Get("Mcp-Session-Id"), version: res.Result.ProtocolVersion}
-	if ex.status != http.StatusOK || s.id == "" || err != nil {
-		t.Fatalf("raw initialize: %d %s (%v)", ex.status, ex.body, err)
-	}
-	if ex := s.post(t, hc, url, tsInitializedMsg); ex.status != http.StatusAccepted {
-		t.Fatalf("raw notifications/initialized: %d %s", ex.status, ex.body)
-	}
-	status, who := s.whoami(t, hc, url)
-	if status != http.StatusOK {
-		t.Fatalf("raw whoami: %d", status)
-	}
-	s.creator = who.Server
-	return s
-}
-
-// post sends body in the session at its negotiated version.
-func (s *rawVersionSession) post(t *testing.T, hc *http.Client, url, body string) exchange {
-	t.Helper()
-	hdr := map[string][]string{"Accept": {"application/json, text/event-stream"}, "Mcp-Session-Id": {s.id}, "Mcp-Protocol-Version": {s.version}}
-	return send(t, hc, http.MethodPost, url, hdr, body)
-}
-
-// whoami calls whoami in the session; who is set on 200.
-func (s *rawVersionSession) whoami(t *testing.T, hc *http.Client, url string) (int, identity) {
-	t.Helper()
-	ex := s.post(t, hc, url, tsWhoamiCall)
-	if ex.status != http.StatusOK {
-		return ex.status, identity{}
-	}
-	who, err := tsWhoamiResult(ex.body)
-	if err != nil {
-		t.Fatalf("raw whoami: %v in %s", err, ex.body)
-	}
-	return ex.status, who
-}
-
 // TestFailoverKeepsProtocolVersion: with failover reinitialize over go-sdk
 // v1.8.0 servers (2025-11-25) and a go-sdk v1.0.0 one (up to 2025-06-18),
 // sessions of raw, go-sdk and TypeScript SDK clients leaving a killed
@@ -112,12 +55,12 @@ func TestFailoverKeepsProtocolVersion(t *testing.T) {
 
 	// The control: a session of the older server, asked at 2025-11-25.
 	direct := olds[0].URL()
-	old := openRawVersionSession(t, hc, direct)
+	old := openRawSession(t, hc, direct, rawNegotiated)
 	if old.version != "2025-06-18" {
 		t.Fatalf("go-sdk v1.0.0 negotiated %s, want 2025-06-18", old.version)
 	}
 	old.version = "2025-11-25"
-	if status, _ := old.whoami(t, hc, direct); status != http.StatusBadRequest {
+	if status := old.rawCall(t, hc, direct, 0).status; status != http.StatusBadRequest {
 		t.Fatalf("the control: the v1.0.0 server answered a 2025-11-25 request %d, want 400", status)
 	}
 
@@ -131,9 +74,9 @@ func TestFailoverKeepsProtocolVersion(t *testing.T) {
 		defer cs.Close()
 		goSessions = append(goSessions, cs)
 	}
-	var raws []*rawVersionSession
+	var raws []*session
 	for range 6 {
-		raws = append(raws, openRawVersionSession(t, hc, p.url()))
+		raws = append(raws, openRawSession(t, hc, p.url(), rawNegotiated))
 	}
 	holdDir := t.TempDir()
 	tsDone := make(chan tsClientSummary, 1)
@@ -168,7 +111,8 @@ func TestFailoverKeepsProtocolVersion(t *testing.T) {
 		}
 	}
 	for i, s := range raws {
-		status, who := s.whoami(t, hc, p.url())
+		sp := s.rawCall(t, hc, p.url(), 0)
+		status, who := sp.status, sp.who
 		want := s.creator
 		if s.creator == killed {
 			want, onKilled = other, onKilled+1
@@ -200,8 +144,8 @@ func TestFailoverKeepsProtocolVersion(t *testing.T) {
 	}
 	for _, s := range raws {
 		if s.version == "2025-06-18" {
-			if status, who := s.whoami(t, hc, p.url()); status != http.StatusOK || who.Server != olds[0].Name() {
-				t.Errorf("a session of the v1.0.0 server: %d from %q; want 200 from it", status, who.Server)
+			if sp := s.rawCall(t, hc, p.url(), 0); sp.status != http.StatusOK || sp.who.Server != olds[0].Name() {
+				t.Errorf("a session of the v1.0.0 server: %d from %q; want 200 from it", sp.status, sp.who.Server)
 			}
 		}
 	}
