@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -210,16 +209,6 @@ func TestReloadKeepsSessions(t *testing.T) {
 	}
 }
 
-// reopenLost replaces the sessions owned by server with new ones.
-func reopenLost(ctx context.Context, t testing.TB, url string, hc *http.Client, css []*session, server string) []*session {
-	for i, s := range css {
-		if s.first.Server == server {
-			css[i] = openLiveSession(ctx, t, url, hc)
-		}
-	}
-	return css
-}
-
 // TestInteropGoSDK records the Go SDK's row of docs/interop.md's
 // Interoperability table: go-sdk clients and servers, SSE and JSON modes.
 func TestInteropGoSDK(t *testing.T) {
@@ -240,6 +229,3 @@ func TestInteropGoSDK(t *testing.T) {
 		})
 	}
 }
-
-// goSDKVersion is the MCP Go SDK version the tests build against.
-const goSDKVersion = "v1.8.0"

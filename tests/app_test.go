@@ -3,48 +3,10 @@ package tests
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
-
-// withGlobal returns cfg, a Caddyfile whose first block is the global
-// options, with extra added to them.
-func withGlobal(cfg, extra string) string {
-	return strings.Replace(cfg, "{\n", "{\n\t"+extra+"\n", 1)
-}
-
-// tryLoadCaddyfile adapts and loads cfg into the in-process Caddy, and
-// returns the load's error. A load replaces the admin server, so the
-// default client's idle connections to the old one are dropped.
-func tryLoadCaddyfile(t testing.TB, cfg string) error {
-	t.Helper()
-	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
-	if err != nil {
-		t.Fatalf("adapting Caddyfile: %v\n%s", err, cfg)
-	}
-	defer http.DefaultClient.CloseIdleConnections()
-	return caddy.Load(js, true)
-}
-
-// openLiveSessions opens n go-sdk sessions through url and returns the servers
-// that own them, in order.
-func openLiveSessions(ctx context.Context, t testing.TB, url string, hc *http.Client, n int) []*session {
-	t.Helper()
-	css := make([]*session, n)
-	for i := range css {
-		cs, err := connectNoStream(ctx, url, hc) // a GET stream would keep it from eviction
-		if err != nil {
-			t.Fatalf("connect: %v", err)
-		}
-		css[i] = liveSessionOf(ctx, t, cs)
-	}
-	return css
-}
 
 // TestSessionsAppSettings: a table's settings come from the mcp_sessions
 // global option or from mcp_proxy, apply when the config has loaded (a

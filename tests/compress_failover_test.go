@@ -3,34 +3,14 @@ package tests
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/klauspost/compress/zstd"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
-
-// compressingSite is a site of Caddy's own compression middleware (encode
-// zstd gzip) in front of server: every JSON answer is compressed with what
-// the request accepts, as the gzip and zstd middleware of Python and Node
-// apps do. Those ignore the go-sdk's Cache-Control: no-transform, which
-// Caddy's encode honours; the site drops it so that encode compresses too.
-func compressingSite(server string) string {
-	return fmt.Sprintf(`encode zstd gzip {
-		minimum_length 1
-		match {
-			header Content-Type application/json*
-		}
-	}
-	reverse_proxy %s {
-		header_down -Cache-Control
-	}`, server)
-}
 
 // TestFailoverOverCompressingServers: with failover reinitialize in front of
 // servers that compress their answers (go-sdk servers in JSON response mode
@@ -124,23 +104,4 @@ func TestFailoverOverCompressingServers(t *testing.T) {
 	if m, failed := failoversOf(t, "compressing"); m == 0 || failed != 0 {
 		t.Errorf("caddy_mcp_failovers_total: %v moved, %v failed; want moves and no failure", m, failed)
 	}
-}
-
-// zstdDecoded returns the body of ex, decoded when it came with
-// Content-Encoding zstd.
-func zstdDecoded(t testing.TB, ex exchange) string {
-	t.Helper()
-	if ex.header.Get("Content-Encoding") != "zstd" {
-		return ex.body
-	}
-	d, err := zstd.NewReader(strings.NewReader(ex.body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	raw, err := io.ReadAll(d)
-	if err != nil {
-		t.Fatalf("decoding a zstd answer: %v", err)
-	}
-	return string(raw)
 }

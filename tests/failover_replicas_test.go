@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -14,34 +13,6 @@ var foTables = []struct{ name, options string }{
 	{"fo", "failover reinitialize"},
 	{"nofo", "failover off"},
 	{"sealedfo", "failover reinitialize\n\t\t\tseal_session_ids {env.FO_SEAL_KEY}"},
-}
-
-// startFailoverFleet starts a Redis, three go-sdk servers and three Caddy
-// replicas whose tables share the Redis. Their site routes /<table>/mcp to
-// an mcp_proxy over the servers: "fo" with failover reinitialize; "nofo"
-// without failover (the negative control); "sealedfo" with failover
-// reinitialize and seal_session_ids.
-func startFailoverFleet(t *testing.T) *fleet {
-	global := func(f *fleet) string {
-		g := storeLog
-		for _, tb := range foTables {
-			g = fmt.Sprintf("mcp_sessions %s {\n\t\t%s\n\t}\n\t%s", tb.name, redisStore(f.redis.Addr, sharedTimeout), g)
-		}
-		return g
-	}
-	body := func(f *fleet) string {
-		b := ""
-		for _, tb := range foTables {
-			b += fmt.Sprintf("handle_path /%s/* {\n\t\tmcp_proxy %s {\n\t\t\ttable %s\n\t\t\t%s\n\t\t}\n\t}\n\t", tb.name, upstreams(f.srv), tb.name, tb.options)
-		}
-		return b
-	}
-	return newFleet(t, withRedis(), withServers(3, false), withReplicas(3, "c", global, body, "FO_SEAL_KEY="+newSealKey(t)))
-}
-
-// failoversAt returns the failovers of table on every replica with result.
-func (f *fleet) failoversAt(t testing.TB, table, result string) int {
-	return int(metricSum(t, f.rs, "caddy_mcp_failovers_total", map[string]string{"table": table, "result": result}))
 }
 
 // TestFailoverReplicas: three Caddy replicas sharing Redis, over three
@@ -127,21 +98,6 @@ func testFailoverReplicasKill(t *testing.T, f *fleet) {
 	}
 }
 
-// splitSessions returns how many sessions a server saw under more than
-// one session ID: replicas that did not agree on one new upstream session.
-func splitSessions(ss []*session) int {
-	n := 0
-	for _, s := range ss {
-		for _, ids := range s.seenBy() {
-			if len(ids) > 1 {
-				n++
-				break
-			}
-		}
-	}
-	return n
-}
-
 // testFailoverReplicasConverge: sessions whose calls went through every
 // replica lose their server; then one call of each goes to every replica
 // at the same moment. Every call is answered, by one server under one
@@ -187,50 +143,6 @@ func testFailoverReplicasConverge(t *testing.T, f *fleet) {
 			t.Errorf("table %s: want every session answered alike on every replica, and moved exactly once", table)
 		}
 	}
-}
-
-// atOnce calls whoami in session id through every replica at the same
-// moment, then twice more through each, and reports whether every call was
-// answered by one server other than dead, under one session ID.
-func atOnce(t *testing.T, hc *http.Client, f *fleet, table, id, dead string) bool {
-	got := make([]identity, len(f.rs))
-	status := make([]int, len(f.rs))
-	var start, wg sync.WaitGroup
-	start.Add(1)
-	for i, r := range f.rs {
-		wg.Go(func() { start.Wait(); status[i], got[i] = whoamiID(t, hc, tableURL(r, table), id, 10+i) })
-	}
-	start.Done()
-	wg.Wait()
-	same := got[0].Server != "" && got[0].Server != dead
-	for i, r := range f.rs {
-		same = same && status[i] == http.StatusOK && got[i] == got[0]
-		for range 2 {
-			st, who := rawWhoami(t, hc, tableURL(r, table), id)
-			same = same && st == http.StatusOK && who == got[0]
-		}
-	}
-	if !same {
-		t.Logf("table %s: replicas disagree on a session after the kill: statuses %v, answered by %+v", table, status, got)
-	}
-	return same
-}
-
-// whoamiID is rawWhoami with JSON-RPC request ID rpcID: calls in flight at
-// once in one session need distinct IDs (go-sdk servers answer a duplicate
-// with 400).
-func whoamiID(t testing.TB, hc *http.Client, url, id string, rpcID int) (int, identity) {
-	t.Helper()
-	ex := mcpPost(t, hc, url, id, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`, rpcID))
-	if ex.status != http.StatusOK {
-		t.Logf("whoami in session %s through %s: %d %s", id, url, ex.status, ex.body)
-		return ex.status, identity{}
-	}
-	who, err := tsWhoamiResult(ex.body)
-	if err != nil {
-		t.Fatalf("whoami in session %s: %v in %s", id, err, ex.body)
-	}
-	return ex.status, who
 }
 
 // TestFailoverReplicasRedisDown: with Redis down, a session whose server

@@ -8,61 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
 )
-
-// startHealthFleet starts two whoami servers with a health endpoint each
-// (GET /healthz, 503 while the server's down file exists) behind mcp_proxy
-// with active health checks and the given options, and n go-sdk client
-// sessions held on them, some on each server.
-func startHealthFleet(t *testing.T, options string, n int) *fleet {
-	t.Helper()
-	site := func(f *fleet) string {
-		return fmt.Sprintf("mcp_proxy %s {\n\t\thealth_uri /healthz\n%s\n\t}", upstreams(f.srv), options)
-	}
-	return newFleet(t, withServers(2, true), withHealthDown(), withSite(site), withHeldSessions(n))
-}
-
-// call makes a raw whoami call of session cs through the proxy.
-func (f *fleet) call(t *testing.T, cs *mcp.ClientSession) exchange {
-	t.Helper()
-	return send(t, f.hc, http.MethodPost, f.p.url(), mcpPOSTHeaders(cs.ID()), gunicornCallBody)
-}
-
-// waitStatus makes raw calls of cs until one gets status, and returns that
-// exchange and when it came, or fails t after limit.
-func (f *fleet) waitStatus(t *testing.T, cs *mcp.ClientSession, status int, limit time.Duration) (exchange, time.Time) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		ex := f.call(t, cs)
-		if ex.status == status {
-			return ex, time.Now()
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %d within %v; last %d %q", status, limit, ex.status, ex.body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// checkUnavailable asserts that ex is the proxy's 503 for an unhealthy
-// upstream: a JSON-RPC error with id null, and Retry-After in seconds.
-func checkUnavailable(t *testing.T, ex exchange) {
-	t.Helper()
-	ra, err := strconv.Atoi(ex.header.Get("Retry-After"))
-	if ex.status != http.StatusServiceUnavailable || rpcErrorCode(ex.body) != caddymodule.CodeUpstreamUnavailable ||
-		ex.header.Get("Content-Type") != "application/json" || err != nil || ra < 1 || ra > 60 {
-		t.Fatalf("want the proxy's 503 (JSON-RPC -32003, Retry-After 1-60 s); got %d %v %q", ex.status, ex.header, ex.body)
-	}
-}
 
 // TestHealthBlipKeepsSessions: with `health_uri /healthz` and
 // `health_interval 1s`, one of two servers fails its health endpoint for
@@ -209,17 +160,6 @@ func TestLastingUnhealthyFailsOverAfterGrace(t *testing.T) {
 	if int(n) != len(f.sessions["s1"]) {
 		t.Fatalf("want %d failovers counted with cause upstream_gone, got %v", len(f.sessions["s1"]), n)
 	}
-}
-
-// mustConnect opens a new go-sdk client session through the fleet's proxy.
-func mustConnect(t *testing.T, f *fleet) *mcp.ClientSession {
-	t.Helper()
-	cs, err := connect(context.Background(), f.p.url(), f.hc)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(func() { cs.Close() })
-	return cs
 }
 
 // TestHealthURIOnMCPEndpointWarns: active health checks that probe the MCP

@@ -26,13 +26,6 @@ var revokeTables = []revokeTable{
 	{name: "young", settings: "failover_max_age 3s", sealed: true},
 }
 
-// revokeCheck is one expectation: the statuses of a whoami call of a
-// session through each replica; 0 where the test only reports it.
-type revokeCheck struct {
-	table, what, id string
-	want            []int
-}
-
 // TestEndedSessionsStayEnded: two Caddy replicas (separate processes), three
 // go-sdk servers, a Redis; raw sessions opened through the first replica.
 //
@@ -141,17 +134,4 @@ func TestEndedSessionsStayEnded(t *testing.T) {
 	if tombs < 4 {
 		t.Errorf("Redis holds %d tombstones; want one per session DELETEd through the shared tables (4)", tombs)
 	}
-}
-
-// statusesMatch reports whether got has want's statuses where want is not 0.
-func statusesMatch(got, want []int) bool {
-	if len(got) != len(want) {
-		return false
-	}
-	for i := range want {
-		if want[i] != 0 && got[i] != want[i] {
-			return false
-		}
-	}
-	return true
 }

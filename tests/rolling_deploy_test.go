@@ -1,88 +1,21 @@
 package tests
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // rdScript is the rolling deploy example script, relative to this package.
 const rdScript = "../examples/rolling-deploy/rolling-deploy.sh"
-
-// rdRequireTools skips the test when the script cannot run here.
-func rdRequireTools(t *testing.T) {
-	t.Helper()
-	for _, tool := range []string{"bash", "curl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("the rolling deploy script needs %s, which is not installed: %v", tool, err)
-		}
-	}
-}
-
-// rdProcessGone reports whether process pid has exited. A zombie, which
-// nobody reaped yet, has exited too.
-func rdProcessGone(pid int) bool {
-	p, err := os.FindProcess(pid)
-	if err != nil {
-		return true
-	}
-	if err := p.Signal(syscall.Signal(0)); err != nil {
-		return true
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// pid (comm) state ...: comm may hold spaces, so look after the last ')'.
-	s := string(stat)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && strings.HasPrefix(s[i+1:], " Z")
-}
-
-// runRollingDeploy runs the script with args and returns its combined
-// output and exit code.
-func runRollingDeploy(t testing.TB, args ...string) (string, int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", append([]string{rdScript}, args...)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.WaitDelay = 5 * time.Second // a background process holding the output must not hang the test
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-		return out.String(), 0
-	case errors.As(err, &exit) && exit.ExitCode() >= 0:
-		return out.String(), exit.ExitCode()
-	default:
-		t.Fatalf("running %s: %v\n%s", rdScript, err, out.String())
-		return "", -1
-	}
-}
-
-// rdObservation is one poll of an upstream's status by the test.
-type rdObservation struct {
-	at       time.Time // when the answer arrived
-	draining bool
-	live     int64
-}
 
 // TestRollingDeployUnderLoad runs examples/rolling-deploy/rolling-deploy.sh
 // against the in-process Caddy in front of 3 whoami servers while 8 workers
@@ -494,24 +427,4 @@ func TestDrainSurvivesReload(t *testing.T) {
 	if res.ok != 12 || res.perServer[victim.Name()] == 0 {
 		t.Errorf("want 12/12 new sessions, some on the undrained %s; got %s", victim.Name(), res)
 	}
-}
-
-// rdSessionOn opens sessions until one is owned by server and returns it.
-// The others stay open until the test ends, so that a least_sessions
-// fallback, whose ties are broken at random, soon picks server too.
-func rdSessionOn(ctx context.Context, t testing.TB, url string, hc *http.Client, server string) *mcp.ClientSession {
-	t.Helper()
-	var landed []string
-	for range 12 {
-		s := openLiveSession(ctx, t, url, hc)
-		if s.first.Server == server {
-			return s.cs
-		}
-		landed = append(landed, s.first.Server)
-	}
-	var health, tables any
-	_, _ = adminDo(http.MethodGet, "/reverse_proxy/upstreams", nil, &health)
-	_, _ = adminDo(http.MethodGet, "/mcp_sessions/", nil, &tables)
-	t.Fatalf("no session landed on %s in 12 tries: %v; upstream health %v; tables %v", server, landed, health, tables)
-	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,25 +12,6 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
-
-// startOldSDK builds tests/oldsdk (a whoami server on go-sdk v1.0.0, whose
-// newest protocol version is 2025-06-18; a module of its own) and starts n
-// of them named <prefix>1..<prefix>n.
-func startOldSDK(t *testing.T, n int, prefix string) []*testproc.Proc {
-	t.Helper()
-	bin := filepath.Join(binDir, "oldsdk")
-	if _, err := os.Stat(bin); err != nil {
-		build := exec.Command("go", "build", "-o", bin, ".")
-		build.Dir = "oldsdk"
-		build.Env = append(os.Environ(), "GOWORK=off")
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("building tests/oldsdk: %v\n%s", err, out)
-		}
-	}
-	return launchFleet(t, n, prefix, whoamiTimeout, func(name, addrFile string) *exec.Cmd {
-		return exec.Command(bin, "-name", name, "-addr-file", addrFile)
-	})
-}
 
 // TestFailoverKeepsProtocolVersion: with failover reinitialize over go-sdk
 // v1.8.0 servers (2025-11-25) and a go-sdk v1.0.0 one (up to 2025-06-18),
@@ -148,20 +128,5 @@ func TestFailoverKeepsProtocolVersion(t *testing.T) {
 				t.Errorf("a session of the v1.0.0 server: %d from %q; want 200 from it", sp.status, sp.who.Server)
 			}
 		}
-	}
-}
-
-// waitFile waits until path exists, for at most timeout.
-func waitFile(t *testing.T, path string, timeout time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not appear within %v", path, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
