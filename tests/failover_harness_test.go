@@ -751,14 +751,7 @@ func startOldSDK(t *testing.T, n int, prefix string) []*testproc.Proc {
 // waitFile waits until path exists, for at most timeout.
 func waitFile(t *testing.T, path string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not appear within %v", path, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testproc.Until(timeout, func() bool { _, err := os.Stat(path); return err == nil }) {
+		t.Fatalf("%s did not appear within %v", path, timeout)
 	}
 }

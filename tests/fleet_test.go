@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -54,7 +53,6 @@ type fleet struct {
 type fleetSpec struct {
 	servers, held, replicas int
 	json                    bool
-	flags                   func(name string) []string
 	health                  bool
 	given                   []*testproc.Proc
 	scripted                []string
@@ -72,12 +70,6 @@ type fleetOption func(*fleetSpec)
 // JSON (json) or SSE.
 func withServers(n int, json bool) fleetOption {
 	return func(s *fleetSpec) { s.servers, s.json = n, json }
-}
-
-// withServerFlags adds flags(name) to the command line of the server
-// called name.
-func withServerFlags(flags func(name string) []string) fleetOption {
-	return func(s *fleetSpec) { s.flags = flags }
 }
 
 // withHealthDown gives every server a health endpoint (GET /healthz) that
@@ -166,19 +158,13 @@ func (f *fleet) startServers(t *testing.T, s fleetSpec) {
 	case len(s.given) > 0:
 		f.srv = s.given
 	case s.servers > 0:
-		flags := s.flags
+		var flags func(name string) []string
 		if s.health {
 			dir := t.TempDir()
 			for i := range s.servers {
 				f.down = append(f.down, filepath.Join(dir, fmt.Sprintf("s%d.down", i+1)))
 			}
-			flags = func(name string) []string {
-				more := []string{"-down-file", filepath.Join(dir, name+".down")}
-				if s.flags != nil {
-					more = append(more, s.flags(name)...)
-				}
-				return more
-			}
+			flags = func(name string) []string { return []string{"-down-file", filepath.Join(dir, name+".down")} }
 		}
 		f.srv = startBackendsWith(t, s.servers, s.json, flags)
 	case len(s.scripted) > 0:
@@ -370,11 +356,7 @@ func shellQuote(s string) string {
 // watch: only its port.
 func waitAccepting(t testing.TB, addr string) {
 	t.Helper()
-	deadline := time.Now().Add(whoamiTimeout)
-	for !testproc.Accepts(addr) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not accept connections after %v", addr, whoamiTimeout)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testproc.Until(whoamiTimeout, func() bool { return testproc.Accepts(addr) }) {
+		t.Fatalf("%s does not accept connections after %v", addr, whoamiTimeout)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // The legacy HTTP+SSE transport (MCP 2024-11-05): a GET opens the
@@ -126,10 +128,7 @@ func TestLegacySSESessionEndsWithStream(t *testing.T) {
 	}
 
 	stream.close()
-	deadline := time.Now().Add(5 * time.Second)
-	for code, _ = lookupStatus(t, id); code != http.StatusNotFound && time.Now().Before(deadline); code, _ = lookupStatus(t, id) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testproc.Until(5*time.Second, func() bool { code, _ = lookupStatus(t, id); return code == http.StatusNotFound })
 	if code != http.StatusNotFound {
 		t.Fatalf("5 s after the stream closed, lookup answers %d; want the session forgotten (404)", code)
 	}

@@ -10,7 +10,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
-	stdjson "encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -391,13 +390,9 @@ func slotSockets(n int) []string {
 // answer on their sockets, and dir holds exactly their n sockets.
 func waitSlots(t *testing.T, g *testproc.Proc, dir string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(gunicornStartTimeout)
-	for !slotsServed(g, dir, n) {
-		if time.Now().After(deadline) {
-			t.Fatalf("gunicorn %s: slots 0..%d not served after %v; files %v; log:\n%s",
-				g.Name(), n-1, gunicornStartTimeout, socketFiles(t, dir), g.Log())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testproc.Until(gunicornStartTimeout, func() bool { return slotsServed(g, dir, n) }) {
+		t.Fatalf("gunicorn %s: slots 0..%d not served after %v; files %v; log:\n%s",
+			g.Name(), n-1, gunicornStartTimeout, socketFiles(t, dir), g.Log())
 	}
 }
 
@@ -1089,7 +1084,7 @@ func mcpGoView(body []byte) (rpcView, bool) {
 	var base struct {
 		Method string `json:"method"`
 	}
-	if stdjson.Unmarshal(body, &base) != nil {
+	if json.Unmarshal(body, &base) != nil {
 		return rpcView{}, false
 	}
 	v := rpcView{method: base.Method}
@@ -1097,15 +1092,15 @@ func mcpGoView(body []byte) (rpcView, bool) {
 	switch base.Method {
 	case "tools/call":
 		var req mgmcp.CallToolRequest
-		err = stdjson.Unmarshal(body, &req)
+		err = json.Unmarshal(body, &req)
 		v.name = req.Params.Name
 	case "prompts/get":
 		var req mgmcp.GetPromptRequest
-		err = stdjson.Unmarshal(body, &req)
+		err = json.Unmarshal(body, &req)
 		v.name = req.Params.Name
 	case "resources/read":
 		var req mgmcp.ReadResourceRequest
-		err = stdjson.Unmarshal(body, &req)
+		err = json.Unmarshal(body, &req)
 		v.name = req.Params.URI
 	}
 	return v, err == nil

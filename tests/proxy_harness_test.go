@@ -544,18 +544,17 @@ func protocols(enable func(*http.Protocols, bool)) *http.Protocols {
 // starts its QUIC listener alongside the TCP one.
 func waitForHTTP3(t testing.TB, h3 *http.Client, url string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var err error
+	answers := func() bool {
 		req, _ := http.NewRequest(http.MethodOptions, url, nil)
 		req.Host = "localhost"
-		resp, err := h3.Do(req)
-		if err == nil {
+		var resp *http.Response
+		if resp, err = h3.Do(req); err == nil {
 			resp.Body.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no HTTP/3 answer from %s: %v", url, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err == nil
+	}
+	if !testproc.Until(10*time.Second, answers) {
+		t.Fatalf("no HTTP/3 answer from %s: %v", url, err)
 	}
 }

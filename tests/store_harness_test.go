@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // Shared-store helpers: the redis store and table routes of the replicas,
@@ -171,17 +172,8 @@ func evictAll(t testing.TB, f *fleet, table string) {
 	}
 }
 
-// waitFor polls cond every 50 ms for up to d.
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return true
-}
+// waitFor polls cond for up to d (see testproc.Until).
+func waitFor(d time.Duration, cond func() bool) bool { return testproc.Until(d, cond) }
 
 // openVia opens n go-sdk sessions through the balancer and returns them
 // with the server of each; they stay open.

@@ -177,18 +177,15 @@ func waitStreams(t *testing.T, table string, sessions []*mcp.ClientSession) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for _, cs := range sessions {
-		for {
+		open := func() bool {
 			var st struct {
 				OpenStreams int `json:"open_streams"`
 			}
 			adminCall(t, http.MethodPost, "/mcp_sessions/lookup", map[string]string{"table": table, "session_id": cs.ID()}, &st)
-			if st.OpenStreams > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("session %s has no open GET stream through the proxy", cs.ID())
-			}
-			time.Sleep(20 * time.Millisecond)
+			return st.OpenStreams > 0
+		}
+		if !testproc.Until(time.Until(deadline), open) {
+			t.Fatalf("session %s has no open GET stream through the proxy", cs.ID())
 		}
 	}
 }
@@ -395,10 +392,7 @@ func openListens(t testing.TB, table string) float64 {
 // waitOpenListens waits up to 10 s for table's open listen streams to be want.
 func waitOpenListens(t testing.TB, table string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for openListens(t, table) != want && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testproc.Until(10*time.Second, func() bool { return openListens(t, table) == want })
 	if got := openListens(t, table); got != want {
 		t.Errorf("open listen streams = %v, want %v", got, want)
 	}
