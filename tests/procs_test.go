@@ -129,3 +129,14 @@ func startBackendsWith(t testing.TB, n int, jsonMode bool, flags func(name strin
 		return exec.Command(whoamiBin, args...)
 	})
 }
+
+// runProxyCommand runs `caddy <args...>` as a user would, on the real
+// binary, and waits until it serves addr.
+func runProxyCommand(t *testing.T, name, addr string, args ...string) *testproc.Proc {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := withEnv(exec.Command(caddyBinary(t), args...), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	p := launch(t, name, addr, cmd)
+	ready(t, replicaTimeout, []*testproc.Proc{p}, testproc.Listening())
+	return p
+}
