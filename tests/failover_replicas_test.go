@@ -175,8 +175,8 @@ func TestFailoverReplicasRedisDown(t *testing.T) {
 	// EOF after the write, like a server that read the call and died, and
 	// gets 502 as an in-flight call does (TestFailoverKilledUpstream counts
 	// those). This test is about Redis being down: its calls start once the
-	// crash is a crash.
-	time.Sleep(300 * time.Millisecond)
+	// crash is a crash, every replica having read the close.
+	waitClosesRead(t, victim.Addr())
 	statuses := map[string][]int{}
 	servedBy := map[string]bool{}
 	for table, list := range ids {

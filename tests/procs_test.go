@@ -140,3 +140,16 @@ func runProxyCommand(t *testing.T, name, addr string, args ...string) *testproc.
 	ready(t, replicaTimeout, []*testproc.Proc{p}, testproc.Listening())
 	return p
 }
+
+// waitClosesRead waits until every connection to addr, a server that died
+// or closed, has been closed by its owner on this host: the proxies have
+// read the close of their kept-alive connections to it, so a request sent
+// now cannot go out on one of them. It fails t after 5 s.
+func waitClosesRead(t testing.TB, addr string) {
+	t.Helper()
+	var n int
+	var err error
+	if !testproc.Until(5*time.Second, func() bool { n, err = testproc.OpenConnsTo(addr); return err == nil && n == 0 }) {
+		t.Fatalf("%d connections to %s still open 5 s after it closed (%v)", n, addr, err)
+	}
+}

@@ -113,7 +113,7 @@ func TestEndedSessionsStayEnded(t *testing.T) {
 
 	f.srv[0].Kill()
 	<-f.srv[0].Done()
-	time.Sleep(300 * time.Millisecond) // see TestFailoverReplicasRedisDown: the kill is a crash by now
+	waitClosesRead(t, f.srv[0].Addr()) // see TestFailoverReplicasRedisDown: the kill is a crash by now
 	for _, c := range checks {
 		got := f.statusesVia(t, hc, c.table, c.id)
 		t.Logf("table %s, %s killed: %s: %v through the first replica, the second", c.table, victim, c.what, got)
