@@ -202,13 +202,8 @@ func (f *fleet) holdSessions(t *testing.T, n int) {
 }
 
 // teardown releases what the fleet holds itself; processes stop through
-// their own cleanups (launch, startRaceCheckedReplicas).
-func (f *fleet) teardown() {
-	f.hc.CloseIdleConnections()
-	if f.ctl != "" {
-		f.killScripted()
-	}
-}
+// their own cleanups (launch, startRaceCheckedReplicas, startScripted).
+func (f *fleet) teardown() { f.hc.CloseIdleConnections() }
 
 // startRaceCheckedReplicas starts n replicas <prefix>1..<prefix>n with
 // global options, body and more environment variables env, and checks,
@@ -281,6 +276,9 @@ echo $! >"$dir/$port.pid"
 func (f *fleet) startScripted(t *testing.T, names []string) {
 	t.Helper()
 	f.dir, f.names = t.TempDir(), names
+	// Registered after the directory, so it runs before the directory is
+	// removed: the PID files of every version are still there to read.
+	t.Cleanup(f.killScripted)
 	f.ctl = filepath.Join(f.dir, "ctl.sh")
 	if err := os.WriteFile(f.ctl, fmt.Appendf(nil, scriptCtl, shellQuote(whoamiBin)), 0o755); err != nil {
 		t.Fatal(err)
