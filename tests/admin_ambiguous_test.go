@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -12,26 +11,6 @@ import (
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
 )
-
-// adminRaw sends body, exactly as given, to the in-process Caddy's admin
-// endpoint and returns the status and the answer's text.
-func adminRaw(t testing.TB, method, path, body string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(method, "http://"+adminAddr+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := adminClient.Do(req)
-	if err != nil {
-		t.Fatalf("admin API %s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	text, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(text)
-}
 
 // TestAdminRefusesAmbiguousInput sends a real Caddy's admin endpoint input
 // that a lenient reader takes in two ways: a key given twice (encoding/json

@@ -143,3 +143,26 @@ func caddyFails(t testing.TB, dial string) int {
 	}
 	return -1
 }
+
+// upstreamSessions sums the live sessions over the upstreams of the one
+// table the admin API at url lists.
+func upstreamSessions(t *testing.T, url string) int64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var tables []caddymodule.TableStatus
+	if err := json.NewDecoder(resp.Body).Decode(&tables); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: status %d, %v", url, resp.StatusCode, err)
+	}
+	if len(tables) != 1 || len(tables[0].Upstreams) != 3 {
+		t.Fatalf("GET %s: want one table with 3 upstreams, got %+v", url, tables)
+	}
+	var n int64
+	for _, u := range tables[0].Upstreams {
+		n += u.LiveSessions
+	}
+	return n
+}

@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -175,7 +174,7 @@ func TestReloadKeepsSessions(t *testing.T) {
 	defer hc.CloseIdleConnections()
 
 	const sessions = 30
-	css := make([]*liveSession, sessions)
+	css := make([]*session, sessions)
 	for i := range css {
 		css[i] = openLiveSession(ctx, t, p.url(), hc)
 	}
@@ -191,16 +190,16 @@ func TestReloadKeepsSessions(t *testing.T) {
 		lost := 0
 		for _, s := range css {
 			id, err := whoamiAcrossReload(ctx, t, hc, s.cs)
-			removed := n == 2 && s.server == bs[0].Name()
+			removed := n == 2 && s.first.Server == bs[0].Name()
 			switch {
 			case removed && err == nil:
-				t.Errorf("reload %d: a session of the removed upstream %s was re-routed to %s", n+1, s.server, id.Server)
+				t.Errorf("reload %d: a session of the removed upstream %s was re-routed to %s", n+1, s.first.Server, id.Server)
 			case removed:
 				lost++
 			case err != nil:
-				t.Errorf("reload %d: session on %s lost: %v", n+1, s.server, err)
-			case id.Server != s.server:
-				t.Errorf("reload %d: session of %s answered by %s", n+1, s.server, id.Server)
+				t.Errorf("reload %d: session on %s lost: %v", n+1, s.first.Server, err)
+			case id.Server != s.first.Server:
+				t.Errorf("reload %d: session of %s answered by %s", n+1, s.first.Server, id.Server)
 			}
 		}
 		t.Logf("reload %d kept every session of its upstreams (%d sessions of the removed upstream ended)", n+1, lost)
@@ -208,16 +207,6 @@ func TestReloadKeepsSessions(t *testing.T) {
 			css = reopenLost(ctx, t, p.url(), hc, css, bs[0].Name())
 		}
 	}
-}
-
-// reopenLost replaces the sessions owned by server with new ones.
-func reopenLost(ctx context.Context, t testing.TB, url string, hc *http.Client, css []*liveSession, server string) []*liveSession {
-	for i, s := range css {
-		if s.server == server {
-			css[i] = openLiveSession(ctx, t, url, hc)
-		}
-	}
-	return css
 }
 
 // TestInteropGoSDK records the Go SDK's row of docs/interop.md's
@@ -240,6 +229,3 @@ func TestInteropGoSDK(t *testing.T) {
 		})
 	}
 }
-
-// goSDKVersion is the MCP Go SDK version the tests build against.
-const goSDKVersion = "v1.8.0"

@@ -3,48 +3,10 @@ package tests
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
-
-// withGlobal returns cfg, a Caddyfile whose first block is the global
-// options, with extra added to them.
-func withGlobal(cfg, extra string) string {
-	return strings.Replace(cfg, "{\n", "{\n\t"+extra+"\n", 1)
-}
-
-// tryLoadCaddyfile adapts and loads cfg into the in-process Caddy, and
-// returns the load's error. A load replaces the admin server, so the
-// default client's idle connections to the old one are dropped.
-func tryLoadCaddyfile(t testing.TB, cfg string) error {
-	t.Helper()
-	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
-	if err != nil {
-		t.Fatalf("adapting Caddyfile: %v\n%s", err, cfg)
-	}
-	defer http.DefaultClient.CloseIdleConnections()
-	return caddy.Load(js, true)
-}
-
-// openSessions opens n go-sdk sessions through url and returns the servers
-// that own them, in order.
-func openSessions(ctx context.Context, t testing.TB, url string, hc *http.Client, n int) []*liveSession {
-	t.Helper()
-	css := make([]*liveSession, n)
-	for i := range css {
-		cs, err := connectNoStream(ctx, url, hc) // a GET stream would keep it from eviction
-		if err != nil {
-			t.Fatalf("connect: %v", err)
-		}
-		css[i] = liveSessionOf(ctx, t, cs)
-	}
-	return css
-}
 
 // TestSessionsAppSettings: a table's settings come from the mcp_sessions
 // global option or from mcp_proxy, apply when the config has loaded (a
@@ -64,7 +26,7 @@ func TestSessionsAppSettings(t *testing.T) {
 	// The global option sets the bounds of a table mcp_proxy names.
 	loadCaddyfile(t, withGlobal(site("mcp_proxy "+upstreams(bs)+" {\n\t\ttable app\n\t}"),
 		"mcp_sessions app {\n\t\tmax_sessions 10\n\t\tsession_ttl 1h\n\t}"))
-	css := openSessions(ctx, t, url, hc, 6)
+	css := openLiveSessions(ctx, t, url, hc, 6)
 	if st := tableOf(t, "app"); st.MaxSessions != 10 || st.SessionTTL != "1h0m0s" || st.Sessions != 6 {
 		t.Fatalf("table from the global option: %+v, want 6 sessions of 10, ttl 1h", st)
 	}
@@ -106,7 +68,7 @@ func TestSessionsAppSettings(t *testing.T) {
 		switch {
 		case i < 3 && err == nil:
 			t.Errorf("session %d, among the least recently used, survived the lower max_sessions", i)
-		case i >= 3 && (err != nil || id.Server != s.server):
+		case i >= 3 && (err != nil || id.Server != s.first.Server):
 			t.Errorf("session %d lost or misrouted after the reload: %v, %+v", i, err, id)
 		case err == nil:
 			kept++

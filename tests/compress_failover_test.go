@@ -3,34 +3,14 @@ package tests
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/klauspost/compress/zstd"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
-
-// compressingSite is a site of Caddy's own compression middleware (encode
-// zstd gzip) in front of server: every JSON answer is compressed with what
-// the request accepts, as the gzip and zstd middleware of Python and Node
-// apps do. Those ignore the go-sdk's Cache-Control: no-transform, which
-// Caddy's encode honours; the site drops it so that encode compresses too.
-func compressingSite(server string) string {
-	return fmt.Sprintf(`encode zstd gzip {
-		minimum_length 1
-		match {
-			header Content-Type application/json*
-		}
-	}
-	reverse_proxy %s {
-		header_down -Cache-Control
-	}`, server)
-}
 
 // TestFailoverOverCompressingServers: with failover reinitialize in front of
 // servers that compress their answers (go-sdk servers in JSON response mode
@@ -69,9 +49,9 @@ func TestFailoverOverCompressingServers(t *testing.T) {
 		defer cs.Close()
 		goSessions = append(goSessions, cs)
 	}
-	var raws []*zstdSession
+	var raws []*session
 	for range 4 {
-		raws = append(raws, openZstdSession(t, hc, url))
+		raws = append(raws, openRawSession(t, hc, url, rawZstd))
 	}
 	holdDir := t.TempDir()
 	tsDone := make(chan tsClientSummary, 1)
@@ -102,7 +82,8 @@ func TestFailoverOverCompressingServers(t *testing.T) {
 		}
 	}
 	for i, s := range raws {
-		who, status, enc := s.whoami(t, hc, url)
+		sp := s.rawCall(t, hc, url, 0)
+		who, status, enc := sp.who, sp.status, sp.header.Get("Content-Encoding")
 		if status != http.StatusOK || who.Server != other {
 			t.Errorf("raw session %d (on %s): %d from %q; want 200 from %s", i, s.creator, status, who.Server, other)
 		}
@@ -123,69 +104,4 @@ func TestFailoverOverCompressingServers(t *testing.T) {
 	if m, failed := failoversOf(t, "compressing"); m == 0 || failed != 0 {
 		t.Errorf("caddy_mcp_failovers_total: %v moved, %v failed; want moves and no failure", m, failed)
 	}
-}
-
-// zstdSession is a raw session whose client accepts only zstd answers and
-// decodes them itself.
-type zstdSession struct {
-	id, creator string
-}
-
-// openZstdSession opens a raw session through url and makes one call.
-func openZstdSession(t *testing.T, hc *http.Client, url string) *zstdSession {
-	t.Helper()
-	status, hdr, _ := zstdPost(t, hc, url, "", initBody)
-	s := &zstdSession{id: hdr.Get("Mcp-Session-Id")}
-	if status != http.StatusOK || s.id == "" {
-		t.Fatalf("raw initialize: %d %v", status, hdr)
-	}
-	if status, _, _ := zstdPost(t, hc, url, s.id, tsInitializedMsg); status != http.StatusAccepted {
-		t.Fatalf("raw notifications/initialized: %d", status)
-	}
-	who, status, _ := s.whoami(t, hc, url)
-	if status != http.StatusOK {
-		t.Fatalf("raw whoami: %d", status)
-	}
-	s.creator = who.Server
-	return s
-}
-
-// whoami calls whoami in the session; it returns who answered (on 200),
-// the status, and the answer's Content-Encoding.
-func (s *zstdSession) whoami(t *testing.T, hc *http.Client, url string) (identity, int, string) {
-	t.Helper()
-	status, hdr, body := zstdPost(t, hc, url, s.id, tsWhoamiCall)
-	if status != http.StatusOK {
-		return identity{}, status, hdr.Get("Content-Encoding")
-	}
-	who, err := tsWhoamiResult(body)
-	if err != nil {
-		t.Fatalf("raw whoami: %v in %q", err, body)
-	}
-	return who, status, hdr.Get("Content-Encoding")
-}
-
-// zstdPost sends body, accepting only zstd, and returns the status, the
-// header and the decoded body.
-func zstdPost(t *testing.T, hc *http.Client, url, session, body string) (int, http.Header, string) {
-	t.Helper()
-	hdr := map[string][]string{"Accept": {"application/json, text/event-stream"}, "Accept-Encoding": {"zstd"}}
-	if session != "" {
-		hdr["Mcp-Session-Id"] = []string{session}
-		hdr["Mcp-Protocol-Version"] = []string{"2025-11-25"}
-	}
-	ex := send(t, hc, http.MethodPost, url, hdr, body)
-	if ex.header.Get("Content-Encoding") != "zstd" {
-		return ex.status, ex.header, ex.body
-	}
-	d, err := zstd.NewReader(strings.NewReader(ex.body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	raw, err := io.ReadAll(d)
-	if err != nil {
-		t.Fatalf("decoding a zstd answer: %v", err)
-	}
-	return ex.status, ex.header, string(raw)
 }

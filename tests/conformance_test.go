@@ -1,22 +1,10 @@
 package tests
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
-	"slices"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // The MCP conformance suite (@modelcontextprotocol/conformance, server
@@ -24,23 +12,6 @@ import (
 // wire messages. These tests run it against servers directly and through
 // mcp_proxy over several processes of the same server: the proxy must be
 // invisible, i.e. every check must come out the same.
-
-// confSpecVersion is the protocol version the suite's scenarios are filtered by.
-const confSpecVersion = "2025-11-25"
-
-// confResult is one run of the conformance suite's server scenarios.
-type confResult struct {
-	checks    map[string]string // "scenario/check-id" → status (SUCCESS, FAILURE, WARNING, …)
-	details   map[string]string // "scenario/check-id" → the check's details and error message, if it did not pass
-	scenarios int
-	passed    int // checks with status SUCCESS
-	failed    int // checks with status FAILURE
-	output    string
-}
-
-func (r confResult) String() string {
-	return fmt.Sprintf("%d passed, %d failed in %d scenarios", r.passed, r.failed, r.scenarios)
-}
 
 var (
 	// confScenarioLine is the suite's summary line of one scenario.
@@ -50,141 +21,6 @@ var (
 	// confResultDir is the name of the directory a scenario's checks.json is saved in.
 	confResultDir = regexp.MustCompile(`^server-(.+)-\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}-\d{3}Z$`)
 )
-
-// runConformance runs the suite's active server scenarios for
-// confSpecVersion against url and reads the checks it saved (one
-// checks.json per scenario, under -o). A scenario that crashed before
-// saving counts as one failed check "scenario/(run)".
-func runConformance(t *testing.T, env tsNodeEnv, label, url string) confResult {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), "conformance-"+label)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, env.node,
-		filepath.Join(env.dir, "node_modules", "@modelcontextprotocol", "conformance", "dist", "index.js"),
-		"server", "--url", url, "--spec-version", confSpecVersion, "-o", dir)
-	cmd.Dir = env.dir
-	out, err := cmd.CombinedOutput() // exits 1 when a check failed: judged below
-	res := confResult{checks: map[string]string{}, details: map[string]string{}, output: string(out)}
-	total := confTotalLine.FindStringSubmatch(res.output)
-	if total == nil {
-		t.Fatalf("conformance %s: no summary (%v):\n%s", label, err, out)
-	}
-	scenarios := map[string]bool{}
-	for _, m := range confScenarioLine.FindAllStringSubmatch(res.output, -1) {
-		scenarios[m[1]] = true
-	}
-	res.scenarios = len(scenarios)
-	entries, _ := os.ReadDir(dir)
-	saved := map[string]bool{}
-	for _, e := range entries {
-		m := confResultDir.FindStringSubmatch(e.Name())
-		if m == nil {
-			continue
-		}
-		raw, err := os.ReadFile(filepath.Join(dir, e.Name(), "checks.json"))
-		if err != nil {
-			t.Fatalf("conformance %s: %v", label, err)
-		}
-		var checks []struct {
-			ID           string          `json:"id"`
-			Status       string          `json:"status"`
-			ErrorMessage string          `json:"errorMessage"`
-			Details      json.RawMessage `json:"details"`
-		}
-		if err := json.Unmarshal(raw, &checks); err != nil {
-			t.Fatalf("conformance %s: %s: %v", label, e.Name(), err)
-		}
-		saved[m[1]] = true
-		seen := map[string]int{}
-		for _, c := range checks {
-			key := m[1] + "/" + c.ID
-			if seen[c.ID]++; seen[c.ID] > 1 {
-				key += "#" + strconv.Itoa(seen[c.ID])
-			}
-			res.checks[key] = c.Status
-			if c.Status != "SUCCESS" {
-				var details bytes.Buffer
-				_ = json.Compact(&details, c.Details)
-				res.details[key] = strings.TrimSpace(c.ErrorMessage + " " + details.String())
-			}
-		}
-	}
-	for s := range scenarios {
-		if !saved[s] {
-			res.checks[s+"/(run)"] = "FAILURE"
-		}
-	}
-	for _, st := range res.checks {
-		switch st {
-		case "SUCCESS":
-			res.passed++
-		case "FAILURE":
-			res.failed++
-		}
-	}
-	if want := total[1] + "/" + total[2]; fmt.Sprintf("%d/%d", res.passed, res.failed) != want {
-		t.Logf("conformance %s: checks read %d/%d, summary says %s passed/failed", label, res.passed, res.failed, want)
-	}
-	if res.scenarios == 0 || len(res.checks) == 0 {
-		t.Fatalf("conformance %s: no scenarios ran:\n%s", label, out)
-	}
-	return res
-}
-
-// confDiff lists the checks whose status differs between a and b.
-func confDiff(a, b confResult) []string {
-	var diff []string
-	for k, sa := range a.checks {
-		if sb, ok := b.checks[k]; !ok || sa != sb {
-			diff = append(diff, fmt.Sprintf("%s: %s vs %s %s", k, sa, confOrMissing(sb, ok), b.details[k]))
-		}
-	}
-	for k, sb := range b.checks {
-		if _, ok := a.checks[k]; !ok {
-			diff = append(diff, fmt.Sprintf("%s: missing vs %s", k, sb))
-		}
-	}
-	slices.Sort(diff)
-	return diff
-}
-
-func confOrMissing(s string, ok bool) string {
-	if !ok {
-		return "missing"
-	}
-	return s
-}
-
-// confFailures lists the checks of r that did not pass.
-func confFailures(r confResult) []string {
-	var f []string
-	for k, st := range r.checks {
-		if st != "SUCCESS" {
-			f = append(f, k+" "+st)
-		}
-	}
-	slices.Sort(f)
-	return f
-}
-
-// startConformanceGoServers builds go-sdk's conformance everything-server
-// and starts n stateful instances on free 127.0.0.1 ports.
-func startConformanceGoServers(t *testing.T, n int) []*testproc.Proc {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "everything-server")
-	build := exec.Command("go", "build", "-o", bin, "github.com/modelcontextprotocol/go-sdk/conformance/everything-server")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building go-sdk's conformance everything-server: %v\n%s", err, out)
-	}
-	ps := make([]*testproc.Proc, n)
-	for i := range ps {
-		addr := freeAddr(t)
-		ps[i] = launch(t, fmt.Sprintf("g%d", i+1), addr, exec.Command(bin, "-http="+addr, "-stateless=false"))
-	}
-	ready(t, whoamiTimeout, ps, testproc.Listening())
-	return ps
-}
 
 // TestInteropConformanceGoSDK runs the conformance suite against go-sdk's
 // conformance everything-server (stateful): against one instance directly,
@@ -251,25 +87,6 @@ func TestInteropConformanceGoSDK(t *testing.T) {
 		Client: fmt.Sprintf("MCP conformance suite %s (spec %s)", conformanceVersion, confSpecVersion),
 		Result: fmt.Sprintf("%s, every check as direct; stock `round_robin`: differs", proxied),
 	})
-}
-
-// startServerEverything starts n server-everything processes in streamable
-// HTTP mode on 127.0.0.1 (see TestInteropConformanceServerEverything).
-func startServerEverything(t *testing.T, env tsNodeEnv, n int) []*testproc.Proc {
-	t.Helper()
-	ss := startTSPeers(t, n, "e", func(name string) *exec.Cmd {
-		cmd := exec.Command(env.node, "--import", filepath.Join(env.dir, "loopback.mjs"),
-			filepath.Join(env.dir, "node_modules", "@modelcontextprotocol", "server-everything", "dist", "index.js"), "streamableHttp")
-		cmd.Dir = env.dir
-		cmd.Env = append(os.Environ(), "PORT=0")
-		return cmd
-	})
-	for _, s := range ss {
-		if host, _, _ := net.SplitHostPort(s.Addr()); host != "127.0.0.1" {
-			t.Fatalf("server-everything %s listens on %s; want 127.0.0.1", s.Name(), s.Addr())
-		}
-	}
-	return ss
 }
 
 // TestInteropConformanceServerEverything runs the conformance suite

@@ -1,78 +1,12 @@
 package tests
 
 import (
-	"bytes"
-	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
-
-// discoverySite is docs/behaviour.md's path-scoped form for a server with
-// OAuth ("OAuth discovery"): the MCP endpoint through mcp_proxy, the
-// discovery documents straight to the servers, and 404 for every other
-// path, so that a client's discovery of a document nobody serves ends at a
-// 404 instead of Caddy's empty 200.
-func discoverySite(ups string) string {
-	return fmt.Sprintf(`handle /mcp* {
-		mcp_proxy %[1]s
-	}
-	handle /.well-known/oauth-protected-resource* {
-		reverse_proxy %[1]s
-	}
-	handle /.well-known/oauth-authorization-server* {
-		reverse_proxy %[1]s
-	}
-	handle {
-		respond 404
-	}`, ups)
-}
-
-// tsDiscovery is tests/node/discover.mjs's report.
-type tsDiscovery struct {
-	Resource            string `json:"resource"`
-	AuthorizationServer string `json:"authorizationServer"`
-	Issuer              string `json:"issuer"`
-	Error               string `json:"error"`
-}
-
-// runTSDiscovery runs the TypeScript SDK client's OAuth discovery for url
-// (tests/node/discover.mjs); env is added to the process's environment.
-func runTSDiscovery(t *testing.T, env tsNodeEnv, url string, extra ...string) tsDiscovery {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, env.node, filepath.Join(env.dir, "discover.mjs"), "--url", url)
-	cmd.Dir = env.dir
-	cmd.Env = append(os.Environ(), extra...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	var d tsDiscovery
-	if err == nil {
-		err = json.Unmarshal(bytes.TrimSpace(out), &d)
-	}
-	if err != nil {
-		t.Fatalf("discover.mjs: %v\n%s%s", err, out, stderr.String())
-	}
-	return d
-}
 
 // TestOAuthDiscoveryThroughPathScopedProxy runs the TypeScript SDK client's
 // OAuth discovery (RFC 9728 protected-resource metadata, path-aware, then
@@ -156,64 +90,4 @@ func TestTLSBalancerNeedsTrustedProxies(t *testing.T) {
 			}
 		})
 	}
-}
-
-// startTLSBalancer starts HAProxy terminating TLS (certificate and key in
-// pemFile) on a new port in front of backend, as a cloud load balancer
-// does, setting X-Forwarded-Proto: https; it returns its address.
-func startTLSBalancer(t *testing.T, haproxy, pemFile, backend string) string {
-	t.Helper()
-	addr := fmt.Sprintf("127.0.0.1:%d", mustFreePort())
-	cfg := filepath.Join(t.TempDir(), "haproxy.cfg")
-	conf := fmt.Sprintf(`global
-	maxconn 256
-defaults
-	mode http
-	timeout connect 5s
-	timeout client 30s
-	timeout server 30s
-frontend tls
-	bind %s ssl crt %s
-	http-request set-header X-Forwarded-Proto https
-	default_backend caddy
-backend caddy
-	server caddy %s
-`, addr, pemFile, backend)
-	if err := os.WriteFile(cfg, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ready(t, 10*time.Second, []*testproc.Proc{launch(t, "haproxy", addr, exec.Command(haproxy, "-db", "-f", cfg))}, testproc.Listening())
-	return addr
-}
-
-// selfSignedPEM writes a self-signed certificate for 127.0.0.1 and its key
-// to one PEM file, as HAProxy's `crt` takes them, and returns its path.
-func selfSignedPEM(t *testing.T) string {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	out = append(out, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})...)
-	path := filepath.Join(t.TempDir(), "balancer.pem")
-	if err := os.WriteFile(path, out, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }

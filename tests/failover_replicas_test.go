@@ -1,49 +1,18 @@
 package tests
 
 import (
-	"fmt"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
-
-// foFleet is a Redis, three go-sdk servers and three Caddy replicas whose
-// tables share the Redis. Their site routes /<table>/mcp to an mcp_proxy
-// over the servers: "fo" with failover reinitialize; "nofo" without
-// failover (the negative control); "sealedfo" with failover reinitialize
-// and seal_session_ids.
-type foFleet struct {
-	redis *redistest.Server
-	srv   []*testproc.Proc
-	rs    []*replica
-}
 
 // foTables are the tables of a foFleet and their mcp_proxy options.
 var foTables = []struct{ name, options string }{
 	{"fo", "failover reinitialize"},
 	{"nofo", "failover off"},
 	{"sealedfo", "failover reinitialize\n\t\t\tseal_session_ids {env.FO_SEAL_KEY}"},
-}
-
-func startFailoverFleet(t *testing.T) *foFleet {
-	f := &foFleet{redis: redistest.Start(t), srv: startBackends(t, 3, false)}
-	global, body := storeLog, ""
-	for _, tb := range foTables {
-		global = fmt.Sprintf("mcp_sessions %s {\n\t\t%s\n\t}\n\t%s", tb.name, redisStore(f.redis.Addr, sharedTimeout), global)
-		body += fmt.Sprintf("handle_path /%s/* {\n\t\tmcp_proxy %s {\n\t\t\ttable %s\n\t\t\t%s\n\t\t}\n\t}\n\t", tb.name, upstreams(f.srv), tb.name, tb.options)
-	}
-	f.rs = startStoreReplicas(t, 3, global, body, "FO_SEAL_KEY="+newSealKey(t))
-	return f
-}
-
-// failoversAt returns the failovers of table on every replica with result.
-func (f *foFleet) failoversAt(t testing.TB, table, result string) int {
-	return int(metricSum(t, f.rs, "caddy_mcp_failovers_total", map[string]string{"table": table, "result": result}))
 }
 
 // TestFailoverReplicas: three Caddy replicas sharing Redis, over three
@@ -65,15 +34,15 @@ func TestFailoverReplicas(t *testing.T) {
 	t.Run("replicas failing a session over at once", func(t *testing.T) { testFailoverReplicasConverge(t, f) })
 }
 
-func testFailoverReplicasKill(t *testing.T, f *foFleet) {
+func testFailoverReplicasKill(t *testing.T, f *fleet) {
 	const n, raw = 30, 12
 	url := func(table string) string { return tableURL(f.rs[0], table) }
-	lbs, vs := map[string]*balancer{}, map[string][]*vsSession{}
+	lbs, vs := map[string]*balancer{}, map[string][]*session{}
 	for _, tb := range foTables {
 		lbs[tb.name] = newRoundRobin(f.rs...)
-		vs[tb.name] = openVSSessions(t, lbs[tb.name].client(), url(tb.name), raw)
+		vs[tb.name] = openRawSessions(t, lbs[tb.name].client(), url(tb.name), raw, rawPlain)
 	}
-	runs := map[string][]*foSession{}
+	runs := map[string][]*session{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	ready, kill := make(chan struct{}, len(foTables)), make(chan struct{})
@@ -97,7 +66,7 @@ func testFailoverReplicasKill(t *testing.T, f *foFleet) {
 	dn := f.srv[1].Name()
 	for _, tb := range foTables {
 		for _, v := range vs[tb.name] {
-			v.resume(t, lbs[tb.name].client(), url(tb.name))
+			v.resume(t, lbs[tb.name].client(), 3, url(tb.name))
 		}
 		s := summarizeFailover(runs[tb.name], dn, killed, dead)
 		onDead, deadOK, others, othersOK := vsSummary(vs[tb.name], dn)
@@ -129,28 +98,13 @@ func testFailoverReplicasKill(t *testing.T, f *foFleet) {
 	}
 }
 
-// splitSessions returns how many sessions a server saw under more than
-// one session ID: replicas that did not agree on one new upstream session.
-func splitSessions(ss []*foSession) int {
-	n := 0
-	for _, s := range ss {
-		for _, ids := range s.seen {
-			if len(ids) > 1 {
-				n++
-				break
-			}
-		}
-	}
-	return n
-}
-
 // testFailoverReplicasConverge: sessions whose calls went through every
 // replica lose their server; then one call of each goes to every replica
 // at the same moment. Every call is answered, by one server under one
 // session ID, the same for every replica, and the next calls through each
 // replica reach it too: the replicas that lost the compare-and-set follow
 // the winner's move.
-func testFailoverReplicasConverge(t *testing.T, f *foFleet) {
+func testFailoverReplicasConverge(t *testing.T, f *fleet) {
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	victim := f.srv[0]
@@ -191,50 +145,6 @@ func testFailoverReplicasConverge(t *testing.T, f *foFleet) {
 	}
 }
 
-// atOnce calls whoami in session id through every replica at the same
-// moment, then twice more through each, and reports whether every call was
-// answered by one server other than dead, under one session ID.
-func atOnce(t *testing.T, hc *http.Client, f *foFleet, table, id, dead string) bool {
-	got := make([]identity, len(f.rs))
-	status := make([]int, len(f.rs))
-	var start, wg sync.WaitGroup
-	start.Add(1)
-	for i, r := range f.rs {
-		wg.Go(func() { start.Wait(); status[i], got[i] = whoamiID(t, hc, tableURL(r, table), id, 10+i) })
-	}
-	start.Done()
-	wg.Wait()
-	same := got[0].Server != "" && got[0].Server != dead
-	for i, r := range f.rs {
-		same = same && status[i] == http.StatusOK && got[i] == got[0]
-		for range 2 {
-			st, who := rawWhoami(t, hc, tableURL(r, table), id)
-			same = same && st == http.StatusOK && who == got[0]
-		}
-	}
-	if !same {
-		t.Logf("table %s: replicas disagree on a session after the kill: statuses %v, answered by %+v", table, status, got)
-	}
-	return same
-}
-
-// whoamiID is rawWhoami with JSON-RPC request ID rpcID: calls in flight at
-// once in one session need distinct IDs (go-sdk servers answer a duplicate
-// with 400).
-func whoamiID(t testing.TB, hc *http.Client, url, id string, rpcID int) (int, identity) {
-	t.Helper()
-	ex := mcpPost(t, hc, url, id, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`, rpcID))
-	if ex.status != http.StatusOK {
-		t.Logf("whoami in session %s through %s: %d %s", id, url, ex.status, ex.body)
-		return ex.status, identity{}
-	}
-	who, err := tsWhoamiResult(ex.body)
-	if err != nil {
-		t.Fatalf("whoami in session %s: %v in %s", id, err, ex.body)
-	}
-	return ex.status, who
-}
-
 // TestFailoverReplicasRedisDown: with Redis down, a session whose server
 // is killed still fails over, on each replica on its own: every call is
 // answered 200 by a live server, none 5xx, and the replicas count the
@@ -265,8 +175,8 @@ func TestFailoverReplicasRedisDown(t *testing.T) {
 	// EOF after the write, like a server that read the call and died, and
 	// gets 502 as an in-flight call does (TestFailoverKilledUpstream counts
 	// those). This test is about Redis being down: its calls start once the
-	// crash is a crash.
-	time.Sleep(300 * time.Millisecond)
+	// crash is a crash, every replica having read the close.
+	waitClosesRead(t, victim.Addr())
 	statuses := map[string][]int{}
 	servedBy := map[string]bool{}
 	for table, list := range ids {

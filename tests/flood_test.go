@@ -1,128 +1,19 @@
 package tests
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"os/exec"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // An initialize flood: many sessions opened and never used.
-
-// startFloodServer starts a go-sdk whoami server that closes sessions idle
-// for 2 s, so that it keeps little of a flood in memory: what is measured
-// is the proxy's table, not the flood's upstream.
-func startFloodServer(t testing.TB) *testproc.Proc {
-	t.Helper()
-	return launchFleet(t, 1, "flood", whoamiTimeout, func(name, addrFile string) *exec.Cmd {
-		return exec.Command(whoamiBin, "-name", name, "-listen", "127.0.0.1:0", "-addr-file", addrFile, "-json", "-session-timeout", "2s")
-	})[0]
-}
-
-// floodResult is what a flood of initialize requests got.
-type floodResult struct {
-	learned  int64 // 200 with an Mcp-Session-Id
-	failed   int64
-	firstErr atomic.Value
-	took     time.Duration
-}
-
-// flood sends n initialize requests to addr's path from workers
-// keep-alive connections of one client, with the extra header lines hdr
-// ("Name: value\r\n" each; may be empty). done, when not nil, counts the
-// requests answered so far. Requests are bytes written once and responses
-// are read with net/http's parser, which costs this process far less than
-// net/http's client.
-func flood(addr, path string, n, workers int, hdr string, done *atomic.Int64) *floodResult {
-	return floodFrom("", addr, path, n, workers, hdr, done)
-}
-
-// floodFrom is flood with connections from the loopback address src
-// (127.0.0.2, …; the system's choice when empty): another client machine.
-func floodFrom(src, addr, path string, n, workers int, hdr string, done *atomic.Int64) *floodResult {
-	var dialer net.Dialer
-	if src != "" {
-		dialer.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
-	}
-	req := []byte(fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+
-		"Accept: application/json, text/event-stream\r\n%sContent-Length: %d\r\n\r\n%s", path, addr, hdr, len(initBody), initBody))
-	res := &floodResult{}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range workers {
-		wg.Go(func() {
-			var conn net.Conn
-			var br *bufio.Reader
-			defer func() {
-				if conn != nil {
-					conn.Close()
-				}
-			}()
-			for next.Add(1) <= int64(n) {
-				if conn == nil {
-					c, err := dialer.Dial("tcp", addr)
-					if err != nil {
-						res.fail(err)
-						continue
-					}
-					conn, br = c, bufio.NewReader(c)
-				}
-				if err := floodOne(conn, br, req, res); err != nil {
-					conn.Close()
-					conn = nil
-				}
-				if done != nil {
-					done.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	res.took = time.Since(start)
-	return res
-}
-
-// floodOne sends one initialize request on conn and reads its response.
-// An error means the connection is no longer usable.
-func floodOne(conn net.Conn, br *bufio.Reader, req []byte, res *floodResult) error {
-	if _, err := conn.Write(req); err != nil {
-		res.fail(err)
-		return err
-	}
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		res.fail(err)
-		return err
-	}
-	_, err = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("Mcp-Session-Id") == "" {
-		res.fail(fmt.Errorf("initialize: %s", resp.Status))
-	} else {
-		atomic.AddInt64(&res.learned, 1)
-	}
-	return err
-}
-
-func (r *floodResult) fail(err error) {
-	atomic.AddInt64(&r.failed, 1)
-	r.firstErr.CompareAndSwap(nil, err)
-}
 
 // TestInitializeFloodKeepsSessionsInUse: with max_sessions 1000, 50,000
 // initialize requests from one client, while 20 go-sdk sessions (no GET
@@ -222,76 +113,6 @@ func TestInitializeFloodKeepsSessionsInUse(t *testing.T) {
 		}
 		if ex := send(t, hc, http.MethodPost, p.url(), mcpPOSTHeaders(id), `{"jsonrpc":"2.0","method":"notifications/initialized"}`); ex.status != http.StatusNotFound {
 			t.Errorf("control: a session opened during the flood and never used got %d; want the proxy's 404 (pushed out)", ex.status)
-		}
-	}
-}
-
-// openUnused sends one initialize request to url with the extra header
-// hdr, and returns the session it opens ("" on failure), which it does not use.
-func openUnused(hc *http.Client, url string, hdr http.Header) string {
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(initBody))
-	req.Header = mcpPOSTHeaders("")
-	for k, v := range hdr {
-		req.Header[k] = v
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return ""
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.Header.Get("Mcp-Session-Id")
-}
-
-// processCPU returns the CPU time this process has used (user and system).
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// noStream is connectNoStream with connect's signature.
-func noStream(ctx context.Context, url string, hc *http.Client, _ ...string) (*mcp.ClientSession, error) {
-	return connectNoStream(ctx, url, hc)
-}
-
-// callEvery calls whoami on cs every interval until stop, and returns the
-// first failure or call answered by another server than owner.
-func callEvery(ctx context.Context, cs *mcp.ClientSession, owner string, interval time.Duration, stop <-chan struct{}, calls *atomic.Int64) error {
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-stop:
-			return nil
-		case <-tick.C:
-		}
-		id, err := whoami(ctx, cs)
-		if err != nil || id.Server != owner {
-			return fmt.Errorf("session %s during the flood: %+v, %v; want it on %s", cs.ID(), id, err, owner)
-		}
-		calls.Add(1)
-	}
-}
-
-// waitStreams waits until each session's GET stream is open through the
-// proxy, as the admin API reports it.
-func waitStreams(t *testing.T, table string, sessions []*mcp.ClientSession) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for _, cs := range sessions {
-		for {
-			var st struct {
-				OpenStreams int `json:"open_streams"`
-			}
-			adminCall(t, http.MethodPost, "/mcp_sessions/lookup", map[string]string{"table": table, "session_id": cs.ID()}, &st)
-			if st.OpenStreams > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("session %s has no open GET stream through the proxy", cs.ID())
-			}
-			time.Sleep(20 * time.Millisecond)
 		}
 	}
 }
@@ -419,12 +240,4 @@ func TestClientCapDefaultKey(t *testing.T) {
 			t.Errorf("%s's session %q, opened during the flood, at its first use after it: %d %s; want 202", c.who, c.id, ex.status, ex.body)
 		}
 	}
-}
-
-// clientCapEvictions returns caddy_mcp_sessions_evicted_total{reason="client_cap"}
-// of table, 0 before the series exists.
-func clientCapEvictions(t testing.TB, table string) float64 {
-	t.Helper()
-	families, _ := scrape(t)
-	return max(0, metricValue(families, "caddy_mcp_sessions_evicted_total", map[string]string{"table": table, "reason": "client_cap"}))
 }

@@ -8,77 +8,14 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // A frozen upstream: a server process stopped with SIGSTOP. The kernel
 // still accepts its connections and takes in requests; nothing answers.
-
-// freeze stops p with SIGSTOP until the test ends, or until the returned
-// function resumes it with SIGCONT.
-func freeze(t *testing.T, p *testproc.Proc) (resume func()) {
-	t.Helper()
-	if err := syscall.Kill(p.Pid(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume = func() {
-		if !resumed {
-			resumed = true
-			_ = syscall.Kill(p.Pid(), syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(resume)
-	return resume
-}
-
-// timedConnect opens a go-sdk session through url, giving up after limit,
-// and returns it (nil on failure), the server that answers its whoami, and
-// how long opening it took.
-func timedConnect(t *testing.T, url string, hc *http.Client, limit time.Duration) (*mcp.ClientSession, string, time.Duration, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	start := time.Now()
-	cs, err := connectNoStream(ctx, url, hc)
-	took := time.Since(start)
-	if err != nil {
-		return nil, "", took, err
-	}
-	t.Cleanup(func() { cs.Close() })
-	id, err := whoami(ctx, cs)
-	return cs, id.Server, took, err
-}
-
-// patientCall makes a raw whoami call of session through url (an
-// initialize when session is empty) with a client that gives up after
-// limit, and returns its status (0 if it got no answer), body, and how long
-// it took.
-func patientCall(url, session string, limit time.Duration) (int, string, time.Duration) {
-	hc := &http.Client{Timeout: limit}
-	defer hc.CloseIdleConnections()
-	body := gunicornCallBody
-	if session == "" {
-		body = initBody
-	}
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header = mcpPOSTHeaders(session)
-	start := time.Now()
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, err.Error(), time.Since(start)
-	}
-	defer resp.Body.Close()
-	answer, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(answer), time.Since(start)
-}
 
 // TestFrozenUpstreamNeverHoldsNewSessions: three go-sdk servers behind
 // mcp_proxy with `initialize_timeout 2s` and `pinned_timeout 3s`; the
@@ -185,7 +122,7 @@ func TestFrozenUpstreamNeverHoldsNewSessions(t *testing.T) {
 func TestFrozenUpstreamWithHealthChecks(t *testing.T) {
 	f := startHealthFleet(t, "\t\thealth_interval 1s\n\t\thealth_timeout 1s", 6)
 	s1 := f.sessions["s1"]
-	resume := freeze(t, f.bs[0])
+	resume := freeze(t, f.srv[0])
 	start := time.Now()
 	var status, hung int
 	var body string

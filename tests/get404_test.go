@@ -101,34 +101,3 @@ func TestGet404KeepsSession(t *testing.T) {
 		}
 	})
 }
-
-// get404Exchanges makes, against url: initialize, the GET that opens the
-// standalone stream, and a whoami call, as an MCP client does.
-func get404Exchanges(t *testing.T, hc *http.Client, url string) []exchange {
-	t.Helper()
-	init := send(t, hc, http.MethodPost, url, tsMCPHeaders("", tsOrigin), initBody).as("initialize")
-	session := init.header.Get("Mcp-Session-Id")
-	if init.status != http.StatusOK || session == "" {
-		t.Fatalf("initialize through %s: %d %q", url, init.status, init.body)
-	}
-	hdr := tsMCPHeaders(session, tsOrigin)
-	send(t, hc, http.MethodPost, url, hdr, tsInitializedMsg).as("notifications/initialized")
-	get := send(t, hc, http.MethodGet, url, getHeaders(hdr), "").as("GET")
-	call := send(t, hc, http.MethodPost, url, hdr, tsWhoamiCall).as("POST after the GET")
-	return []exchange{init, get, call}
-}
-
-// getHeaders turns the headers of an MCP POST into those of the GET that
-// opens the standalone SSE stream.
-func getHeaders(post http.Header) http.Header {
-	h := post.Clone()
-	h.Del("Content-Type")
-	h.Set("Accept", "text/event-stream")
-	return h
-}
-
-// firstLine returns s up to its first line break.
-func firstLine(s string) string {
-	line, _, _ := strings.Cut(s, "\n")
-	return line
-}

@@ -5,237 +5,16 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
-// startHookedGunicorn starts one gunicorn with examples/gunicorn's
-// gunicorn.conf.py (which imports mcp_affinity_hooks.py) and workers
-// workers, its shared listener on a free loopback port and its workers'
-// sockets in dir, and waits until every worker serves.
-func startHookedGunicorn(t *testing.T, peer gunicornPeer, name string, workers int, dir string, args ...string) *testproc.Proc {
-	t.Helper()
-	addr := freeAddr(t)
-	cmd := exec.Command(peer.bin, append([]string{"--chdir", peer.dir, "-c", filepath.Join(peer.dir, "gunicorn.conf.py"),
-		"app:app", "--workers", strconv.Itoa(workers), "--bind", addr}, args...)...)
-	g := launch(t, name, addr, withEnv(cmd, "MCP_SERVER_NAME="+name, "PYTHONDONTWRITEBYTECODE=1",
-		"MCP_SOCKET_DIR="+dir, "PYTHONPATH="+peer.dir)) // gunicorn.conf.py imports mcp_affinity_hooks
-	ready(t, gunicornStartTimeout, []*testproc.Proc{g}, testproc.LogCount(gunicornReady, workers), testproc.Listening())
-	waitSlots(t, g, dir, workers)
-	return g
-}
-
 var slotLine = regexp.MustCompile(`Worker (\d+) serves slot (\d+) at`)
-
-// slotHistory returns, from the gunicorn log, the worker pids that served
-// each slot, in the order they took it.
-func slotHistory(g *testproc.Proc) map[int][]int {
-	h := map[int][]int{}
-	for _, m := range slotLine.FindAllStringSubmatch(g.Log().String(), -1) {
-		pid, _ := strconv.Atoi(m[1])
-		slot, _ := strconv.Atoi(m[2])
-		h[slot] = append(h[slot], pid)
-	}
-	return h
-}
-
-// currentSlots returns the pid that took each slot last.
-func currentSlots(g *testproc.Proc) map[int]int {
-	cur := map[int]int{}
-	for slot, pids := range slotHistory(g) {
-		cur[slot] = pids[len(pids)-1]
-	}
-	return cur
-}
-
-// socketFiles returns the names of the files in dir.
-func socketFiles(t *testing.T, dir string) []string {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range entries {
-		names = append(names, e.Name())
-	}
-	return names
-}
-
-// slotSockets returns worker-0.sock ... worker-<n-1>.sock.
-func slotSockets(n int) []string {
-	var names []string
-	for i := range n {
-		names = append(names, fmt.Sprintf("worker-%d.sock", i))
-	}
-	return names
-}
-
-// waitSlots waits until slots 0..n-1 are served by live workers that
-// answer on their sockets, and dir holds exactly their n sockets.
-func waitSlots(t *testing.T, g *testproc.Proc, dir string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(gunicornStartTimeout)
-	for !slotsServed(g, dir, n) {
-		if time.Now().After(deadline) {
-			t.Fatalf("gunicorn %s: slots 0..%d not served after %v; files %v; log:\n%s",
-				g.Name(), n-1, gunicornStartTimeout, socketFiles(t, dir), g.Log())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func slotsServed(g *testproc.Proc, dir string, n int) bool {
-	cur := currentSlots(g)
-	if len(cur) < n {
-		return false
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil || len(entries) != n {
-		return false
-	}
-	for i, name := range slotSockets(n) {
-		if entries[i].Name() != name || cur[i] == 0 || syscall.Kill(cur[i], 0) != nil {
-			return false
-		}
-		c, err := net.DialTimeout("unix", filepath.Join(dir, name), time.Second)
-		if err != nil {
-			return false
-		}
-		c.Close()
-	}
-	return true
-}
-
-// workerPid returns the pid in a server name of the example app, "<name>-pid<pid>".
-func workerPid(server string) int {
-	i := strings.LastIndex(server, "-pid")
-	if i < 0 {
-		return 0
-	}
-	pid, _ := strconv.Atoi(server[i+len("-pid"):])
-	return pid
-}
-
-// liveReport is the outcome of one session that calls whoami until stopped.
-type liveReport struct {
-	creator   string // serverInfo.name of the initialize response: "<name>-pid<pid>"
-	calls     int    // calls answered by the creator with the client's session ID
-	misrouted int
-	errs      []error // failed calls, in order; the session ends at a 404 or the third failure
-}
-
-// is404 reports whether err is the go-sdk client's error for a 404 answer.
-func is404(err error) bool {
-	return err != nil && strings.Contains(strings.ToLower(err.Error()), "not found")
-}
-
-// runLiveSessions connects n go-sdk sessions through url, then has each call
-// whoami in a loop until stop is closed or a call fails. ready is closed
-// once every session has answered a call.
-func runLiveSessions(t *testing.T, url string, n int, ready chan<- struct{}, stop <-chan struct{}) []liveReport {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	hc := newHTTPClient()
-	defer hc.CloseIdleConnections()
-	reps := make([]liveReport, n)
-	var started, wg sync.WaitGroup
-	started.Add(n)
-	for i := range reps {
-		wg.Go(func() { reps[i] = callUntilStopped(ctx, url, hc, started.Done, stop) })
-	}
-	started.Wait()
-	close(ready)
-	wg.Wait()
-	return reps
-}
-
-func callUntilStopped(ctx context.Context, url string, hc *http.Client, started func(), stop <-chan struct{}) liveReport {
-	var rep liveReport
-	once := sync.OnceFunc(started)
-	defer once()
-	cs, err := connect(ctx, url, hc, peerLegacyProtocol)
-	if err != nil {
-		rep.errs = append(rep.errs, fmt.Errorf("connect: %w", err))
-		return rep
-	}
-	defer cs.Close()
-	rep.creator = cs.InitializeResult().ServerInfo.Name
-	for {
-		id, err := whoami(ctx, cs)
-		switch {
-		case err != nil:
-			rep.errs = append(rep.errs, err)
-			if is404(err) || len(rep.errs) == 3 {
-				return rep
-			}
-		case id.Server == rep.creator && id.Session == cs.ID():
-			rep.calls++
-		default:
-			rep.misrouted++
-		}
-		once()
-		select {
-		case <-stop:
-			return rep
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-// liveSummary splits live sessions into those created on the workers in
-// dead (pids) and the others.
-type liveSummary struct {
-	onDead, onDeadEnded404, onDead502First int
-	others, othersOK                       int
-	calls, misrouted                       int
-	errs                                   []string
-}
-
-func summarizeLive(reps []liveReport, dead map[int]bool) liveSummary {
-	var s liveSummary
-	for _, r := range reps {
-		s.calls += r.calls
-		s.misrouted += r.misrouted
-		for _, err := range r.errs {
-			if len(s.errs) < 4 {
-				s.errs = append(s.errs, err.Error())
-			}
-		}
-		if !dead[workerPid(r.creator)] {
-			s.others++
-			if len(r.errs) == 0 && r.misrouted == 0 && r.creator != "" {
-				s.othersOK++
-			}
-			continue
-		}
-		s.onDead++
-		if n := len(r.errs); n > 0 && is404(r.errs[n-1]) {
-			s.onDeadEnded404++
-		}
-		if len(r.errs) > 1 && strings.Contains(r.errs[0].Error(), "Bad Gateway") {
-			s.onDead502First++
-		}
-	}
-	return s
-}
-
-func (s liveSummary) String() string {
-	return fmt.Sprintf("sessions on the replaced workers: %d, %d ended with 404 (%d of them had a call answered 502 first); other sessions: %d/%d ok; calls pinned %d, misrouted %d; errors %q",
-		s.onDead, s.onDeadEnded404, s.onDead502First, s.othersOK, s.others, s.calls, s.misrouted, s.errs)
-}
 
 // TestInteropGunicornHooks runs one gunicorn with `workers = 3` and
 // examples/gunicorn/mcp_affinity_hooks.py behind mcp_proxy with the
@@ -301,69 +80,6 @@ func TestInteropGunicornHooks(t *testing.T) {
 	})
 }
 
-// slotUpstreams returns the upstreams unix/<dir>/worker-0.sock ... for a Caddyfile.
-func slotUpstreams(dir string, n int) string {
-	var ups []string
-	for _, name := range slotSockets(n) {
-		ups = append(ups, "unix/"+filepath.Join(dir, name))
-	}
-	return strings.Join(ups, " ")
-}
-
-// shortTempDir returns a temporary directory with a short path (socket
-// paths must stay under 108 bytes), removed when the test ends.
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "mcpgh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
-// initializeStatus POSTs an initialize request to url and returns the status.
-func initializeStatus(t *testing.T, url string) int {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(
-		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"probe","version":"0"}}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("initialize at %s: %v", url, err)
-	}
-	resp.Body.Close()
-	return resp.StatusCode
-}
-
-// dynamicSocketsSite is an mcp_proxy whose upstreams are the worker sockets in dir.
-func dynamicSocketsSite(dir string) string {
-	return "mcp_proxy {\n\t\tdynamic unix_sockets " + filepath.Join(dir, "worker-*.sock") + "\n\t}"
-}
-
-// underLoad runs n live sessions through url, calls act once every session
-// has answered a call, keeps the sessions calling for hold after act
-// returns, and returns their reports.
-func underLoad(t *testing.T, url string, n int, hold time.Duration, act func()) []liveReport {
-	t.Helper()
-	ready, stop, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	var reps []liveReport
-	go func() {
-		defer close(done)
-		reps = runLiveSessions(t, url, n, ready, stop)
-	}()
-	<-ready
-	act()
-	time.Sleep(hold)
-	close(stop)
-	<-done
-	return reps
-}
-
 // TestGunicornHooksWorkerKilled: a worker killed with SIGKILL while 30
 // sessions call tools. Its sessions end with 404 (their state died with
 // it); every session on the other workers keeps working, each call on its
@@ -401,18 +117,6 @@ func TestGunicornHooksWorkerKilled(t *testing.T) {
 	}
 }
 
-// shutDown reports whether every worker in pids has logged that it is
-// shutting down: it no longer accepts connections.
-func shutDown(g *testproc.Proc, pids map[int]bool) bool {
-	log := g.Log().String()
-	for pid := range pids {
-		if !strings.Contains(log, fmt.Sprintf("[%d] [INFO] Shutting down", pid)) {
-			return false
-		}
-	}
-	return true
-}
-
 // TestGunicornHooksReload: SIGHUP to gunicorn (a graceful reload) while
 // 30 sessions call tools, and a new session starts every 50 ms. The new
 // workers take over the slots' sockets (still worker-0..2.sock). Live
@@ -431,7 +135,7 @@ func TestGunicornHooksReload(t *testing.T) {
 	}
 
 	type fresh struct {
-		rep     sessionReport
+		rep     *session
 		started time.Duration // after the HUP
 	}
 	var (

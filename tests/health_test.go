@@ -8,110 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
-
-// healthFleet is two whoami servers with a health endpoint each
-// (GET /healthz, 503 while the server's down file exists) behind mcp_proxy
-// with active health checks, and go-sdk client sessions on both.
-type healthFleet struct {
-	bs       []*testproc.Proc
-	down     []string // the servers' down files
-	p        proxy
-	hc       *http.Client
-	sessions map[string][]*mcp.ClientSession // by the server that answers them
-	first    map[*mcp.ClientSession]identity
-}
-
-// startHealthFleet starts the fleet with the given mcp_proxy options and n
-// sessions, and checks that both servers got some.
-func startHealthFleet(t *testing.T, options string, n int) *healthFleet {
-	t.Helper()
-	f := &healthFleet{hc: newHTTPClient(), sessions: map[string][]*mcp.ClientSession{}, first: map[*mcp.ClientSession]identity{}}
-	t.Cleanup(f.hc.CloseIdleConnections)
-	dir := t.TempDir()
-	f.bs = startBackendsWith(t, 2, true, func(name string) []string {
-		return []string{"-down-file", filepath.Join(dir, name+".down")}
-	})
-	for _, b := range f.bs {
-		f.down = append(f.down, filepath.Join(dir, b.Name()+".down"))
-	}
-	f.p = startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\thealth_uri /healthz\n%s\n\t}", upstreams(f.bs), options))
-	ctx := context.Background()
-	for range n {
-		cs, err := connect(ctx, f.p.url(), f.hc)
-		if err != nil {
-			t.Fatalf("connect: %v", err)
-		}
-		t.Cleanup(func() { cs.Close() })
-		id, err := whoami(ctx, cs)
-		if err != nil {
-			t.Fatalf("whoami: %v", err)
-		}
-		f.sessions[id.Server] = append(f.sessions[id.Server], cs)
-		f.first[cs] = id
-	}
-	if len(f.sessions["s1"]) == 0 || len(f.sessions["s2"]) == 0 {
-		t.Fatalf("want sessions on both servers, got %v", f.sessions)
-	}
-	return f
-}
-
-// setDown makes server i fail (or pass) its health checks.
-func (f *healthFleet) setDown(t *testing.T, i int, down bool) {
-	t.Helper()
-	var err error
-	if down {
-		err = os.WriteFile(f.down[i], nil, 0o644)
-	} else {
-		err = os.Remove(f.down[i])
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-// call makes a raw whoami call of session cs through the proxy.
-func (f *healthFleet) call(t *testing.T, cs *mcp.ClientSession) exchange {
-	t.Helper()
-	return send(t, f.hc, http.MethodPost, f.p.url(), mcpPOSTHeaders(cs.ID()), gunicornCallBody)
-}
-
-// waitStatus makes raw calls of cs until one gets status, and returns that
-// exchange and when it came, or fails t after limit.
-func (f *healthFleet) waitStatus(t *testing.T, cs *mcp.ClientSession, status int, limit time.Duration) (exchange, time.Time) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		ex := f.call(t, cs)
-		if ex.status == status {
-			return ex, time.Now()
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %d within %v; last %d %q", status, limit, ex.status, ex.body)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// checkUnavailable asserts that ex is the proxy's 503 for an unhealthy
-// upstream: a JSON-RPC error with id null, and Retry-After in seconds.
-func checkUnavailable(t *testing.T, ex exchange) {
-	t.Helper()
-	ra, err := strconv.Atoi(ex.header.Get("Retry-After"))
-	if ex.status != http.StatusServiceUnavailable || rpcErrorCode(ex.body) != caddymodule.CodeUpstreamUnavailable ||
-		ex.header.Get("Content-Type") != "application/json" || err != nil || ra < 1 || ra > 60 {
-		t.Fatalf("want the proxy's 503 (JSON-RPC -32003, Retry-After 1-60 s); got %d %v %q", ex.status, ex.header, ex.body)
-	}
-}
 
 // TestHealthBlipKeepsSessions: with `health_uri /healthz` and
 // `health_interval 1s`, one of two servers fails its health endpoint for
@@ -204,7 +106,7 @@ func TestLastingUnhealthyEndsSessionsAfterGrace(t *testing.T) {
 
 	t.Run("process gone", func(t *testing.T) {
 		f := startHealthFleet(t, "\t\thealth_interval 250ms", 6)
-		f.bs[0].Kill()
+		f.srv[0].Kill()
 		time.Sleep(time.Second) // the health checks see it
 		start := time.Now()
 		for _, cs := range f.sessions["s1"] {
@@ -258,17 +160,6 @@ func TestLastingUnhealthyFailsOverAfterGrace(t *testing.T) {
 	if int(n) != len(f.sessions["s1"]) {
 		t.Fatalf("want %d failovers counted with cause upstream_gone, got %v", len(f.sessions["s1"]), n)
 	}
-}
-
-// mustConnect opens a new go-sdk client session through the fleet's proxy.
-func mustConnect(t *testing.T, f *healthFleet) *mcp.ClientSession {
-	t.Helper()
-	cs, err := connect(context.Background(), f.p.url(), f.hc)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(func() { cs.Close() })
-	return cs
 }
 
 // TestHealthURIOnMCPEndpointWarns: active health checks that probe the MCP

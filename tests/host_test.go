@@ -18,33 +18,6 @@ import (
 // publicHost is the Host a client of a public proxy sends.
 const publicHost = "mcp.example.com"
 
-// sendWithHost is send with the request's Host set to host.
-func sendWithHost(t testing.TB, hc *http.Client, method, url, host string, hdr map[string][]string, body string) exchange {
-	t.Helper()
-	return send(t, &http.Client{Transport: hostRewriter{host: host, next: hc.Transport}}, method, url, hdr, body)
-}
-
-// hostRewriter is a RoundTripper that sends every request with Host set to
-// host, as a client reaching the proxy through a public name does.
-type hostRewriter struct {
-	host string
-	next http.RoundTripper
-}
-
-func (h hostRewriter) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Host = h.host
-	next := h.next
-	if next == nil {
-		next = http.DefaultTransport
-	}
-	return next.RoundTrip(r)
-}
-
-// behindTunnel is the mcp_proxy option for a Caddy on loopback that a
-// trusted proxy or tunnel on the same machine reaches with public hostnames.
-const behindTunnel = "\n\t\tlocalhost_protection off"
-
 // TestUpstreamSeesItsOwnHost: by default mcp_proxy sends an upstream on
 // loopback its own host:port as Host, whatever Host the client sent, and
 // carries the client's Host and scheme in X-Forwarded-Host and
@@ -184,36 +157,6 @@ func TestGoSDKBehindPublicHost(t *testing.T) {
 	})
 }
 
-// corsHandler makes d answer like an MCP server with CORS for browser
-// clients: preflights get 204 allowing what they ask; initialize gets an SSE
-// response with a new session; every response to a request with an Origin
-// allows that origin and exposes Mcp-Session-Id.
-func corsHandler(d *double) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		h := w.Header()
-		if origin := r.Header.Get("Origin"); origin != "" {
-			h.Set("Access-Control-Allow-Origin", origin)
-			h.Set("Access-Control-Expose-Headers", "Mcp-Session-Id")
-			h.Set("Vary", "Origin")
-		}
-		switch {
-		case r.Method == http.MethodOptions:
-			h.Set("Access-Control-Allow-Methods", "GET, POST, DELETE")
-			h.Set("Access-Control-Allow-Headers", r.Header.Get("Access-Control-Request-Headers"))
-			h.Set("Access-Control-Max-Age", "600")
-			w.WriteHeader(http.StatusNoContent)
-		case r.Method == http.MethodPost && r.Header.Get("Mcp-Session-Id") == "":
-			h.Set("Mcp-Session-Id", d.mint())
-			h.Set("Content-Type", "text/event-stream")
-			h.Set("Cache-Control", "no-cache, no-transform")
-			w.WriteHeader(http.StatusOK)
-			fmt.Fprintf(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"server\":%q}}\n\n", d.name)
-		default:
-			d.serveMCP(w, r)
-		}
-	}
-}
-
 // TestCORSThroughProxy: a CORS preflight carries no session; the proxy
 // balances it to an upstream instead of rejecting it, and the upstream's
 // CORS answer comes back. The SSE response to a browser's initialize keeps
@@ -304,27 +247,6 @@ func TestCORSThroughProxy(t *testing.T) {
 
 // bearerToken is the token the OAuth-protected whoami servers accept.
 const bearerToken = "t0ken-for-tests"
-
-// withBearer is a RoundTripper that sends every request with
-// `Authorization: Bearer <bearerToken>`.
-type withBearer struct{ next http.RoundTripper }
-
-func (b withBearer) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+bearerToken)
-	return b.next.RoundTrip(r)
-}
-
-// resourceMetadataURL returns the URL a 401's `WWW-Authenticate: Bearer
-// resource_metadata="..."` names (RFC 9728 §5.1), or "".
-func resourceMetadataURL(ex exchange) string {
-	_, v, ok := strings.Cut(ex.header.Get("Www-Authenticate"), `resource_metadata="`)
-	if !ok {
-		return ""
-	}
-	v, _, _ = strings.Cut(v, `"`)
-	return v
-}
 
 // TestResourceMetadataNamesPublicHost: a go-sdk server that builds its
 // OAuth protected-resource metadata URL from the request's Host (go-sdk's

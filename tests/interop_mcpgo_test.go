@@ -1,45 +1,18 @@
 package tests
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
-	"time"
 
-	mgmcp "github.com/mark3labs/mcp-go/mcp"
-	mgserver "github.com/mark3labs/mcp-go/server"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // mcpGoVersion is the mcp-go version these tests build against (go.mod).
 const mcpGoVersion = "v1.2.1"
-
-// The mcp-go servers run as separate processes: the test binary itself,
-// started again with these environment variables set. init runs before
-// TestMain, so such a process serves MCP and exits without running any test.
-const (
-	mcpGoServerNameEnv = "MCP_AFFINITY_MCPGO_SERVER"    // server name; set only in server processes
-	mcpGoServerModeEnv = "MCP_AFFINITY_MCPGO_MODE"      // "stateful" or "default"
-	mcpGoServerAddrEnv = "MCP_AFFINITY_MCPGO_ADDR_FILE" // where the server writes its address
-	mcpGoModeStateful  = "stateful"                     // server.WithStateful(true)
-	mcpGoModeDefault   = "default"                      // mcp-go's default StatelessGeneratingSessionIdManager
-	mcpGoModeSSE       = "sse"                          // legacy HTTP+SSE, WithBaseURL: absolute endpoint URLs
-	mcpGoIDPrefix      = "mcp-session-"                 // mcp-go's session ID prefix
-	peerLegacyProtocol = "2025-11-25"                   // the last protocol version with sessions
-	mcpGoStartTimeout  = 15 * time.Second               // a -race server process can be slow to start
-	peerCalls          = 5                              // whoami calls per session in interop runs
-	peerSessions       = 50                             // concurrent sessions per interop run
-	peerTotalCalls     = peerSessions * peerCalls
-	mcpGoModernRuns    = 30 // sessions of the sessionless (2026-07-28) check
-)
 
 func init() {
 	name := os.Getenv(mcpGoServerNameEnv)
@@ -51,71 +24,6 @@ func init() {
 		os.Exit(1)
 	}
 	os.Exit(0)
-}
-
-// serveMCPGo serves an mcp-go whoami server at /mcp on a free loopback port,
-// writes its address to addrFile, and serves until killed.
-func serveMCPGo(name, mode, addrFile string) error {
-	s := mgserver.NewMCPServer(name, "v1.0.0", mgserver.WithToolCapabilities(false))
-	tool := mgmcp.NewTool("whoami",
-		mgmcp.WithDescription("Reports the server's name and the session ID it sees."),
-		mgmcp.WithOutputSchema[identity]())
-	s.AddTool(tool, mgmcp.NewStructuredToolHandler(func(ctx context.Context, _ mgmcp.CallToolRequest, _ struct{}) (identity, error) {
-		id := identity{Server: name}
-		if cs := mgserver.ClientSessionFromContext(ctx); cs != nil {
-			id.Session = cs.SessionID()
-		}
-		return id, nil
-	}))
-	if calls := os.Getenv(mcpGoCallsEnv); calls != "" {
-		addRecordedTools(s, calls)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	var opts []mgserver.StreamableHTTPOption
-	switch mode {
-	case mcpGoModeStateful:
-		opts = append(opts, mgserver.WithStateful(true))
-	case mcpGoModeDefault:
-	case mcpGoModeSSE:
-		// GET /sse, POST /message?sessionId=; WithBaseURL makes the
-		// endpoint event an absolute URL naming this server's own address.
-		sse := mgserver.NewSSEServer(s, mgserver.WithBaseURL("http://"+ln.Addr().String()))
-		return serveAt(ln, addrFile, sse)
-	default:
-		return fmt.Errorf("unknown mode %q", mode)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/mcp", mgserver.NewStreamableHTTPServer(s, opts...))
-	return serveAt(ln, addrFile, mux)
-}
-
-// serveAt writes ln's address to addrFile, then serves h on ln.
-func serveAt(ln net.Listener, addrFile string, h http.Handler) error {
-	tmp := addrFile + ".tmp"
-	if err := os.WriteFile(tmp, []byte(ln.Addr().String()), 0o644); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, addrFile); err != nil {
-		return err
-	}
-	return http.Serve(ln, h)
-}
-
-// startMCPGoServers starts n mcp-go whoami servers named <prefix>1..<prefix>n
-// in mode, as separate processes, and waits until they listen.
-func startMCPGoServers(t *testing.T, prefix, mode string, n int) []*testproc.Proc {
-	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return launchFleet(t, n, prefix, mcpGoStartTimeout, func(name, addrFile string) *exec.Cmd {
-		return withEnv(exec.Command(exe),
-			mcpGoServerNameEnv+"="+name, mcpGoServerModeEnv+"="+mode, mcpGoServerAddrEnv+"="+addrFile)
-	})
 }
 
 // TestInteropMCPGoStateful runs go-sdk clients through mcp_proxy against
@@ -135,8 +43,8 @@ func TestInteropMCPGoStateful(t *testing.T) {
 			peerSessions, peerSessions, peerTotalCalls, res)
 	}
 	for _, r := range res.reports {
-		if !strings.HasPrefix(r.sessionID, mcpGoIDPrefix) {
-			t.Fatalf("session ID %q is not an mcp-go ID", r.sessionID)
+		if !strings.HasPrefix(r.id, mcpGoIDPrefix) {
+			t.Fatalf("session ID %q is not an mcp-go ID", r.id)
 		}
 	}
 

@@ -1,115 +1,14 @@
 package tests
 
 import (
-	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // gunicornAppDir holds the Python ASGI app of examples/gunicorn.
 const gunicornAppDir = "../examples/gunicorn"
-
-// gunicornStartTimeout bounds a gunicorn's start, until all its workers serve.
-const gunicornStartTimeout = 20 * time.Second
-
-// gunicornPeer describes the Python stack found on this machine.
-type gunicornPeer struct {
-	bin      string // the gunicorn executable
-	dir      string // absolute path of examples/gunicorn
-	gunicorn string // gunicorn version
-	uvicorn  string // uvicorn version
-}
-
-// findGunicorn finds gunicorn and checks that its Python can import uvicorn's
-// gunicorn worker, or skips t (fails it when MCP_INTEROP_REQUIRED is set).
-func findGunicorn(t *testing.T) gunicornPeer {
-	t.Helper()
-	bin, err := exec.LookPath("gunicorn")
-	if err != nil {
-		skipInterop(t, "gunicorn not installed (.ci/install-deps installs Debian's gunicorn, python3-uvicorn)")
-	}
-	python := "python3"
-	if f, err := os.Open(bin); err == nil {
-		line, _ := bufio.NewReader(f).ReadString('\n')
-		f.Close()
-		if fields := strings.Fields(strings.TrimPrefix(line, "#!")); strings.HasPrefix(line, "#!") && len(fields) > 0 {
-			python = fields[0]
-			if filepath.Base(python) == "env" && len(fields) > 1 {
-				python = fields[1]
-			}
-		}
-	}
-	out, err := exec.Command(python, "-c",
-		"import gunicorn, uvicorn, uvicorn.workers; print(gunicorn.__version__, uvicorn.__version__)").CombinedOutput()
-	versions := strings.Fields(string(out))
-	if err != nil || len(versions) != 2 {
-		skipInterop(t, fmt.Sprintf("gunicorn's Python (%s) cannot load uvicorn's worker: %v: %s", python, err, out))
-	}
-	dir, err := filepath.Abs(gunicornAppDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return gunicornPeer{bin: bin, dir: dir, gunicorn: versions[0], uvicorn: versions[1]}
-}
-
-// startGunicorn starts `gunicorn app:app -k uvicorn.workers.UvicornWorker
-// --workers <workers>` on a free loopback port, serving the example app as
-// server name, and waits until every worker has started the app.
-func startGunicorn(t *testing.T, peer gunicornPeer, name string, workers int) *testproc.Proc {
-	t.Helper()
-	return startGunicorns(t, peer, []string{name}, workers)[0]
-}
-
-// startGunicorns starts one gunicorn per name, with workers workers each, on
-// free loopback ports, and waits until all of them serve. They boot concurrently.
-func startGunicorns(t *testing.T, peer gunicornPeer, names []string, workers int) []*testproc.Proc {
-	t.Helper()
-	return startGunicornsOn(t, peer, names, workers, "")
-}
-
-// gunicornReady is the line each gunicorn worker logs once it serves the app.
-const gunicornReady = "Application startup complete"
-
-// startGunicornsOn is startGunicorns, with unix sockets in socketDir instead
-// of ports when socketDir is not empty. Each gunicorn is ready once every
-// worker has started the app and its address accepts connections.
-func startGunicornsOn(t *testing.T, peer gunicornPeer, names []string, workers int, socketDir string) []*testproc.Proc {
-	t.Helper()
-	gs := make([]*testproc.Proc, len(names))
-	for i, name := range names {
-		addr, bind := gunicornBind(t, name, socketDir)
-		cmd := exec.Command(peer.bin, "--chdir", peer.dir, "app:app",
-			"-k", "uvicorn.workers.UvicornWorker", "--workers", strconv.Itoa(workers), "--bind", bind)
-		gs[i] = launch(t, name, addr, withEnv(cmd, "MCP_SERVER_NAME="+name, "PYTHONDONTWRITEBYTECODE=1"))
-	}
-	ready(t, gunicornStartTimeout, gs, testproc.LogCount(gunicornReady, workers), testproc.Listening())
-	return gs
-}
-
-// gunicornBind returns the upstream address (host:port or unix/<path>) and
-// the --bind value of gunicorn name: a free port, or a socket in socketDir.
-func gunicornBind(t *testing.T, name, socketDir string) (addr, bind string) {
-	if socketDir == "" {
-		addr = freeAddr(t)
-		return addr, addr
-	}
-	socket := filepath.Join(socketDir, name+".sock")
-	return "unix/" + socket, "unix:" + socket
-}
-
-// gunicornRow names the Python stack in the Interoperability table.
-func gunicornRow(peer gunicornPeer, shape string) string {
-	return fmt.Sprintf("hand-written ASGI app with python-sdk's wire behaviour (`examples/gunicorn`), gunicorn %s + uvicorn %s, %s",
-		peer.gunicorn, peer.uvicorn, shape)
-}
 
 // TestInteropGunicornPerWorkerPorts runs the deployment shape of docs/python.md
 // with real gunicorn: three single-worker gunicorns on three ports behind
@@ -126,8 +25,8 @@ func TestInteropGunicornPerWorkerPorts(t *testing.T) {
 			peerSessions, peerSessions, peerTotalCalls, res)
 	}
 	for _, r := range res.reports {
-		if len(r.sessionID) != 32 || strings.Trim(r.sessionID, "0123456789abcdef") != "" {
-			t.Fatalf("session ID %q is not uuid4().hex", r.sessionID)
+		if len(r.id) != 32 || strings.Trim(r.id, "0123456789abcdef") != "" {
+			t.Fatalf("session ID %q is not uuid4().hex", r.id)
 		}
 	}
 	recordInterop(interopRow{

@@ -10,10 +10,6 @@ import (
 // with seal_session_ids: the clients hold sealed values, the servers see
 // their own session IDs, and everything comes out as without sealing.
 
-// sealedRow names a server of the Interoperability table behind a proxy
-// with sealed session IDs.
-func sealedRow(server string) string { return server + "; `mcp_proxy` with `seal_session_ids`" }
-
 // TestInteropSealedTSSDK: TypeScript SDK servers (SSE and JSON responses,
 // 3 processes) behind an mcp_proxy with seal_session_ids, driven by 50
 // TypeScript SDK client sessions and 50 go-sdk client sessions.

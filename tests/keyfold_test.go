@@ -1,108 +1,12 @@
 package tests
 
 import (
-	"context"
-	"fmt"
-	"io"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
-
-	mgmcp "github.com/mark3labs/mcp-go/mcp"
-	mgserver "github.com/mark3labs/mcp-go/server"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
-
-// mcpGoCallsEnv names the file an mcp-go server started by
-// startRecordingMCPGo appends a line to for each call of its `danger` tool.
-const mcpGoCallsEnv = "MCP_AFFINITY_MCPGO_CALLS_FILE"
-
-// addRecordedTools gives an mcp-go server the tools `danger`, each call of
-// which appends "danger <tag>" to the file calls, and `safe`.
-func addRecordedTools(s *mgserver.MCPServer, calls string) {
-	var mu sync.Mutex
-	s.AddTool(mgmcp.NewTool("danger", mgmcp.WithString("tag")), func(_ context.Context, req mgmcp.CallToolRequest) (*mgmcp.CallToolResult, error) {
-		tag := req.GetString("tag", "")
-		mu.Lock()
-		defer mu.Unlock()
-		f, err := os.OpenFile(calls, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
-		if err != nil {
-			return nil, err
-		}
-		defer f.Close()
-		if _, err := fmt.Fprintf(f, "danger %s\n", tag); err != nil {
-			return nil, err
-		}
-		return mgmcp.NewToolResultText("danger ran: " + tag), nil
-	})
-	s.AddTool(mgmcp.NewTool("safe"), func(context.Context, mgmcp.CallToolRequest) (*mgmcp.CallToolResult, error) {
-		return mgmcp.NewToolResultText("safe ran"), nil
-	})
-}
-
-// startRecordingMCPGo starts one mcp-go server (default session manager,
-// as a separate process) with the whoami, danger and safe tools, and
-// returns it and the file its danger calls are recorded in.
-func startRecordingMCPGo(t *testing.T) (*testproc.Proc, string) {
-	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	calls := filepath.Join(t.TempDir(), "danger-calls")
-	servers := launchFleet(t, 1, "mgk", mcpGoStartTimeout, func(name, addrFile string) *exec.Cmd {
-		return withEnv(exec.Command(exe), mcpGoServerNameEnv+"="+name, mcpGoServerModeEnv+"="+mcpGoModeDefault,
-			mcpGoServerAddrEnv+"="+addrFile, mcpGoCallsEnv+"="+calls)
-	})
-	return servers[0], calls
-}
-
-// dangerCalls returns the tags of the danger calls the server ran.
-func dangerCalls(t *testing.T, calls string) []string {
-	t.Helper()
-	b, err := os.ReadFile(calls)
-	if os.IsNotExist(err) {
-		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tags []string
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		if tag, ok := strings.CutPrefix(line, "danger "); ok {
-			tags = append(tags, tag)
-		}
-	}
-	return tags
-}
-
-// blockDangerSite is a site that blocks tool danger for every client, with
-// a body matcher (docs/behaviour.md, "The mcp matcher"), and proxies the
-// rest to pool, a Caddyfile upstream list.
-func blockDangerSite(pool string) string {
-	return fmt.Sprintf(`@danger mcp {
-		era legacy_session modern_sessionless other_sessionless
-		method tools/call
-		name danger
-		body
-	}
-	respond @danger `+"`"+`{"jsonrpc":"2.0","id":null,"error":{"code":-32601,"message":"tool danger is blocked here"}}`+"`"+` 403
-	mcp_proxy %s`, pool)
-}
-
-// looseCall is a tools/call of safe with a second member, key, naming
-// danger tagged tag; key is JSON string text, escapes included. mcp-go
-// reads it as a call of danger when key folds to "params" (the last member
-// given for a field wins).
-func looseCall(key, tag string) string {
-	return `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"safe"},"` + key +
-		`":{"name":"danger","arguments":{"tag":"` + tag + `"}}}`
-}
 
 // TestBlockedToolNotReachedThroughLooseKeys blocks tool danger with an
 // `mcp` body matcher in front of a real mcp-go server, which decodes with
@@ -179,28 +83,4 @@ func TestBlockedToolNotReachedThroughLooseKeys(t *testing.T) {
 	if len(ran) != len(loose) {
 		t.Errorf("danger ran %d times, want %d (once per direct send): %q", len(ran), len(loose), ran)
 	}
-}
-
-// postMaybeChunked POSTs body to url with hdr, with a Content-Length or,
-// if chunked, with Transfer-Encoding: chunked.
-func postMaybeChunked(t *testing.T, hc *http.Client, url string, hdr http.Header, body string, chunked bool) exchange {
-	t.Helper()
-	if !chunked {
-		return send(t, hc, http.MethodPost, url, hdr, body)
-	}
-	req, err := http.NewRequest(http.MethodPost, url, io.NopCloser(strings.NewReader(body)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.ContentLength, req.TransferEncoding = -1, []string{"chunked"}
-	for k, vs := range hdr {
-		req.Header[k] = vs
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatalf("POST %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return exchange{step: "POST " + url + " (chunked)", status: resp.StatusCode, header: resp.Header, body: string(b), proto: resp.Proto}
 }

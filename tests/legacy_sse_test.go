@@ -1,16 +1,12 @@
 package tests
 
 import (
-	"bufio"
-	"context"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
@@ -23,89 +19,6 @@ import (
 
 // legacyCalls and legacySessions size the interop runs, as for Streamable HTTP.
 const legacySessions, legacyCalls = peerSessions, peerCalls
-
-// startLegacyGoServers starts n go-sdk whoami servers speaking the legacy
-// transport (mcp.NewSSEHandler; any path opens a stream).
-func startLegacyGoServers(t testing.TB, n int) []*testproc.Proc {
-	t.Helper()
-	return startBackendsWith(t, n, false, func(string) []string { return []string{"-transport", "sse"} })
-}
-
-// legacyStream is a legacy SSE stream opened by hand: the endpoint its first
-// event named, the rest of the stream, and how to close it.
-type legacyStream struct {
-	endpoint string
-	events   *bufio.Reader // read with readEvent
-	close    context.CancelFunc
-}
-
-// openLegacyStream GETs url and reads the stream's first event, which must
-// be `endpoint`; the stream stays open until close or the test's end.
-func openLegacyStream(t testing.TB, hc *http.Client, url string) legacyStream {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Accept", "text/event-stream")
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	t.Cleanup(func() { resp.Body.Close() })
-	events := bufio.NewReader(resp.Body)
-	typ, data := readEvent(t, events)
-	if resp.StatusCode != http.StatusOK || typ != "endpoint" {
-		t.Fatalf("GET %s: %d, first event %q %q; want 200 and an endpoint event", url, resp.StatusCode, typ, data)
-	}
-	return legacyStream{endpoint: data, events: events, close: cancel}
-}
-
-// readEvent reads one SSE event (LF line ends, as the SDKs write them).
-func readEvent(t testing.TB, br *bufio.Reader) (typ, data string) {
-	t.Helper()
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("reading the SSE stream: %v", err)
-		}
-		line = strings.TrimRight(line, "\r\n")
-		switch {
-		case line == "" && data != "":
-			return typ, data
-		case strings.HasPrefix(line, "event:"):
-			typ = strings.TrimSpace(strings.TrimPrefix(line, "event:"))
-		case strings.HasPrefix(line, "data:"):
-			data = strings.TrimSpace(strings.TrimPrefix(line, "data:"))
-		}
-	}
-}
-
-// sessionIn returns the session an endpoint URL carries.
-func sessionIn(t testing.TB, endpoint string) string {
-	t.Helper()
-	u, err := url.Parse(endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range caddymodule.DefaultLegacySSEParams {
-		if id := u.Query().Get(p); id != "" {
-			return id
-		}
-	}
-	t.Fatalf("endpoint %q names no session", endpoint)
-	return ""
-}
-
-// lookupStatus asks the admin API about session id of the default table.
-func lookupStatus(t testing.TB, id string) (int, caddymodule.SessionStatus) {
-	t.Helper()
-	var st caddymodule.SessionStatus
-	code := adminCall(t, http.MethodPost, "/mcp_sessions/lookup", map[string]string{"table": "default", "session_id": id}, &st)
-	return code, st
-}
 
 const initializeBody = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}`
 
@@ -139,30 +52,6 @@ func TestInteropLegacySSEGoSDK(t *testing.T) {
 			res.ok, legacySessions, res.onCreator, legacySessions*legacyCalls)})
 	recordInterop(interopRow{Server: server, Client: fmt.Sprintf("TypeScript SDK %s (`SSEClientTransport`)", tsSDKVersion),
 		Result: fmt.Sprintf("%d/%d sessions ok; %d/%d calls answered by the server of the session's stream", ts.OK, legacySessions, ts.Calls, legacySessions*legacyCalls)})
-}
-
-// checkLegacyRun checks a run of go-sdk legacy sessions through mcp_proxy:
-// every session and call on its stream's server, spread over servers.
-func checkLegacyRun(t testing.TB, res loadResult, servers int) {
-	t.Helper()
-	if res.ok != legacySessions || res.onCreator != legacySessions*legacyCalls || len(res.perServer) != servers {
-		t.Fatalf("want %d/%d legacy sessions ok and %d calls on the stream's server, over %d servers; got %s",
-			legacySessions, legacySessions, legacySessions*legacyCalls, servers, res)
-	}
-}
-
-// checkTSLegacyRun checks a run of TypeScript legacy sessions through mcp_proxy.
-func checkTSLegacyRun(t testing.TB, ts tsClientSummary, ss []*testproc.Proc) {
-	t.Helper()
-	if ts.OK != legacySessions || ts.Calls != legacySessions*legacyCalls {
-		t.Fatalf("TypeScript legacy clients: want %d/%d sessions ok and %d calls on the stream's server; got %+v",
-			legacySessions, legacySessions, legacySessions*legacyCalls, ts)
-	}
-	for _, s := range ss {
-		if ts.PerServer[s.Name()] == 0 {
-			t.Errorf("server %s got no TypeScript legacy sessions: %v", s.Name(), ts.PerServer)
-		}
-	}
 }
 
 // TestInteropLegacySSETS: TypeScript SDK legacy servers (SSEServerTransport,
@@ -239,10 +128,7 @@ func TestLegacySSESessionEndsWithStream(t *testing.T) {
 	}
 
 	stream.close()
-	deadline := time.Now().Add(5 * time.Second)
-	for code, _ = lookupStatus(t, id); code != http.StatusNotFound && time.Now().Before(deadline); code, _ = lookupStatus(t, id) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testproc.Until(5*time.Second, func() bool { code, _ = lookupStatus(t, id); return code == http.StatusNotFound })
 	if code != http.StatusNotFound {
 		t.Fatalf("5 s after the stream closed, lookup answers %d; want the session forgotten (404)", code)
 	}

@@ -3,40 +3,11 @@ package tests
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
-
-// connectListening opens a 2026-07-28 session through url with the go-sdk
-// client, listening for tool list changes: the client then opens a
-// subscriptions/listen stream, and sends the time of each change to changed.
-func connectListening(ctx context.Context, url string, hc *http.Client, changed chan<- time.Time) (*mcp.ClientSession, error) {
-	opts := &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- time.Now() }}
-	client := mcp.NewClient(&mcp.Implementation{Name: "listen-test", Version: "v0"}, opts)
-	return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
-}
-
-// openListens returns caddy_mcp_streams_open{kind="listen"} of table.
-func openListens(t testing.TB, table string) float64 {
-	t.Helper()
-	families, _ := scrape(t)
-	return metricValue(families, "caddy_mcp_streams_open", map[string]string{"table": table, "kind": "listen"})
-}
-
-// waitOpenListens waits up to 10 s for table's open listen streams to be want.
-func waitOpenListens(t testing.TB, table string, want float64) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for openListens(t, table) != want && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if got := openListens(t, table); got != want {
-		t.Errorf("open listen streams = %v, want %v", got, want)
-	}
-}
 
 // TestSubscriptionsListenThroughProxy holds the go-sdk client's 2026-07-28
 // subscriptions/listen stream (a long-lived POST whose SSE response carries

@@ -1,88 +1,17 @@
 package tests
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
 )
-
-// scrape fetches Caddy's metrics from the admin endpoint.
-func scrape(t testing.TB) (map[string]*dto.MetricFamily, string) {
-	t.Helper()
-	return scrapeAt(t, adminAddr)
-}
-
-// scrapeAt fetches the metrics of the Caddy whose admin endpoint is admin.
-func scrapeAt(t testing.TB, admin string) (map[string]*dto.MetricFamily, string) {
-	t.Helper()
-	resp, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
-	if err != nil {
-		t.Fatalf("parsing metrics: %v", err)
-	}
-	return families, string(body)
-}
-
-// metricValue returns the value of the sample of family name whose labels
-// include want, or -1 if there is none.
-func metricValue(families map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
-	f := families[name]
-	if f == nil {
-		return -1
-	}
-	for _, m := range f.Metric {
-		if v, ok := sampleValue(m); ok && hasLabels(m, want) {
-			return v
-		}
-	}
-	return -1
-}
-
-// hasLabels reports whether the labels of sample m include want.
-func hasLabels(m *dto.Metric, want map[string]string) bool {
-	labels := map[string]string{}
-	for _, l := range m.Label {
-		labels[l.GetName()] = l.GetValue()
-	}
-	for k, v := range want {
-		if labels[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
-// sampleValue returns the value of a counter or gauge sample.
-func sampleValue(m *dto.Metric) (float64, bool) {
-	switch {
-	case m.Counter != nil:
-		return m.Counter.GetValue(), true
-	case m.Gauge != nil:
-		return m.Gauge.GetValue(), true
-	}
-	return 0, false
-}
 
 // TestMetricsAfterScenario scrapes Caddy's metrics endpoint after a
 // scripted scenario and checks every plugin metric, and that the metrics
@@ -247,38 +176,6 @@ func TestAdminAPI(t *testing.T) {
 	}
 }
 
-// spreadRun replays a fixed schedule of sessions of uneven length through
-// a proxy with the given fallback policy and returns the mean and worst gap
-// between the busiest and the idlest upstream (live sessions, counted by
-// the upstreams themselves) seen at each arrival.
-func spreadRun(t *testing.T, fallback string, schedule []int) (mean float64, worst int) {
-	ds := startDoubles(t, 3)
-	p := startProxy(t, fmt.Sprintf("mcp_proxy %s {\n\t\ttable spread-%s\n\t\tfallback %s\n\t}", upstreams(ds), fallback, fallback))
-	hc := newHTTPClient()
-	defer hc.CloseIdleConnections()
-	ends := map[int][]string{} // step -> sessions that end then
-	total := 0
-	for step, length := range schedule {
-		for _, id := range ends[step] {
-			if ex := send(t, hc, http.MethodDelete, p.url(), sid(id), ""); ex.status != http.StatusNoContent {
-				t.Fatalf("DELETE: %d", ex.status)
-			}
-		}
-		id := initialize(t, hc, p.url())
-		ends[step+length] = append(ends[step+length], id)
-		live := make([]int, len(ds))
-		for i, d := range ds {
-			d.mu.Lock()
-			live[i] = len(d.sessions)
-			d.mu.Unlock()
-		}
-		gap := slices.Max(live) - slices.Min(live)
-		total += gap
-		worst = max(worst, gap)
-	}
-	return float64(total) / float64(len(schedule)), worst
-}
-
 // TestLeastSessionsSpreadsBetter compares how evenly round_robin and
 // least_sessions spread 300 sessions of uneven length over 3 upstreams: a
 // third are long (30-90 steps), the rest short (1-5 steps). least_sessions
@@ -362,28 +259,4 @@ func TestDecisionLogs(t *testing.T) {
 	if lines := readLogLines(t, logFile); len(lines) != 0 {
 		t.Errorf("at INFO level the handler logged %d lines for ordinary requests: %v", len(lines), lines)
 	}
-}
-
-// readLogLines returns the JSON log lines of file (none if it does not exist).
-func readLogLines(t testing.TB, file string) []map[string]any {
-	t.Helper()
-	raw, err := os.ReadFile(file)
-	if os.IsNotExist(err) {
-		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lines []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
-		if l == "" {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("log line %q: %v", l, err)
-		}
-		lines = append(lines, m)
-	}
-	return lines
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,75 +12,6 @@ import (
 )
 
 // Principal binding: a session belongs to the principal that opened it.
-
-// authTransport sends every request with Authorization set to its value,
-// which a client may change mid-session (a token refresh).
-type authTransport struct {
-	value atomic.Pointer[string]
-	next  http.RoundTripper
-}
-
-func (a *authTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", *a.value.Load())
-	return a.next.RoundTrip(r)
-}
-
-// clientAs returns an HTTP client whose requests carry Authorization: auth.
-func clientAs(auth string) (*http.Client, *authTransport) {
-	at := &authTransport{next: &http.Transport{}}
-	at.value.Store(&auth)
-	return &http.Client{Transport: at}, at
-}
-
-// hijack is what an attacker who knows a session ID, with other
-// credentials and fresh connections, gets through the proxy.
-type hijack struct {
-	call, get, del exchange
-}
-
-// tryHijack sends a tool call, a GET stream and a DELETE of session with
-// Authorization: auth (none when empty).
-func tryHijack(t *testing.T, url, session, auth string) hijack {
-	t.Helper()
-	hc := newHTTPClient()
-	defer hc.CloseIdleConnections()
-	hdr := func() map[string][]string {
-		h := mcpPOSTHeaders(session)
-		if auth != "" {
-			h["Authorization"] = []string{auth}
-		}
-		return h
-	}
-	var h hijack
-	h.call = send(t, hc, http.MethodPost, url, hdr(), `{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`)
-	get := hdr()
-	get["Accept"] = []string{"text/event-stream"}
-	delete(get, "Content-Type")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	for k, v := range get {
-		req.Header[k] = v
-	}
-	if resp, err := hc.Do(req); err == nil {
-		h.get = exchange{status: resp.StatusCode, header: resp.Header}
-		if resp.StatusCode != http.StatusOK {
-			b := make([]byte, 4096)
-			n, _ := resp.Body.Read(b)
-			h.get.body = string(b[:n])
-		}
-		resp.Body.Close()
-	}
-	h.del = send(t, hc, http.MethodDelete, url, hdr(), "")
-	return h
-}
-
-// mismatches returns the table's principal mismatch counter.
-func mismatches(t *testing.T, table string) float64 {
-	families, _ := scrape(t)
-	return metricValue(families, "caddy_mcp_principal_mismatch_total", map[string]string{"table": table})
-}
 
 // TestPrincipalBindingStopsHijack: with `bind_principal
 // {http.request.header.Authorization}`, a second client with another

@@ -129,3 +129,27 @@ func startBackendsWith(t testing.TB, n int, jsonMode bool, flags func(name strin
 		return exec.Command(whoamiBin, args...)
 	})
 }
+
+// runProxyCommand runs `caddy <args...>` as a user would, on the real
+// binary, and waits until it serves addr.
+func runProxyCommand(t *testing.T, name, addr string, args ...string) *testproc.Proc {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := withEnv(exec.Command(caddyBinary(t), args...), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	p := launch(t, name, addr, cmd)
+	ready(t, replicaTimeout, []*testproc.Proc{p}, testproc.Listening())
+	return p
+}
+
+// waitClosesRead waits until every connection to addr, a server that died
+// or closed, has been closed by its owner on this host: the proxies have
+// read the close of their kept-alive connections to it, so a request sent
+// now cannot go out on one of them. It fails t after 5 s.
+func waitClosesRead(t testing.TB, addr string) {
+	t.Helper()
+	var n int
+	var err error
+	if !testproc.Until(5*time.Second, func() bool { n, err = testproc.OpenConnsTo(addr); return err == nil && n == 0 }) {
+		t.Fatalf("%d connections to %s still open 5 s after it closed (%v)", n, addr, err)
+	}
+}

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"os/exec"
@@ -12,25 +11,11 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // announced is the line `caddy mcp-proxy` prints once it serves: the URL
 // to give MCP clients.
 var announced = regexp.MustCompile(`MCP proxy on (http://\S+): give MCP clients`)
-
-// runProxyCommand runs `caddy <args...>` as a user would, on the real
-// binary, and waits until it serves addr.
-func runProxyCommand(t *testing.T, name, addr string, args ...string) *testproc.Proc {
-	t.Helper()
-	dir := t.TempDir()
-	cmd := withEnv(exec.Command(caddyBinary(t), args...), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	p := launch(t, name, addr, cmd)
-	ready(t, replicaTimeout, []*testproc.Proc{p}, testproc.Listening())
-	return p
-}
 
 // TestProxyCommandPinsSessions runs `caddy mcp-proxy --to … --to …` in front
 // of three go-sdk servers, exactly as README's quick start shows, and drives
@@ -66,7 +51,7 @@ func TestProxyCommandPinsSessions(t *testing.T) {
 	const open = 6 // sessions left open: runSessions ends its own with DELETE
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
-	openSessions(ctx, t, m[1]+"/mcp", hc, open)
+	openLiveSessions(ctx, t, m[1]+"/mcp", hc, open)
 	// The ended sessions' DELETEs may still be on their way: wait for them.
 	held := upstreamSessions(t, "http://"+admin+"/mcp_sessions/")
 	for end := time.Now().Add(5 * time.Second); held != open && time.Now().Before(end); {
@@ -142,27 +127,4 @@ func TestProxyCommandRefusesBadFlags(t *testing.T) {
 			t.Errorf("caddy %s: want a failure saying %q; got err %v, output:\n%s", strings.Join(tc.args, " "), tc.want, err, out)
 		}
 	}
-}
-
-// upstreamSessions sums the live sessions over the upstreams of the one
-// table the admin API at url lists.
-func upstreamSessions(t *testing.T, url string) int64 {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var tables []caddymodule.TableStatus
-	if err := json.NewDecoder(resp.Body).Decode(&tables); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: status %d, %v", url, resp.StatusCode, err)
-	}
-	if len(tables) != 1 || len(tables[0].Upstreams) != 3 {
-		t.Fatalf("GET %s: want one table with 3 upstreams, got %+v", url, tables)
-	}
-	var n int64
-	for _, u := range tables[0].Upstreams {
-		n += u.LiveSessions
-	}
-	return n
 }

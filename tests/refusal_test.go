@@ -6,46 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
-
-// refusalFleet starts two whoami servers and a third started with flags,
-// and returns all three, the third last.
-func refusalFleet(t *testing.T, flags ...string) []*testproc.Proc {
-	t.Helper()
-	return startBackendsWith(t, 3, false, func(name string) []string {
-		if name == "s3" {
-			return flags
-		}
-		return nil
-	})
-}
-
-// openRaw opens n raw sessions through url and calls whoami once in each;
-// it returns, per answering server, the IDs of the sessions it holds, and
-// the statuses of the initializes that failed.
-func openRaw(t *testing.T, hc *http.Client, url string, n int) (perServer map[string][]string, failed []int) {
-	t.Helper()
-	perServer = map[string][]string{}
-	for range n {
-		ex := mcpPost(t, hc, url, "", initBody)
-		id := ex.header.Get("Mcp-Session-Id")
-		if ex.status != http.StatusOK || id == "" {
-			failed = append(failed, ex.status)
-			continue
-		}
-		if ex := mcpPost(t, hc, url, id, tsInitializedMsg); ex.status != http.StatusAccepted {
-			t.Fatalf("notifications/initialized: %d %s", ex.status, ex.body)
-		}
-		status, who := rawWhoami(t, hc, url, id)
-		if status != http.StatusOK {
-			t.Fatalf("whoami in a new session: %d", status)
-		}
-		perServer[who.Server] = append(perServer[who.Server], id)
-	}
-	return perServer, failed
-}
 
 // TestNoBlackHoleForRefusingUpstream: one of three upstreams refuses new
 // sessions — a server at its session cap answering initialize 503 as the

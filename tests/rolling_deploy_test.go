@@ -1,213 +1,21 @@
 package tests
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // rdScript is the rolling deploy example script, relative to this package.
 const rdScript = "../examples/rolling-deploy/rolling-deploy.sh"
-
-// rdRequireTools skips the test when the script cannot run here.
-func rdRequireTools(t *testing.T) {
-	t.Helper()
-	for _, tool := range []string{"bash", "curl"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("the rolling deploy script needs %s, which is not installed: %v", tool, err)
-		}
-	}
-}
-
-// rdCtl is a control script that starts a whoami server on a given port and
-// records its PID in DIR/PORT.pid, so the rolling deploy script's --stop can
-// be `kill $(cat DIR/{port}.pid)`. Without a name, it starts the next
-// version of the server last started on the port: NAME-v2.
-const rdCtl = `#!/usr/bin/env bash
-# usage: ctl.sh start HOST PORT [NAME]
-set -euo pipefail
-dir=$(cd "$(dirname "$0")" && pwd)
-bin=%s
-[ "$1" = start ] || { echo "usage: ctl.sh start HOST PORT [NAME]" >&2; exit 2; }
-host=$2 port=$3
-if [ -n "${4:-}" ]; then
-	name=$4
-	echo "$name" >"$dir/$port.name"
-else
-	name=$(cat "$dir/$port.name")-v2
-fi
-"$bin" -listen "$host:$port" -name "$name" >>"$dir/$port.log" 2>&1 &
-echo $! >"$dir/$port.pid"
-`
-
-// rdFleet is a set of whoami servers on fixed ports, managed through rdCtl
-// and PID files so that a shell script can replace them.
-type rdFleet struct {
-	dir   string
-	ctl   string
-	ups   []string // dial addresses
-	ports []int
-	names []string // the first version's names
-	pids  []int    // the first version's PIDs
-}
-
-// startRDFleet starts one whoami server per name, each on a free port.
-func startRDFleet(t *testing.T, names ...string) *rdFleet {
-	t.Helper()
-	f := &rdFleet{dir: t.TempDir(), names: names}
-	f.ctl = filepath.Join(f.dir, "ctl.sh")
-	if err := os.WriteFile(f.ctl, fmt.Appendf(nil, rdCtl, rdShellQuote(whoamiBin)), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.killAll)
-	for _, name := range names {
-		port := mustFreePort()
-		up := fmt.Sprintf("127.0.0.1:%d", port)
-		out, err := exec.Command("bash", f.ctl, "start", "127.0.0.1", strconv.Itoa(port), name).CombinedOutput()
-		if err != nil {
-			t.Fatalf("starting %s: %v\n%s", name, err, out)
-		}
-		f.ups, f.ports = append(f.ups, up), append(f.ports, port)
-		f.pids = append(f.pids, f.pid(t, len(f.ports)-1))
-		rdWaitAccepting(t, up)
-	}
-	return f
-}
-
-// pid returns the PID recorded for server i.
-func (f *rdFleet) pid(t testing.TB, i int) int {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.pid", f.ports[i])))
-	if err != nil {
-		t.Fatalf("reading the PID of %s: %v", f.ups[i], err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil {
-		t.Fatalf("PID file of %s: %v", f.ups[i], err)
-	}
-	return pid
-}
-
-// killAll kills every server the fleet started, old and new versions.
-func (f *rdFleet) killAll() {
-	pids := slices.Clone(f.pids)
-	for _, port := range f.ports {
-		if data, err := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.pid", port))); err == nil {
-			if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
-				pids = append(pids, pid)
-			}
-		}
-	}
-	for _, pid := range pids {
-		if p, err := os.FindProcess(pid); err == nil {
-			_ = p.Kill()
-		}
-	}
-}
-
-// stopCmd is the --stop command: `kill $(cat DIR/{port}.pid)`, the usual
-// way to stop a server that wrote a PID file.
-func (f *rdFleet) stopCmd() string {
-	return fmt.Sprintf("kill $(cat %s/{port}.pid)", rdShellQuote(f.dir))
-}
-
-// startCmd is the --start command, which starts the next version.
-func (f *rdFleet) startCmd() string {
-	return fmt.Sprintf("bash %s start {host} {port}", rdShellQuote(f.ctl))
-}
-
-// log returns the output of the servers that ran on port i.
-func (f *rdFleet) log(i int) string {
-	data, _ := os.ReadFile(filepath.Join(f.dir, fmt.Sprintf("%d.log", f.ports[i])))
-	return string(data)
-}
-
-// rdShellQuote quotes s for a POSIX shell.
-func rdShellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// rdWaitAccepting waits until addr accepts TCP connections. The server was
-// started by the control script, not by launch, so there is no process to
-// watch: only its port.
-func rdWaitAccepting(t testing.TB, addr string) {
-	t.Helper()
-	deadline := time.Now().Add(whoamiTimeout)
-	for !testproc.Accepts(addr) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s does not accept connections after %v", addr, whoamiTimeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// rdProcessGone reports whether process pid has exited. A zombie, which
-// nobody reaped yet, has exited too.
-func rdProcessGone(pid int) bool {
-	p, err := os.FindProcess(pid)
-	if err != nil {
-		return true
-	}
-	if err := p.Signal(syscall.Signal(0)); err != nil {
-		return true
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// pid (comm) state ...: comm may hold spaces, so look after the last ')'.
-	s := string(stat)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && strings.HasPrefix(s[i+1:], " Z")
-}
-
-// runRollingDeploy runs the script with args and returns its combined
-// output and exit code.
-func runRollingDeploy(t testing.TB, args ...string) (string, int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", append([]string{rdScript}, args...)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.WaitDelay = 5 * time.Second // a background process holding the output must not hang the test
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-		return out.String(), 0
-	case errors.As(err, &exit) && exit.ExitCode() >= 0:
-		return out.String(), exit.ExitCode()
-	default:
-		t.Fatalf("running %s: %v\n%s", rdScript, err, out.String())
-		return "", -1
-	}
-}
-
-// rdObservation is one poll of an upstream's status by the test.
-type rdObservation struct {
-	at       time.Time // when the answer arrived
-	draining bool
-	live     int64
-}
 
 // TestRollingDeployUnderLoad runs examples/rolling-deploy/rolling-deploy.sh
 // against the in-process Caddy in front of 3 whoami servers while 8 workers
@@ -217,7 +25,7 @@ type rdObservation struct {
 func TestRollingDeployUnderLoad(t *testing.T) {
 	rdRequireTools(t)
 	const table = "rolling_deploy"
-	f := startRDFleet(t, "s1", "s2", "s3")
+	f := newFleet(t, withScriptedServers("s1", "s2", "s3"))
 	p := startProxy(t, "mcp_proxy "+strings.Join(f.ups, " ")+" {\n\t\ttable "+table+"\n\t}")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -231,7 +39,7 @@ func TestRollingDeployUnderLoad(t *testing.T) {
 		stopLoad atomic.Bool
 		loadWG   sync.WaitGroup
 		mu       sync.Mutex
-		sessions []sessionReport
+		sessions []*session
 	)
 	for range workers {
 		loadWG.Go(func() {
@@ -320,7 +128,7 @@ func TestRollingDeployUnderLoad(t *testing.T) {
 			failed = append(failed, fmt.Errorf("session created by %q: %d calls misrouted, error %v", s.creator, s.misrouted, s.err))
 			continue
 		}
-		calls += s.calls
+		calls += len(s.answered)
 		all[s.creator]++
 		switch {
 		case s.began.Before(scriptStart):
@@ -417,7 +225,7 @@ func TestRollingDeployUnderLoad(t *testing.T) {
 func TestRollingDeployScriptFailures(t *testing.T) {
 	rdRequireTools(t)
 	const table = "rolling_failures"
-	f := startRDFleet(t, "f1", "f2")
+	f := newFleet(t, withScriptedServers("f1", "f2"))
 	p := startProxy(t, "mcp_proxy "+strings.Join(f.ups, " ")+" {\n\t\ttable "+table+"\n\t}")
 	victim := f.ups[0]
 	runSessions(t, p.url(), 2, sessionPlan{calls: 1}) // traffic, as in production; TestRollingDeployIdleProxy runs without
@@ -524,7 +332,7 @@ func TestRollingDeployScriptFailures(t *testing.T) {
 func TestRollingDeployIdleProxy(t *testing.T) {
 	rdRequireTools(t)
 	const table = "rolling_idle"
-	f := startRDFleet(t, "i1", "i2")
+	f := newFleet(t, withScriptedServers("i1", "i2"))
 	p := startProxy(t, "mcp_proxy "+strings.Join(f.ups, " ")+" {\n\t\ttable "+table+"\n\t}")
 	out, code := runRollingDeploy(t, append([]string{"--admin", adminAddr, "--table", table,
 		"--stop", f.stopCmd(), "--start", f.startCmd(), "--poll", "0.1", "--port-timeout", "10"}, f.ups...)...)
@@ -619,24 +427,4 @@ func TestDrainSurvivesReload(t *testing.T) {
 	if res.ok != 12 || res.perServer[victim.Name()] == 0 {
 		t.Errorf("want 12/12 new sessions, some on the undrained %s; got %s", victim.Name(), res)
 	}
-}
-
-// rdSessionOn opens sessions until one is owned by server and returns it.
-// The others stay open until the test ends, so that a least_sessions
-// fallback, whose ties are broken at random, soon picks server too.
-func rdSessionOn(ctx context.Context, t testing.TB, url string, hc *http.Client, server string) *mcp.ClientSession {
-	t.Helper()
-	var landed []string
-	for range 12 {
-		s := openLiveSession(ctx, t, url, hc)
-		if s.server == server {
-			return s.cs
-		}
-		landed = append(landed, s.server)
-	}
-	var health, tables any
-	_, _ = adminDo(http.MethodGet, "/reverse_proxy/upstreams", nil, &health)
-	_, _ = adminDo(http.MethodGet, "/mcp_sessions/", nil, &tables)
-	t.Fatalf("no session landed on %s in 12 tries: %v; upstream health %v; tables %v", server, landed, health, tables)
-	return nil
 }

@@ -501,7 +501,7 @@ func TestUpstreamGone(t *testing.T) {
 	t.Run("refusing connections", func(t *testing.T) {
 		ds, p, owned := setup(t, func(ds []*double) string { return "mcp_proxy " + upstreams(ds) })
 		ds[0].srv.Close()
-		time.Sleep(100 * time.Millisecond) // the proxy's idle connections to it see the close
+		waitClosesRead(t, ds[0].addr) // the proxy's idle connections to it see the close
 		check(t, ds, p, owned)
 	})
 }

@@ -1,13 +1,10 @@
 package tests
 
 import (
-	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // Failover with sealed session IDs over Caddy replicas that share no store
@@ -15,238 +12,9 @@ import (
 // the session's initialize, so every replica can fail a session over on
 // its own, once.
 
-// sealedFleet is two Caddy replicas (separate processes) with the same
-// sealing key over the same upstreams, with `failover reinitialize` or
-// without, behind a balancer that sends every initialize to the first
-// replica and every other request to the replicas in turn.
-type sealedFleet struct {
-	name string
-	rs   []*replica
-	lb   *balancer
-}
-
-// startSealedFleet starts the fleet's replicas; env holds MCP_SESSION_KEY.
-func startSealedFleet(t *testing.T, name string, srv []*testproc.Proc, failover bool, env []string) *sealedFleet {
-	t.Helper()
-	mode := map[bool]string{true: "reinitialize", false: "off"}[failover]
-	body := fmt.Sprintf("mcp_proxy %s {\n\t\tseal_session_ids {env.MCP_SESSION_KEY}\n\t\tfailover %s\n\t}", upstreams(srv), mode)
-	f := &sealedFleet{name: name}
-	for i := range 2 {
-		f.rs = append(f.rs, startReplica(t, fmt.Sprintf("%s%d", name, i+1), body, env...))
-	}
-	f.lb = newBalancer(f.rs...)
-	f.lb.learnOn, f.lb.roundRobin = f.rs[0].addr, true
-	return f
-}
-
-// urls returns the replicas' MCP endpoints, the first replica's first.
-func (f *sealedFleet) urls() []string {
-	return []string{f.rs[0].url(), f.rs[1].url()}
-}
-
-// failoversAt returns how many sessions the Caddy with admin endpoint admin
-// moved to another upstream, and failed to, by any cause.
-func failoversAt(t *testing.T, admin string) (moved, failed int) {
-	t.Helper()
-	fam, _ := scrapeAt(t, admin)
-	for _, cause := range []string{"upstream_gone", "refused", "upstream_404", "drain_deadline"} {
-		for result, n := range map[string]*int{"moved": &moved, "failed": &failed} {
-			*n += max(0, int(metricValue(fam, "caddy_mcp_failovers_total", map[string]string{"table": "default", "cause": cause, "result": result})))
-		}
-	}
-	return moved, failed
-}
-
-// spreadSession is a raw client session that never re-initializes (the VS
-// Code behaviour), learned on the fleet's first replica.
-type spreadSession struct {
-	id       string
-	first    identity     // who answered its first call
-	get      int          // status of the GET reopened with its ID
-	statuses []int        // statuses of the calls after it
-	by       [][]identity // by replica: who answered its calls through it
-	echoed   int          // answers to the calls carrying the client's own Mcp-Session-Id
-	otherIDs int          // answers carrying any other Mcp-Session-Id
-}
-
-// openSpreadSessions opens n raw sessions through url, each with one call.
-func openSpreadSessions(t *testing.T, hc *http.Client, url string, n int) []*spreadSession {
-	t.Helper()
-	ss := make([]*spreadSession, n)
-	for i := range ss {
-		id := mcpInitialize(t, hc, url)
-		status, who := rawWhoami(t, hc, url, id)
-		if status != http.StatusOK {
-			t.Fatalf("first call of raw session %d through %s: %d", i, url, status)
-		}
-		ss[i] = &spreadSession{id: id, first: who}
-	}
-	return ss
-}
-
-// resumeAcross reopens the session's GET stream through the last of urls,
-// then calls whoami through each of urls in turn, twice around.
-func (s *spreadSession) resumeAcross(t *testing.T, hc *http.Client, urls []string) {
-	s.get = reopenGET(t, hc, urls[len(urls)-1], s.id)
-	s.statuses, s.by = nil, make([][]identity, len(urls))
-	for range 2 {
-		for i, u := range urls {
-			ex := mcpPost(t, hc, u, s.id, tsWhoamiCall)
-			s.statuses = append(s.statuses, ex.status)
-			if ex.status == http.StatusOK {
-				who, err := tsWhoamiResult(ex.body)
-				if err != nil {
-					t.Fatalf("whoami in session %s: %v in %s", s.id, err, ex.body)
-				}
-				s.by[i] = append(s.by[i], who)
-			}
-			s.noteIDs(ex.header.Values("Mcp-Session-Id"))
-		}
-	}
-}
-
-// noteIDs counts an answer's Mcp-Session-Id fields: the client's own, or
-// any other (an upstream's ID leaked, or a fresh value).
-func (s *spreadSession) noteIDs(ids []string) {
-	switch {
-	case len(ids) == 1 && ids[0] == s.id:
-		s.echoed++
-	case len(ids) > 0:
-		s.otherIDs++
-	}
-}
-
-// ok reports whether the session came through as failover promises: its
-// GET and every call answered 200; through each replica, one upstream
-// session answered every call (a replica moves a session at most once);
-// a session of a dead server was answered by a live server in a session
-// of its own, any other by its first server under its own ID; no answer
-// gave the client another Mcp-Session-Id than its own.
-func (s *spreadSession) ok(dead map[string]bool) bool {
-	if s.get != http.StatusOK || s.otherIDs != 0 {
-		return false
-	}
-	for _, st := range s.statuses {
-		if st != http.StatusOK {
-			return false
-		}
-	}
-	for _, ids := range s.by {
-		for _, who := range ids {
-			if who != ids[0] {
-				return false
-			}
-		}
-		moved := ids[0].Server != s.first.Server && !dead[ids[0].Server] && ids[0].Session != s.first.Session
-		if dead[s.first.Server] != moved || !moved && ids[0] != s.first {
-			return false
-		}
-	}
-	return true
-}
-
-// broken reports whether the session got 404 to its GET and every call.
-func (s *spreadSession) broken() bool {
-	for _, st := range append([]int{s.get}, s.statuses...) {
-		if st != http.StatusNotFound {
-			return false
-		}
-	}
-	return true
-}
-
-// upstreamSessions returns how many upstream sessions answered the
-// session's calls after its GET.
-func (s *spreadSession) upstreamSessions() int {
-	seen := map[identity]bool{}
-	for _, ids := range s.by {
-		for _, who := range ids {
-			seen[who] = true
-		}
-	}
-	return len(seen)
-}
-
-// spreadSummary counts the sessions of dead servers and the others, those of
-// each that are ok, those broken, and the upstream sessions of the dead
-// servers' sessions that are ok.
-type spreadSummary struct{ onDead, deadOK, deadBroken, others, othersOK, newSessions, echoed, otherIDs int }
-
-func summarizeSpread(ss []*spreadSession, dead map[string]bool) spreadSummary {
-	var r spreadSummary
-	for _, s := range ss {
-		r.echoed, r.otherIDs = r.echoed+s.echoed, r.otherIDs+s.otherIDs
-		ok := s.ok(dead)
-		if !dead[s.first.Server] {
-			r.others++
-			if ok && s.upstreamSessions() == 1 {
-				r.othersOK++
-			}
-			continue
-		}
-		r.onDead++
-		if ok {
-			r.deadOK++
-			r.newSessions += s.upstreamSessions()
-		}
-		if s.broken() {
-			r.deadBroken++
-		}
-	}
-	return r
-}
-
-// sealedFoSummary sums up the go-sdk sessions of a run over a sealed
-// fleet, whose server dead was killed between killed and deadAt.
-type sealedFoSummary struct {
-	foCounts
-	onDead, deadOK, lostOnDead, others, othersOK, newSessions int
-}
-
-// summarizeSealedFailover counts a session of the dead server as ok if it
-// was never lost, the replicas both answered it after the kill, and one or
-// two upstream sessions on live servers (at most one per replica) answered
-// its calls; any other session if it was never lost, both replicas
-// answered it, and only its creator did, under one ID.
-func summarizeSealedFailover(ss []*foSession, lb *balancer, dead string, killed, deadAt time.Time) sealedFoSummary {
-	var s sealedFoSummary
-	for _, x := range ss {
-		if !s.add(x, killed, deadAt) {
-			continue
-		}
-		live := map[identity]bool{}
-		for srv, ids := range x.seen {
-			for _, id := range ids {
-				if srv != dead {
-					live[identity{srv, id}] = true
-				}
-			}
-		}
-		both := lb.replicasThatAnswered(x.id) == 2
-		if x.creator != dead {
-			s.others++
-			if !x.lost && both && len(live) == 1 && len(x.seen) == 1 {
-				s.othersOK++
-			}
-			continue
-		}
-		s.onDead++
-		if x.lost {
-			s.lostOnDead++
-		}
-		if !x.lost && both && len(live) >= 1 && len(live) <= 2 {
-			s.deadOK++
-			s.newSessions += len(live)
-		}
-	}
-	return s
-}
-
-func (s sealedFoSummary) String() string {
-	return fmt.Sprintf("%d sessions (%d could not connect), %d on the killed server: %d kept working through both replicas, %d lost, in %d new upstream sessions; "+
-		"other sessions ok through both replicas: %d/%d; sessions lost %d; calls answered %d, failed %d, in flight at the kill %d; errors %q",
-		s.sessions, s.connErrs, s.onDead, s.deadOK, s.lostOnDead, s.newSessions, s.othersOK, s.others, s.lost, s.calls, s.failedCalls, s.inFlight, s.errs)
-}
+// The raw sessions of these tests never re-initialize (the VS Code
+// behaviour): they are learned on a fleet's first replica, then resume
+// their GET stream and call through the replicas in turn (session.resume).
 
 // TestFailoverSealedReplicas: two Caddy replicas (separate processes, no
 // shared store) with the same key and `failover reinitialize`, in front of
@@ -269,20 +37,20 @@ func TestFailoverSealedReplicas(t *testing.T) {
 	srv := startBackends(t, 3, false)
 	key := newSealKey(t)
 	env := []string{"MCP_SESSION_KEY=" + key}
-	fleets := []*sealedFleet{startSealedFleet(t, "fo", srv, true, env), startSealedFleet(t, "nofo", srv, false, env)}
+	fleets := []*fleet{startSealedFleet(t, "fo", srv, true, env), startSealedFleet(t, "nofo", srv, false, env)}
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	const n, raw, later = 30, 10, 8
-	rawSs, laterSs := make([][]*spreadSession, 2), make([][]*spreadSession, 2)
+	rawSs, laterSs := make([][]*session, 2), make([][]*session, 2)
 	for i, f := range fleets {
-		rawSs[i] = openSpreadSessions(t, hc, f.rs[0].url(), raw)
-		laterSs[i] = openSpreadSessions(t, hc, f.rs[0].url(), later)
+		rawSs[i] = openRawSessions(t, hc, f.rs[0].url(), raw, rawPlain)
+		laterSs[i] = openRawSessions(t, hc, f.rs[0].url(), later, rawPlain)
 	}
 	live := mcpInitialize(t, hc, srv[0].URL()) // for values of the format without the initialize
 	doomed := mcpInitialize(t, hc, srv[2].URL())
 
 	// One server killed under load.
-	runs := make([][]*foSession, 2)
+	runs := make([][]*session, 2)
 	ready, kill, done := make(chan struct{}, 2), make(chan struct{}), make(chan struct{}, 2)
 	for i, f := range fleets {
 		go func() {
@@ -305,7 +73,7 @@ func TestFailoverSealedReplicas(t *testing.T) {
 	dead := map[string]bool{srv[1].Name(): true}
 	for i, f := range fleets {
 		for _, s := range rawSs[i] {
-			s.resumeAcross(t, hc, f.urls())
+			s.resume(t, hc, 2, f.urls()...)
 		}
 	}
 
@@ -358,7 +126,7 @@ func TestFailoverSealedReplicas(t *testing.T) {
 	dead[srv[2].Name()] = true
 	for i, f := range fleets {
 		for _, s := range laterSs[i] {
-			s.resumeAcross(t, hc, []string{f.rs[1].url()})
+			s.resume(t, hc, 2, f.rs[1].url())
 		}
 	}
 	lon, loff := summarizeSpread(laterSs[0], dead), summarizeSpread(laterSs[1], dead)
@@ -397,11 +165,11 @@ func TestFailoverSealedReplicasTS(t *testing.T) {
 	f := startSealedFleet(t, "tsfo", srv, true, []string{"MCP_SESSION_KEY=" + newSealKey(t)})
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
-	ss := openSpreadSessions(t, hc, f.rs[0].url(), 12)
+	ss := openRawSessions(t, hc, f.rs[0].url(), 12, rawPlain)
 	srv[1].Kill()
 	<-srv[1].Done()
 	for _, s := range ss {
-		s.resumeAcross(t, hc, f.urls())
+		s.resume(t, hc, 2, f.urls()...)
 	}
 	r := summarizeSpread(ss, map[string]bool{srv[1].Name(): true})
 	t.Logf("TypeScript SDK servers, %s killed: %d/%d of its sessions ok through both replicas, in %d upstream sessions; %d/%d others ok; "+

@@ -25,147 +25,6 @@ import (
 // ID sealed under a key the Caddy replicas share, so any replica routes the
 // session and restarts lose nothing.
 
-// newSealKey returns a random sealing key, base64-encoded as
-// `openssl rand -base64 32` prints it.
-func newSealKey(t testing.TB) string {
-	t.Helper()
-	k := make([]byte, 32)
-	if _, err := rand.Read(k); err != nil {
-		t.Fatal(err)
-	}
-	return base64.StdEncoding.EncodeToString(k)
-}
-
-// sealerOf returns a sealer of the given base64 keys, to mint or open
-// sealed values as the proxy does.
-func sealerOf(t testing.TB, keys ...string) *caddymodule.SessionSealer {
-	t.Helper()
-	raw := make([][]byte, len(keys))
-	for i, k := range keys {
-		b, err := base64.StdEncoding.DecodeString(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw[i] = b
-	}
-	s, err := caddymodule.NewSessionSealer(raw...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// sealedProxy returns an mcp_proxy directive over upstreams that seals
-// session IDs with the keys in the given environment variables, the first
-// sealing.
-func sealedProxy(upstreams string, keyVars ...string) string {
-	keys := make([]string, len(keyVars))
-	for i, v := range keyVars {
-		keys[i] = "{env." + v + "}"
-	}
-	return fmt.Sprintf("mcp_proxy %s {\n\t\tseal_session_ids %s\n\t}", upstreams, strings.Join(keys, " "))
-}
-
-// connectReconnecting opens a go-sdk client session through url whose
-// standalone GET stream reconnects when a replica it runs through goes
-// away (the go-sdk default retries; the harness's connect makes none).
-func connectReconnecting(ctx context.Context, url string, hc *http.Client) (*mcp.ClientSession, error) {
-	client := mcp.NewClient(&mcp.Implementation{Name: "affinity-test", Version: "v0"}, nil)
-	return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: 20}, nil)
-}
-
-// fleetSession is one client session of a load run over several replicas.
-type fleetSession struct {
-	cs  *mcp.ClientSession
-	rep sessionReport
-}
-
-// openFleet opens n sessions through hc concurrently and makes calls
-// whoami calls in each. A session that fails keeps its first error.
-func openFleet(ctx context.Context, url string, hc *http.Client, n int, plan sessionPlan) []*fleetSession {
-	ss := make([]*fleetSession, n)
-	var wg sync.WaitGroup
-	for i := range ss {
-		ss[i] = new(fleetSession)
-		wg.Go(func() { ss[i].open(ctx, url, hc, plan) })
-	}
-	wg.Wait()
-	return ss
-}
-
-// open connects and makes the plan's calls.
-func (s *fleetSession) open(ctx context.Context, url string, hc *http.Client, plan sessionPlan) {
-	s.rep.began = time.Now()
-	if s.cs, s.rep.err = connectReconnecting(ctx, url, hc); s.rep.err != nil {
-		return
-	}
-	s.rep.sessionID = s.cs.ID()
-	if init := s.cs.InitializeResult(); init != nil && init.ServerInfo != nil {
-		s.rep.creator = init.ServerInfo.Name
-	}
-	s.callN(ctx, plan)
-}
-
-// callN makes the plan's calls, unless the session failed already.
-func (s *fleetSession) callN(ctx context.Context, plan sessionPlan) {
-	if s.rep.err == nil && s.cs != nil {
-		s.rep.err = s.rep.call(ctx, s.cs, plan)
-	}
-}
-
-// eachFleet runs f on every session concurrently.
-func eachFleet(ss []*fleetSession, f func(*fleetSession)) {
-	var wg sync.WaitGroup
-	for _, s := range ss {
-		wg.Go(func() { f(s) })
-	}
-	wg.Wait()
-}
-
-// fleetResult counts the sessions without error whose every call reached
-// their creator, the calls answered by the creator, and the first problem.
-func fleetResult(ss []*fleetSession) (ok, calls int, first error) {
-	for _, s := range ss {
-		calls += s.rep.onCreator
-		switch {
-		case s.rep.ok():
-		case first == nil && s.rep.err != nil:
-			first = s.rep.err
-		case first == nil:
-			first = fmt.Errorf("session created by %s: %d calls answered elsewhere: %v", s.rep.creator, s.rep.misrouted, s.rep.answered)
-		}
-		if s.rep.ok() {
-			ok++
-		}
-	}
-	return ok, calls, first
-}
-
-// closeFleet ends every open session (DELETE through the client's HTTP
-// client) and returns the first error.
-func closeFleet(ss []*fleetSession) error {
-	var mu sync.Mutex
-	var first error
-	eachFleet(ss, func(s *fleetSession) {
-		if s.cs == nil {
-			return
-		}
-		if err := s.cs.Close(); err != nil {
-			mu.Lock()
-			first = cmpErr(first, err)
-			mu.Unlock()
-		}
-	})
-	return first
-}
-
-func cmpErr(first, err error) error {
-	if first != nil {
-		return first
-	}
-	return err
-}
-
 // TestSealedReplicas: three Caddy replicas (separate processes, each with
 // its own memory table) with the same key, behind a client that sends every
 // request to a random replica. 100 sessions of at least 10 calls each are
@@ -184,9 +43,9 @@ func TestSealedReplicas(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	ctrl := openFleet(ctx, rs[0].url(), newBalancer(rs...).client(), 20, sessionPlan{calls: 3})
-	ok, _, first := fleetResult(ctrl)
-	_ = closeFleet(ctrl)
+	ctrl := openSessions(ctx, rs[0].url(), newBalancer(rs...).client(), 20, sessionPlan{calls: 3, reconnect: true})
+	ok, _, first := sessionsResult(ctrl)
+	_ = closeSessions(ctrl)
 	t.Logf("plain IDs over 3 replicas (negative control): %d/20 sessions ok; first error: %v", ok, first)
 	if ok == 20 {
 		t.Fatal("negative control: plain IDs over randomly chosen replicas kept every session, so this test cannot see a lost session")
@@ -198,22 +57,22 @@ func TestSealedReplicas(t *testing.T) {
 	lb := newBalancer(rs...)
 	hc := lb.client()
 	const sessions = 100
-	ss := openFleet(ctx, rs[0].url(), hc, sessions, sessionPlan{calls: 3, sealed: true})
-	requireFleet(t, "3 calls each over 3 replicas", ss, sessions, 3*sessions)
+	ss := openSessions(ctx, rs[0].url(), hc, sessions, sessionPlan{calls: 3, sealed: true, reconnect: true})
+	requireSessions(t, "3 calls each over 3 replicas", ss, sessions, 3*sessions)
 
 	// Calls go on while each replica is taken out of rotation, stopped and
 	// started again, and a fourth replica joins after the second restart.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	eachFleetAsync(&wg, ss, func(s *fleetSession) {
-		for broken := 0; s.rep.err == nil; {
-			s.callN(ctx, sessionPlan{calls: 1, sealed: true})
-			if s.rep.err != nil && isConnectionError(s.rep.err) && broken < 3 {
+	eachSessionAsync(&wg, ss, func(s *session) {
+		for broken := 0; s.err == nil; {
+			s.callPlan(ctx, sessionPlan{calls: 1, sealed: true})
+			if s.err != nil && isConnectionError(s.err) && broken < 3 {
 				// The connection broke before any answer: a replica stopped
 				// with the call in flight. The client calls again; a lost
 				// session is a 404 or another server.
 				broken++
-				s.rep.err = nil
+				s.err = nil
 			}
 			select {
 			case <-stop:
@@ -239,9 +98,9 @@ func TestSealedReplicas(t *testing.T) {
 	time.Sleep(time.Second)
 	close(stop)
 	wg.Wait()
-	ok, calls, first := fleetResult(ss)
+	ok, calls, first := sessionsResult(ss)
 	t.Logf("during the rolling restart: %d/%d sessions ok, %d calls so far; first error: %v", ok, sessions, calls, first)
-	requireFleet(t, "rolling restart of every replica", ss, sessions, 0)
+	requireSessions(t, "rolling restart of every replica", ss, sessions, 0)
 	freshOK, freshFailed := lb.servedBy(fresh)
 	families, _ := scrapeAt(t, fresh.admin)
 	adopted := metricValue(families, "caddy_mcp_sessions_adopted_total", map[string]string{"table": "default"})
@@ -261,11 +120,11 @@ func TestSealedReplicas(t *testing.T) {
 	}
 	lb.closeIdle() // connections to the crashed processes are dead
 	t.Log("crashed and restarted all 4 replicas at once")
-	eachFleet(ss, func(s *fleetSession) { s.callN(ctx, sessionPlan{calls: 3, sealed: true}) })
-	requireFleet(t, "after all replicas crashed and restarted", ss, sessions, 0)
+	eachSession(ss, func(s *session) { s.callPlan(ctx, sessionPlan{calls: 3, sealed: true}) })
+	requireSessions(t, "after all replicas crashed and restarted", ss, sessions, 0)
 	for _, s := range ss {
-		if s.rep.onCreator < 10 {
-			t.Errorf("session created by %s made %d calls answered by it, want at least 10", s.rep.creator, s.rep.onCreator)
+		if s.onCreator < 10 {
+			t.Errorf("session created by %s made %d calls answered by it, want at least 10", s.creator, s.onCreator)
 		}
 	}
 	for _, r := range all {
@@ -275,68 +134,11 @@ func TestSealedReplicas(t *testing.T) {
 			t.Errorf("%s answered %d requests of existing sessions and %d others; want some, all 2xx", r.name, served, failed)
 		}
 	}
-	if err := closeFleet(ss); err != nil {
+	if err := closeSessions(ss); err != nil {
 		t.Errorf("closing sessions (DELETE through random replicas): %v", err)
 	}
-	ok, calls, _ = fleetResult(ss)
+	ok, calls, _ = sessionsResult(ss)
 	t.Logf("%d/%d sessions ok, %d calls, every call answered by the session's server", ok, sessions, calls)
-}
-
-// eachFleetAsync starts f on every session in the background.
-func eachFleetAsync(wg *sync.WaitGroup, ss []*fleetSession, f func(*fleetSession)) {
-	for _, s := range ss {
-		wg.Go(func() { f(s) })
-	}
-}
-
-// requireFleet fails the test unless every session is ok and, if calls is
-// not 0, exactly that many calls were made.
-func requireFleet(t *testing.T, step string, ss []*fleetSession, sessions, calls int) {
-	t.Helper()
-	ok, n, first := fleetResult(ss)
-	if ok != sessions || calls != 0 && n != calls {
-		t.Fatalf("%s: %d/%d sessions ok, %d calls (want %d); first error: %v", step, ok, sessions, n, calls, first)
-	}
-}
-
-// mcpPost sends one JSON-RPC message of session to url and returns the exchange.
-func mcpPost(t testing.TB, hc *http.Client, url, session, body string) exchange {
-	t.Helper()
-	hdr := map[string][]string{"Accept": {"application/json, text/event-stream"}}
-	if session != "" {
-		hdr["Mcp-Session-Id"] = []string{session}
-		hdr["Mcp-Protocol-Version"] = []string{"2025-11-25"}
-	}
-	return send(t, hc, http.MethodPost, url, hdr, body)
-}
-
-// mcpInitialize opens a session through url with raw requests and returns
-// the Mcp-Session-Id the client got.
-func mcpInitialize(t testing.TB, hc *http.Client, url string) string {
-	t.Helper()
-	ex := mcpPost(t, hc, url, "", initBody)
-	if ex.status != http.StatusOK || len(ex.header.Values("Mcp-Session-Id")) != 1 {
-		t.Fatalf("initialize through %s: %d %v %s", url, ex.status, ex.header, ex.body)
-	}
-	id := ex.header.Get("Mcp-Session-Id")
-	if ex := mcpPost(t, hc, url, id, tsInitializedMsg); ex.status != http.StatusAccepted {
-		t.Fatalf("notifications/initialized through %s: %d %s", url, ex.status, ex.body)
-	}
-	return id
-}
-
-// sessionLookup asks a Caddy's admin API about a session: its upstream, or
-// "" with the status if it does not hold it.
-func sessionLookup(t testing.TB, admin, session string) (string, int) {
-	t.Helper()
-	var out struct {
-		Upstream string `json:"upstream"`
-	}
-	status, err := adminDoAt(admin, http.MethodPost, "/mcp_sessions/lookup", map[string]string{"session_id": session}, &out)
-	if err != nil {
-		t.Fatalf("admin API of %s: %v", admin, err)
-	}
-	return out.Upstream, status
 }
 
 // TestSealedReplicaBookkeeping: each replica keeps its own table of the
@@ -424,20 +226,20 @@ func TestSealedReloadFromPlain(t *testing.T) {
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 
-	plain := openFleet(ctx, p.url(), hc, 30, sessionPlan{calls: 2})
-	requireFleet(t, "plain sessions before the reload", plain, 30, 60)
+	plain := openSessions(ctx, p.url(), hc, 30, sessionPlan{calls: 2, reconnect: true})
+	requireSessions(t, "plain sessions before the reload", plain, 30, 60)
 	reloadViaAdmin(t, siteConfig(p.port(), sealedProxy(upstreams(bs), "MCP_SESSION_KEY")))
 	hc.CloseIdleConnections()
-	eachFleet(plain, func(s *fleetSession) { s.callN(ctx, sessionPlan{calls: 2}) })
-	requireFleet(t, "plain sessions after turning sealing on", plain, 30, 120)
-	sealed := openFleet(ctx, p.url(), hc, 30, sessionPlan{calls: 2, sealed: true})
-	requireFleet(t, "new sessions after turning sealing on", sealed, 30, 60)
+	eachSession(plain, func(s *session) { s.callPlan(ctx, sessionPlan{calls: 2}) })
+	requireSessions(t, "plain sessions after turning sealing on", plain, 30, 120)
+	sealed := openSessions(ctx, p.url(), hc, 30, sessionPlan{calls: 2, sealed: true, reconnect: true})
+	requireSessions(t, "new sessions after turning sealing on", sealed, 30, 60)
 	t.Log("after the reload to sealed IDs: 30/30 plain sessions kept, 30/30 new sessions sealed")
 
 	reloadViaAdmin(t, siteConfig(p.port(), "mcp_proxy "+upstreams(bs)))
 	hc.CloseIdleConnections()
-	eachFleet(plain, func(s *fleetSession) { s.callN(ctx, sessionPlan{calls: 1}) })
-	requireFleet(t, "plain sessions after turning sealing off", plain, 30, 150)
+	eachSession(plain, func(s *session) { s.callPlan(ctx, sessionPlan{calls: 1}) })
+	requireSessions(t, "plain sessions after turning sealing off", plain, 30, 150)
 	for _, s := range sealed {
 		ex := mcpPost(t, hc, p.url(), s.cs.ID(), tsWhoamiCall)
 		if ex.status != http.StatusNotFound || !strings.Contains(ex.body, "-32001") {
@@ -465,12 +267,12 @@ func TestSealedKeyRotation(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
-	var ss []*fleetSession
+	var ss []*session
 	round := func(step string) {
 		t.Helper()
-		ss = append(ss, openFleet(ctx, rs[0].url(), hc, 5, sessionPlan{calls: 1, sealed: true})...)
-		eachFleet(ss, func(s *fleetSession) { s.callN(ctx, sessionPlan{calls: 1, sealed: true}) })
-		requireFleet(t, step, ss, len(ss), 0)
+		ss = append(ss, openSessions(ctx, rs[0].url(), hc, 5, sessionPlan{calls: 1, sealed: true, reconnect: true})...)
+		eachSession(ss, func(s *session) { s.callPlan(ctx, sessionPlan{calls: 1, sealed: true}) })
+		requireSessions(t, step, ss, len(ss), 0)
 	}
 	round("before the rotation")
 	steps := []struct {
@@ -511,7 +313,7 @@ func TestSealedKeyRotation(t *testing.T) {
 	lost, kept := 0, 0
 	for _, s := range ss {
 		_, _, wasOld := oldSealer.Open(s.cs.ID())
-		err := s.rep.call(ctx, s.cs, sessionPlan{calls: 1, sealed: true})
+		err := s.call(ctx, sessionPlan{calls: 1, sealed: true})
 		switch {
 		case wasOld && errors.Is(err, mcp.ErrSessionMissing):
 			lost++
@@ -662,26 +464,4 @@ func TestSealedBadValues(t *testing.T) {
 	if !strings.Contains(gone.body, "upstream is gone") || tsRequests(t, ss) != before {
 		t.Errorf("a session of a removed upstream: %q; want the upstream-gone 404 and no upstream request", gone.body)
 	}
-}
-
-// withVersion returns the sealed value raw, decoded, with its version byte
-// set to v, encoded again.
-func withVersion(raw []byte, v byte) string {
-	b := append([]byte{v}, raw[1:]...)
-	return base64.RawURLEncoding.EncodeToString(b)
-}
-
-// tsRequests returns how many requests reached the TypeScript servers.
-func tsRequests(t testing.TB, ss []*testproc.Proc) int {
-	n := 0
-	for _, s := range ss {
-		n += tsStatsOf(t, s).Requests
-	}
-	return n
-}
-
-// portOf returns a listener's port.
-func portOf(ln net.Listener) string {
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	return port
 }

@@ -29,7 +29,7 @@ func TestConnectionCannotStripSession(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s := openLiveSession(ctx, t, p.url(), hc)
-	cs, owner := s.cs, s.server
+	cs, owner := s.cs, s.first.Server
 	call := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`
 	request := func(connection string) string {
 		return fmt.Sprintf("POST /mcp HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"+
@@ -50,41 +50,6 @@ func TestConnectionCannotStripSession(t *testing.T) {
 	if again, err := whoami(ctx, cs); err != nil || again.Server != owner {
 		t.Fatalf("the session after the rejected requests: %+v, %v; want it alive on %s", again, err, owner)
 	}
-}
-
-// tlsSiteConfig returns a Caddyfile whose one site serves body over TLS
-// (Caddy's internal CA) with HTTP/1.1, HTTP/2 and HTTP/3 on
-// 127.0.0.1:port, for the hosts localhost and evil.example: a DNS
-// rebinding attack makes the victim's browser send the attacker's name to
-// a loopback address.
-func tlsSiteConfig(t testing.TB, port int, body string) string {
-	return tlsSiteConfigWith(t, port, "", body)
-}
-
-// tlsSiteConfigWith is tlsSiteConfig with serverOptions (such as a
-// `timeouts` block) added to the servers block of the global options.
-func tlsSiteConfigWith(t testing.TB, port int, serverOptions, body string) string {
-	return fmt.Sprintf(`{
-	admin %s
-	log {
-		output discard
-	}
-	storage file_system %s
-	skip_install_trust
-	auto_https disable_redirects
-	persist_config off
-	servers {
-		protocols h1 h2 h3
-		%s
-	}
-}
-
-https://localhost:%d, https://evil.example:%d {
-	bind 127.0.0.1
-	tls internal
-	%s
-}
-`, adminAddr, t.TempDir(), serverOptions, port, port, body)
 }
 
 // TestDNSRebindingProtectionOverHTTP3: on a loopback TLS site, a request
@@ -129,33 +94,6 @@ func TestDNSRebindingProtectionOverHTTP3(t *testing.T) {
 	waitForHTTP3(t, h3, url)
 	if ex := try(h3, "evil.example"); ex.proto != "HTTP/3.0" || ex.status != http.StatusOK {
 		t.Fatalf("control, localhost_protection off over HTTP/3: %s %d %q; want the go-sdk server's 200", ex.proto, ex.status, ex.body)
-	}
-}
-
-// protocols returns the set of HTTP protocols that holds only the one set by enable.
-func protocols(enable func(*http.Protocols, bool)) *http.Protocols {
-	p := new(http.Protocols)
-	enable(p, true)
-	return p
-}
-
-// waitForHTTP3 waits until the site at url answers over HTTP/3: Caddy
-// starts its QUIC listener alongside the TCP one.
-func waitForHTTP3(t testing.TB, h3 *http.Client, url string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		req, _ := http.NewRequest(http.MethodOptions, url, nil)
-		req.Host = "localhost"
-		resp, err := h3.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no HTTP/3 answer from %s: %v", url, err)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

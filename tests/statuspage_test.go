@@ -69,11 +69,11 @@ func TestStatusPageInBrowser(t *testing.T) {
 	defer cancel()
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
-	live := openSessions(ctx, t, p.url(), hc, 9)
+	live := openLiveSessions(ctx, t, p.url(), hc, 9)
 	owned := map[string]int{}
 	var ids []string
 	for _, s := range live {
-		owned[s.server]++
+		owned[s.creator]++
 		ids = append(ids, s.cs.ID())
 	}
 	for _, b := range bs {

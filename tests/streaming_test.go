@@ -24,64 +24,6 @@ import (
 // machine adds.
 const sseEventBudget = 400 * time.Millisecond
 
-// readSSEBlock reads one SSE block (an event or a comment) from br: its
-// lines up to the blank line that ends it, without that blank line.
-func readSSEBlock(br *bufio.Reader) (string, error) {
-	var b strings.Builder
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			return b.String() + line, err
-		}
-		if strings.TrimRight(line, "\r\n") == "" {
-			if b.Len() == 0 {
-				continue
-			}
-			return b.String(), nil
-		}
-		b.WriteString(line)
-	}
-}
-
-// stamps carries the times at which a double wrote to its response.
-type stamps chan time.Time
-
-// next returns the next write time, failing the test if none comes soon.
-func (s stamps) next(t testing.TB, what string) time.Time {
-	t.Helper()
-	select {
-	case at := <-s:
-		return at
-	case <-time.After(5 * time.Second):
-		t.Fatalf("the double never wrote %s", what)
-		return time.Time{}
-	}
-}
-
-// writeSSE writes one SSE block and flushes it, returning the time of the write.
-func writeSSE(w http.ResponseWriter, block string) time.Time {
-	at := time.Now()
-	io.WriteString(w, block) //nolint:errcheck
-	http.NewResponseController(w).Flush()
-	return at
-}
-
-// sseHeaders sets the headers of an SSE response as go-sdk does, plus
-// X-Accel-Buffering: no, which tells buffering proxies to pass events at once.
-func sseHeaders(w http.ResponseWriter) {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache, no-transform")
-	h.Set("X-Accel-Buffering", "no")
-}
-
-// compressibleSSEHeaders are sseHeaders without `no-transform`, which would
-// stop Caddy's encode from compressing the stream.
-func compressibleSSEHeaders(w http.ResponseWriter) {
-	sseHeaders(w)
-	w.Header().Set("Cache-Control", "no-cache")
-}
-
 // TestSSEEventsUnbuffered: a pinned POST answered with a streamed SSE
 // response reaches the client event by event, each within 100 ms of the
 // upstream writing it, with X-Accel-Buffering: no kept; over HTTP/1.1, over
@@ -335,37 +277,6 @@ func TestClientCancelReachesUpstream(t *testing.T) {
 	}
 }
 
-// goSDKSession opens a session on a go-sdk server through url with raw
-// requests (initialize, then notifications/initialized) and returns its ID.
-func goSDKSession(t testing.TB, hc *http.Client, url string) string {
-	t.Helper()
-	ex := send(t, hc, http.MethodPost, url, mcpPOSTHeaders(""), initBody)
-	id := ex.header.Get("Mcp-Session-Id")
-	if ex.status != http.StatusOK || id == "" {
-		t.Fatalf("initialize: %d %v %q", ex.status, ex.header, ex.body)
-	}
-	ex = send(t, hc, http.MethodPost, url, mcpPOSTHeaders(id), `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
-	if ex.status != http.StatusAccepted {
-		t.Fatalf("notifications/initialized: %d %q", ex.status, ex.body)
-	}
-	return id
-}
-
-// openStandaloneGET opens the session's standalone SSE stream through url.
-// The caller closes the response body (when it is 200) and cancels ctx.
-func openStandaloneGET(ctx context.Context, t testing.TB, hc *http.Client, url, session string) *http.Response {
-	t.Helper()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	req.Header.Set("Accept", "text/event-stream")
-	req.Header.Set("Mcp-Session-Id", session)
-	req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatalf("GET: %v", err)
-	}
-	return resp
-}
-
 // TestStandaloneGETReconnectAfterCancel: go-sdk allows one standalone GET
 // stream per session (a second one gets 409 Conflict). After a client
 // cancels its GET stream, a new GET of the session through the proxy gets
@@ -560,21 +471,4 @@ func TestEmptyResponsesPassThrough(t *testing.T) {
 			}
 		})
 	}
-}
-
-// mcpOnly returns the requests that are not health checks.
-func mcpOnly(reqs []recorded) []recorded {
-	var out []recorded
-	for _, r := range reqs {
-		if r.path != "/health" {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// readBody returns the request's body; the double has already buffered it.
-func readBody(r *http.Request) string {
-	b, _ := io.ReadAll(r.Body)
-	return string(b)
 }

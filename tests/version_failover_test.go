@@ -2,10 +2,8 @@ package tests
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,81 +12,6 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
-
-// startOldSDK builds tests/oldsdk (a whoami server on go-sdk v1.0.0, whose
-// newest protocol version is 2025-06-18; a module of its own) and starts n
-// of them named <prefix>1..<prefix>n.
-func startOldSDK(t *testing.T, n int, prefix string) []*testproc.Proc {
-	t.Helper()
-	bin := filepath.Join(binDir, "oldsdk")
-	if _, err := os.Stat(bin); err != nil {
-		build := exec.Command("go", "build", "-o", bin, ".")
-		build.Dir = "oldsdk"
-		build.Env = append(os.Environ(), "GOWORK=off")
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("building tests/oldsdk: %v\n%s", err, out)
-		}
-	}
-	return launchFleet(t, n, prefix, whoamiTimeout, func(name, addrFile string) *exec.Cmd {
-		return exec.Command(bin, "-name", name, "-addr-file", addrFile)
-	})
-}
-
-// rawVersionSession is a session opened with raw requests, which sends the
-// MCP-Protocol-Version it negotiated, as clients do.
-type rawVersionSession struct {
-	id, version, creator string
-}
-
-// openRawVersionSession initializes through url asking for 2025-11-25,
-// reads the negotiated version, and makes one whoami call.
-func openRawVersionSession(t *testing.T, hc *http.Client, url string) *rawVersionSession {
-	t.Helper()
-	ex := mcpPost(t, hc, url, "", initBody)
-	msg, err := rpcMessage(ex.body)
-	var res struct {
-		Result struct {
-			ProtocolVersion string `json:"protocolVersion"`
-		} `json:"result"`
-	}
-	if err == nil {
-		err = json.Unmarshal(msg, &res)
-	}
-	s := &rawVersionSession{id: ex.header.Get("Mcp-Session-Id"), version: res.Result.ProtocolVersion}
-	if ex.status != http.StatusOK || s.id == "" || err != nil {
-		t.Fatalf("raw initialize: %d %s (%v)", ex.status, ex.body, err)
-	}
-	if ex := s.post(t, hc, url, tsInitializedMsg); ex.status != http.StatusAccepted {
-		t.Fatalf("raw notifications/initialized: %d %s", ex.status, ex.body)
-	}
-	status, who := s.whoami(t, hc, url)
-	if status != http.StatusOK {
-		t.Fatalf("raw whoami: %d", status)
-	}
-	s.creator = who.Server
-	return s
-}
-
-// post sends body in the session at its negotiated version.
-func (s *rawVersionSession) post(t *testing.T, hc *http.Client, url, body string) exchange {
-	t.Helper()
-	hdr := map[string][]string{"Accept": {"application/json, text/event-stream"}, "Mcp-Session-Id": {s.id}, "Mcp-Protocol-Version": {s.version}}
-	return send(t, hc, http.MethodPost, url, hdr, body)
-}
-
-// whoami calls whoami in the session; who is set on 200.
-func (s *rawVersionSession) whoami(t *testing.T, hc *http.Client, url string) (int, identity) {
-	t.Helper()
-	ex := s.post(t, hc, url, tsWhoamiCall)
-	if ex.status != http.StatusOK {
-		return ex.status, identity{}
-	}
-	who, err := tsWhoamiResult(ex.body)
-	if err != nil {
-		t.Fatalf("raw whoami: %v in %s", err, ex.body)
-	}
-	return ex.status, who
-}
 
 // TestFailoverKeepsProtocolVersion: with failover reinitialize over go-sdk
 // v1.8.0 servers (2025-11-25) and a go-sdk v1.0.0 one (up to 2025-06-18),
@@ -112,12 +35,12 @@ func TestFailoverKeepsProtocolVersion(t *testing.T) {
 
 	// The control: a session of the older server, asked at 2025-11-25.
 	direct := olds[0].URL()
-	old := openRawVersionSession(t, hc, direct)
+	old := openRawSession(t, hc, direct, rawNegotiated)
 	if old.version != "2025-06-18" {
 		t.Fatalf("go-sdk v1.0.0 negotiated %s, want 2025-06-18", old.version)
 	}
 	old.version = "2025-11-25"
-	if status, _ := old.whoami(t, hc, direct); status != http.StatusBadRequest {
+	if status := old.rawCall(t, hc, direct, 0).status; status != http.StatusBadRequest {
 		t.Fatalf("the control: the v1.0.0 server answered a 2025-11-25 request %d, want 400", status)
 	}
 
@@ -131,9 +54,9 @@ func TestFailoverKeepsProtocolVersion(t *testing.T) {
 		defer cs.Close()
 		goSessions = append(goSessions, cs)
 	}
-	var raws []*rawVersionSession
+	var raws []*session
 	for range 6 {
-		raws = append(raws, openRawVersionSession(t, hc, p.url()))
+		raws = append(raws, openRawSession(t, hc, p.url(), rawNegotiated))
 	}
 	holdDir := t.TempDir()
 	tsDone := make(chan tsClientSummary, 1)
@@ -168,7 +91,8 @@ func TestFailoverKeepsProtocolVersion(t *testing.T) {
 		}
 	}
 	for i, s := range raws {
-		status, who := s.whoami(t, hc, p.url())
+		sp := s.rawCall(t, hc, p.url(), 0)
+		status, who := sp.status, sp.who
 		want := s.creator
 		if s.creator == killed {
 			want, onKilled = other, onKilled+1
@@ -200,24 +124,9 @@ func TestFailoverKeepsProtocolVersion(t *testing.T) {
 	}
 	for _, s := range raws {
 		if s.version == "2025-06-18" {
-			if status, who := s.whoami(t, hc, p.url()); status != http.StatusOK || who.Server != olds[0].Name() {
-				t.Errorf("a session of the v1.0.0 server: %d from %q; want 200 from it", status, who.Server)
+			if sp := s.rawCall(t, hc, p.url(), 0); sp.status != http.StatusOK || sp.who.Server != olds[0].Name() {
+				t.Errorf("a session of the v1.0.0 server: %d from %q; want 200 from it", sp.status, sp.who.Server)
 			}
 		}
-	}
-}
-
-// waitFile waits until path exists, for at most timeout.
-func waitFile(t *testing.T, path string, timeout time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not appear within %v", path, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -105,3 +105,32 @@ func socketsOf(pid int, inodes map[string]bool) (int, error) {
 	}
 	return owned, nil
 }
+
+// OpenConnsTo returns how many TCP sockets on this host are connected to
+// addr (an IPv4 "host:port") and not yet closed by their owner: in state
+// ESTABLISHED, or CLOSE_WAIT (the peer closed, the owner has not read it).
+// After a server dies, 0 means every client (a proxy's transport, say) has
+// read the close of its kept-alive connections.
+func OpenConnsTo(addr string) (int, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, err
+	}
+	ip := net.ParseIP(host).To4()
+	port, err := strconv.Atoi(portStr)
+	if ip == nil || err != nil {
+		return 0, fmt.Errorf("%q is not an IPv4 host:port", addr)
+	}
+	remote := fmt.Sprintf("%02X%02X%02X%02X:%04X", ip[3], ip[2], ip[1], ip[0], port)
+	data, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		if f := strings.Fields(line); len(f) >= 4 && f[2] == remote && (f[3] == "01" || f[3] == "08") {
+			n++
+		}
+	}
+	return n, nil
+}

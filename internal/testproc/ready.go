@@ -80,3 +80,17 @@ func Accepts(addr string) bool {
 	c.Close()
 	return true
 }
+
+// Until polls cond every 10 ms until it holds or timeout passes, and
+// reports whether it held: a wait for a condition that no process check
+// covers (a file, a counter, an admin API answer).
+func Until(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(pollEvery)
+	}
+	return true
+}

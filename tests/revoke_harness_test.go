@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // revokeTable is one table of a revokeFleet: its name, its mcp_sessions
@@ -23,42 +22,39 @@ type revokeTable struct {
 	shared   bool
 }
 
-// revokeFleet is three go-sdk servers, a Redis, and two Caddy replicas
-// (separate processes) whose site routes /<table>/mcp to an mcp_proxy over
-// the servers with that table, for each of tables.
-type revokeFleet struct {
-	redis  *redistest.Server
-	srv    []*testproc.Proc
-	rs     []*replica
-	tables []revokeTable
-}
-
 // startRevokeFleet starts the fleet: every table fails sessions over; a
 // sealed table's handler seals IDs with one key the replicas share; a
 // shared table keeps its sessions in the Redis too.
-func startRevokeFleet(t *testing.T, tables []revokeTable) *revokeFleet {
-	f := &revokeFleet{redis: redistest.Start(t), srv: startBackends(t, 3, false), tables: tables}
-	var global, body strings.Builder
-	for _, tb := range tables {
-		store := ""
-		if tb.shared {
-			store = redisStore(f.redis.Addr, sharedTimeout)
+func startRevokeFleet(t *testing.T, tables []revokeTable) *fleet {
+	global := func(f *fleet) string {
+		var global strings.Builder
+		for _, tb := range tables {
+			store := ""
+			if tb.shared {
+				store = redisStore(f.redis.Addr, sharedTimeout)
+			}
+			fmt.Fprintf(&global, "mcp_sessions %s {\n\t\tfailover reinitialize\n\t\t%s\n\t\t%s\n\t}\n\t", tb.name, tb.settings, store)
 		}
-		fmt.Fprintf(&global, "mcp_sessions %s {\n\t\tfailover reinitialize\n\t\t%s\n\t\t%s\n\t}\n\t", tb.name, tb.settings, store)
-		seal := ""
-		if tb.sealed {
-			seal = "seal_session_ids {env.REVOKE_SEAL_KEY}"
-		}
-		fmt.Fprintf(&body, "handle_path /%s/* {\n\t\tmcp_proxy %s {\n\t\t\ttable %s\n\t\t\t%s\n\t\t}\n\t}\n\t", tb.name, upstreams(f.srv), tb.name, seal)
+		global.WriteString(storeLog)
+		return global.String()
 	}
-	global.WriteString(storeLog)
-	f.rs = startStoreReplicas(t, 2, global.String(), body.String(), "REVOKE_SEAL_KEY="+newSealKey(t))
-	return f
+	body := func(f *fleet) string {
+		var body strings.Builder
+		for _, tb := range tables {
+			seal := ""
+			if tb.sealed {
+				seal = "seal_session_ids {env.REVOKE_SEAL_KEY}"
+			}
+			fmt.Fprintf(&body, "handle_path /%s/* {\n\t\tmcp_proxy %s {\n\t\t\ttable %s\n\t\t\t%s\n\t\t}\n\t}\n\t", tb.name, upstreams(f.srv), tb.name, seal)
+		}
+		return body.String()
+	}
+	return newFleet(t, withRedis(), withServers(3, false), withReplicas(2, "c", global, body, "REVOKE_SEAL_KEY="+newSealKey(t)))
 }
 
 // sessionOn opens raw sessions of table through the first replica until
 // one is on the server named server, and returns its ID.
-func (f *revokeFleet) sessionOn(t *testing.T, hc *http.Client, table, server string) string {
+func (f *fleet) sessionOn(t *testing.T, hc *http.Client, table, server string) string {
 	t.Helper()
 	for range 30 {
 		id := mcpInitialize(t, hc, tableURL(f.rs[0], table))
@@ -84,7 +80,7 @@ func endSession(t testing.TB, hc *http.Client, url, id string) int {
 
 // statusesVia returns the status of a whoami call of session id through
 // each replica of the fleet, in order, for table.
-func (f *revokeFleet) statusesVia(t *testing.T, hc *http.Client, table, id string) []int {
+func (f *fleet) statusesVia(t *testing.T, hc *http.Client, table, id string) []int {
 	t.Helper()
 	out := make([]int, len(f.rs))
 	for i, r := range f.rs {
@@ -108,7 +104,7 @@ func tombstonesIn(s *redistest.Server) int {
 // keepUsing calls whoami in each of ids through each replica in turn,
 // every interval, until stop is closed; it returns the statuses that were
 // not 200.
-func (f *revokeFleet) keepUsing(hc *http.Client, table string, ids []string, interval time.Duration, stop <-chan struct{}) <-chan []int {
+func (f *fleet) keepUsing(hc *http.Client, table string, ids []string, interval time.Duration, stop <-chan struct{}) <-chan []int {
 	out := make(chan []int, 1)
 	go func() {
 		var bad []int
