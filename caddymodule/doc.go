@@ -56,7 +56,8 @@
 //     health.go, frozen.go, host.go, reinit.go (a stale initialize),
 //     placeholders.go.
 //   - Failover: failover.go, and sharedfailover.go with the redis store.
-//   - Sealed session IDs: sealed.go.
+//   - Sealed session IDs: sealed.go, over internal/seal (the envelope of
+//     sealed IDs and of the redis store's failover records).
 //   - Legacy HTTP+SSE: legacysse.go and sse.go.
 //   - The stores: store.go (memory), redis.go, redisconn.go, rediskeys.go,
 //     redissync.go and keycheck.go (redis).

@@ -15,6 +15,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/seal"
 )
 
 func TestSSEBlocks(t *testing.T) {
@@ -287,7 +289,7 @@ func TestEverySessionNamedIsChecked(t *testing.T) {
 	h.table.SetBindPrincipal("{http.request.header.Authorization}")
 	h.table.LearnFrom(alice, "a:1", Origin{Principal: "Bearer alice"})
 	h.table.LearnFrom(bob, "a:1", Origin{Principal: "Bearer bob"})
-	bobSealed := h.sealer.seal(sealedSession{dial: "a:1", bound: principalDigest("Bearer bob"), id: "BOBSTREAMABLE"})
+	bobSealed := h.sealer.seal(seal.Session{Dial: "a:1", Bound: principalDigest("Bearer bob"), ID: "BOBSTREAMABLE"})
 	for _, tc := range []struct {
 		name, method, query string
 		header              []string // Mcp-Session-Id values
