@@ -58,9 +58,13 @@
 //   - Failover: failover.go, and sharedfailover.go with the redis store.
 //   - Sealed session IDs: sealed.go, over internal/seal (the envelope of
 //     sealed IDs and of the redis store's failover records).
-//   - Legacy HTTP+SSE: legacysse.go and sse.go.
+//   - Legacy HTTP+SSE: legacysse.go.
 //   - The stores: store.go (memory), redis.go, redisconn.go, rediskeys.go,
 //     redissync.go and keycheck.go (redis).
 //   - Operations: admin.go, metrics.go, methods.go (the method label).
 //   - transport.go, unixsockets.go and matcher.go: their modules.
+//   - Below the glue, with no Caddy import: internal/mcpwire (the wire
+//     facts: the one JSON-RPC error body and writer, the SSE
+//     event parser, the Mcp-Session-Id checks, protocol versions, method
+//     labels) and internal/seal.
 package caddymodule

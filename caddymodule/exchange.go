@@ -12,6 +12,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 )
 
 // MCP request headers of protocol 2026-07-28, in Go's canonical spelling
@@ -141,7 +143,7 @@ func newExchange(r *http.Request) *exchange {
 	ex.hdrMethod = ex.single(h, HeaderMethod)
 	name := ex.single(h, HeaderName)
 	ex.nameSent = len(h[HeaderName]) == 1
-	ex.trusted = isDate(ex.version) && ex.version >= ModernProtocolVersion
+	ex.trusted = mcpwire.AtLeast(ex.version, ModernProtocolVersion)
 	var ok bool
 	if ex.hdrName, ok = decodeSentinel(name); !ok && ex.headerFault == nil {
 		ex.headerFault = mismatch("Mcp-Name %q is not valid Base64 inside =?base64?...?=", name)
@@ -232,7 +234,7 @@ func (ex *exchange) batch() []*rpcHead {
 // server reads as 2025-03-26 (MCP 2025-06-18 transports, §Protocol Version
 // Header).
 func batchesAllowed(v string) bool {
-	return v == "" || isDate(v) && v < "2025-06-18"
+	return v == "" || mcpwire.Before(v, "2025-06-18")
 }
 
 // namedMethod reports whether requests of method carry Mcp-Name.
@@ -292,14 +294,6 @@ func (ex *exchange) FlushError() error {
 // Flush implements http.Flusher on top of FlushError.
 func (ex *exchange) Flush() { _ = ex.FlushError() }
 
-// CodeHeaderMismatch is MCP's HeaderMismatch error: a request's MCP headers
-// are missing, malformed or disagree with its body (MCP 2026-07-28
-// transports, §Server Validation).
-const CodeHeaderMismatch = -32020
-
-// CodeParseError is JSON-RPC 2.0's "Parse error": the body is not JSON (JSON-RPC 2.0 §5.1).
-const CodeParseError = -32700
-
 // fault is a request the proxy refuses after looking at its MCP headers or
 // body: it answers status with a JSON-RPC error of code.
 type fault struct {
@@ -317,28 +311,9 @@ func mismatch(format string, args ...any) *fault {
 	return &fault{status: http.StatusBadRequest, code: CodeHeaderMismatch, message: "Header mismatch: " + fmt.Sprintf(format, args...)}
 }
 
-// faultBody is the JSON-RPC error response a fault is answered with (JSON-RPC 2.0 §5).
-type faultBody struct {
-	JSONRPC string          `json:"jsonrpc"`
-	ID      json.RawMessage `json:"id"`
-	Error   rpcCause        `json:"error"`
-}
-
-// write answers the fault on w.
+// write answers the fault on w, through the one error writer.
 func (f *fault) write(w http.ResponseWriter) error {
-	id := f.id
-	if id == nil {
-		id = json.RawMessage("null")
-	}
-	body, err := json.Marshal(faultBody{JSONRPC: "2.0", ID: id, Error: rpcCause{Code: f.code, Message: f.message}})
-	if err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(f.status)
-	_, err = w.Write(body)
-	return err
+	return mcpwire.WriteError(w, f.status, f.id, f.code, f.message)
 }
 
 // Interface guards

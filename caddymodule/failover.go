@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -17,6 +16,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 )
 
 // maxReplayBody is the largest POST body, in bytes, of a session that can
@@ -375,7 +376,7 @@ func (h *Handler) replayOnce(r *http.Request, next caddyhttp.Handler, ir *http.R
 		return nil, "", "", fmt.Errorf("%w: status %d, error %v", errNoFailover, ans.status, err)
 	}
 	newID, sel := ans.header.Get(HeaderSessionID), selectedUpstream(ir)
-	if sel == nil || len(ans.header[HeaderSessionID]) != 1 || checkSessionID(newID, h.MaxSessionIDLength) != "" {
+	if sel == nil || len(ans.header[HeaderSessionID]) != 1 || mcpwire.CheckSessionID(newID, h.MaxSessionIDLength) != "" {
 		return nil, "", "", fmt.Errorf("%w: the answer carried no usable Mcp-Session-Id", errNoFailover)
 	}
 	to = h.table.upstream(sel.Dial)
@@ -402,7 +403,7 @@ func sessionVersion(v string) string {
 // asked for, or 2025-03-26 or older.
 func sameVersion(want, asked, version string) bool {
 	if want == "" {
-		return version == asked || isDate(version) && version <= "2025-03-26"
+		return version == asked || mcpwire.Before(version, "2025-03-27")
 	}
 	return version == want
 }
@@ -671,7 +672,7 @@ func (a *upstreamAnswer) initializeResult() (string, error) {
 		return "", err
 	}
 	if strings.HasPrefix(a.header.Get("Content-Type"), "text/event-stream") {
-		body = sseData(body)
+		body = mcpwire.FirstData(body)
 	}
 	var msg struct {
 		Result *struct {
@@ -682,22 +683,6 @@ func (a *upstreamAnswer) initializeResult() (string, error) {
 		return "", errors.New("the answer carried no initialize result")
 	}
 	return msg.Result.ProtocolVersion, nil
-}
-
-// sseData returns the data of the first SSE event of stream that has any.
-func sseData(stream []byte) []byte {
-	var data []byte
-	sc := bufio.NewScanner(bytes.NewReader(stream))
-	sc.Buffer(make([]byte, 0, 4096), maxReplayAnswer)
-	for sc.Scan() {
-		line := sc.Bytes()
-		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
-		} else if len(line) == 0 && len(data) > 0 {
-			break
-		}
-	}
-	return data
 }
 
 // Interface guards

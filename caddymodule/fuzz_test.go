@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"encoding/json"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,60 +12,6 @@ import (
 // corpora run as ordinary tests; CONTRIBUTING.md says how to fuzz
 // longer. FuzzOpenSealed and FuzzOpenTampered (sealed_test.go) fuzz sealed
 // session IDs.
-
-// FuzzSessionHeader feeds arbitrary Mcp-Session-Id and Connection values
-// to the request header check: it must never panic, and whatever it
-// accepts must be one value of 1 to max_session_id_length visible ASCII
-// bytes that Connection does not name, returned unchanged.
-func FuzzSessionHeader(f *testing.F) {
-	for _, seed := range []struct {
-		id, connection string
-		twice          bool
-	}{
-		{testSessionID, "", false},
-		{testSessionID, "keep-alive", false},
-		{testSessionID, "keep-alive, mcp-session-id", false},
-		{testSessionID, "MCP-SESSION-ID", false},
-		{testSessionID, "", true},
-		{"", "", false},
-		{"a b", "", false},
-		{"sessión", "", false},
-		{"a\x00", "close", false},
-		{strings.Repeat("a", DefaultMaxSessionIDLength+1), "", false},
-		{"eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl", "Upgrade,  Mcp-Session-Id ", false},
-	} {
-		f.Add(seed.id, seed.connection, seed.twice)
-	}
-	f.Fuzz(func(t *testing.T, id, connection string, twice bool) {
-		h := http.Header{HeaderSessionID: {id}}
-		if twice {
-			h[HeaderSessionID] = append(h[HeaderSessionID], id)
-		}
-		if connection != "" {
-			h["Connection"] = []string{connection}
-		}
-		got, problem := sessionOf(h, DefaultMaxSessionIDLength)
-		if problem != "" {
-			if got != "" {
-				t.Fatalf("refused (%s) but returned %q", problem, got)
-			}
-			return
-		}
-		if twice || got != id || len(id) == 0 || len(id) > DefaultMaxSessionIDLength {
-			t.Fatalf("accepted %q (sent twice: %v) as %q", id, twice, got)
-		}
-		for i := range len(id) {
-			if id[i] < 0x21 || id[i] > 0x7e {
-				t.Fatalf("accepted %q with byte %#x", id, id[i])
-			}
-		}
-		for _, tok := range strings.Split(connection, ",") {
-			if strings.EqualFold(strings.TrimSpace(tok), HeaderSessionID) {
-				t.Fatalf("accepted a session that Connection %q strips", connection)
-			}
-		}
-	})
-}
 
 // FuzzParseRPC feeds arbitrary bodies to the JSON-RPC parser that the mcp
 // matcher and initialize_timeout read requests with: it must never panic,

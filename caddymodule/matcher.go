@@ -13,6 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 )
 
 func init() {
@@ -349,7 +351,7 @@ func parseVersionCond(s string) (versionCond, error) {
 			break
 		}
 	}
-	if !isDate(rest) {
+	if !mcpwire.IsVersion(rest) {
 		return c, fmt.Errorf("mcp matcher: protocol_version %q must be an operator (=, !=, <, <=, >, >=) and a version date such as 2026-07-28", s)
 	}
 	c.version = rest
@@ -359,7 +361,7 @@ func parseVersionCond(s string) (versionCond, error) {
 // holds reports whether version v satisfies the condition; a v that is not
 // a date satisfies none. Dates compare as strings.
 func (c versionCond) holds(v string) bool {
-	if !isDate(v) {
+	if !mcpwire.IsVersion(v) {
 		return false
 	}
 	cmp := strings.Compare(v, c.version)

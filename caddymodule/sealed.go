@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/seal"
 )
 
@@ -296,7 +297,7 @@ func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, 
 		switch {
 		case up != nil && v == sent:
 			out = append(out, clientID(key))
-		case dial == "" || checkSessionID(v, math.MaxInt) != "":
+		case dial == "" || mcpwire.CheckSessionID(v, math.MaxInt) != "":
 			h.logger.Warn("removed an Mcp-Session-Id the proxy cannot seal from the response",
 				zap.Bool("upstream_known", dial != ""), zap.Int("length", len(v)))
 		default:

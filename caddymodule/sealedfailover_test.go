@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/seal"
 )
 
@@ -154,7 +155,7 @@ func TestSealedInitTooLong(t *testing.T) {
 		warned := f.logs.FilterMessageSnippet("too large to seal").Len()
 		want := map[bool]byte{true: sealVersionIssued, false: sealVersionIssuedInit}[maxLen != 0]
 		for _, id := range ids {
-			if v := versionOf(t, id); v != want || checkSessionID(id, f.h.MaxSessionIDLength) != "" {
+			if v := versionOf(t, id); v != want || mcpwire.CheckSessionID(id, f.h.MaxSessionIDLength) != "" {
 				t.Fatalf("max_session_id_length %d: sealed ID of %d bytes, version %d; want version %d within the limit", f.h.MaxSessionIDLength, len(id), v, want)
 			}
 		}
