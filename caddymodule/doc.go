@@ -51,8 +51,8 @@
 //     tableshare.go (the table's side of the store).
 //   - The request path: handler.go (Provision and ServeHTTP), exchange.go
 //     (the facts of one request, parsed once), body.go and jsonrpc.go (the
-//     JSON-RPC body and the proxy's own answers), writer.go (the response
-//     the session is learned from), selection.go, leastsessions.go,
+//     request body's reads and the proxy's own answers), writer.go (the
+//     response the session is learned from), selection.go, leastsessions.go,
 //     health.go, frozen.go, host.go, reinit.go (a stale initialize),
 //     placeholders.go.
 //   - Failover: failover.go, and sharedfailover.go with the redis store.
@@ -64,7 +64,8 @@
 //   - Operations: admin.go, metrics.go, methods.go (the method label).
 //   - transport.go, unixsockets.go and matcher.go: their modules.
 //   - Below the glue, with no Caddy import: internal/mcpwire (the wire
-//     facts: the one JSON-RPC error body and writer, the SSE
-//     event parser, the Mcp-Session-Id checks, protocol versions, method
-//     labels) and internal/seal.
+//     facts: the JSON-RPC head scanner and initialize check, the one
+//     JSON-RPC error body and writer, the SSE event parser, the
+//     Mcp-Session-Id checks, protocol versions, method labels) and
+//     internal/seal.
 package caddymodule

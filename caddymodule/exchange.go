@@ -51,11 +51,11 @@ type exchange struct {
 	headerFault *fault // an MCP header sent twice or malformed, if any
 	fault       *fault // the fault a matcher found: the request must be rejected
 
-	bodyRead  bool     // a matcher read the body
-	body      *rpcHead // what the body says, nil if it was unreadable
-	bodyFault *fault   // why the body was unreadable
-	raw       []byte   // the whole body, when it was read and parsed
-	sent      []byte   // the whole body as the mcp transport sends it, once read
+	bodyRead  bool          // a matcher read the body
+	body      *mcpwire.Head // what the body says, nil if it was unreadable
+	bodyFault *fault        // why the body was unreadable
+	raw       []byte        // the whole body, when it was read and parsed
+	sent      []byte        // the whole body as the mcp transport sends it, once read
 
 	repl     *caddy.Replacer // the request's replacer, once the placeholders are registered with it
 	serving  bool            // an mcp_session handler is serving the request
@@ -209,12 +209,12 @@ func (ex *exchange) method() string {
 // as method; "" for other requests.
 func (ex *exchange) name() string {
 	switch {
-	case !namedMethod(ex.method()):
+	case !mcpwire.NamedMethod(ex.method()):
 		return ""
 	case ex.fromHeaders():
 		return ex.hdrName
 	case ex.body != nil:
-		return ex.body.name()
+		return ex.body.MirroredName()
 	}
 	return ""
 }
@@ -222,7 +222,7 @@ func (ex *exchange) name() string {
 // batch returns the members of the request's JSON-RPC batch once a matcher
 // read the body, nil for one message or an unread body. A 2026-07-28
 // request's headers name one method, so it is never judged as a batch.
-func (ex *exchange) batch() []*rpcHead {
+func (ex *exchange) batch() []*mcpwire.Head {
 	if ex.fromHeaders() || ex.body == nil {
 		return nil
 	}
@@ -235,11 +235,6 @@ func (ex *exchange) batch() []*rpcHead {
 // Header).
 func batchesAllowed(v string) bool {
 	return v == "" || mcpwire.Before(v, "2025-06-18")
-}
-
-// namedMethod reports whether requests of method carry Mcp-Name.
-func namedMethod(method string) bool {
-	return method == "tools/call" || method == "prompts/get" || method == "resources/read"
 }
 
 // provide registers the exchange's placeholders with the request's

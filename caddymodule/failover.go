@@ -79,74 +79,10 @@ func (h *Handler) captureInit(r *http.Request) *sessionInit {
 	}
 }
 
-// isInitialize reports whether body is a JSON-RPC initialize request, or,
-// with batch, a batch holding one. It reads top-level members only: a body
-// cut short is not one unless "method":"initialize" came first. A message
-// whose method servers could read otherwise is not one: "method" given
-// twice (encoding/json reads the last), or a key that folds to "method"
-// (foldsTo).
-func isInitialize(body []byte, batch bool) bool {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	tok, err := dec.Token()
-	if err != nil {
-		return false
-	}
-	if tok != json.Delim('[') || !batch {
-		return tok == json.Delim('{') && initializeMember(dec)
-	}
-	for dec.More() {
-		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-			return false
-		}
-		if initializeMember(dec) {
-			return true
-		}
-	}
-	return false
-}
-
-// initializeMember reads the members of an object whose '{' dec just
-// read, through its '}', and reports whether its method is "initialize":
-// one "method" member, of that value, and no key that folds to "method".
-// Where the object is cut short, the members read so far decide.
-func initializeMember(dec *json.Decoder) bool {
-	seen, init := false, false
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return init
-		}
-		key, _ := tok.(string)
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return init && key != "method" && !foldsTo([]byte(key), "method")
-		}
-		switch {
-		case key == "method" && seen, foldsTo([]byte(key), "method"):
-			skipObject(dec)
-			return false
-		case key == "method":
-			seen, init = true, string(v) == `"initialize"`
-		}
-	}
-	_, _ = dec.Token() // the object's '}'
-	return init
-}
-
-// skipObject reads the rest of an object whose members dec is reading,
-// through its '}'.
-func skipObject(dec *json.Decoder) {
-	for dec.More() {
-		var v json.RawMessage
-		if _, err := dec.Token(); err != nil {
-			return
-		}
-		if err := dec.Decode(&v); err != nil {
-			return
-		}
-	}
-	_, _ = dec.Token()
-}
+// isInitialize reports whether body, or its first bytes, is an initialize
+// request, or with batch a batch holding one: internal/mcpwire's
+// IsInitialize, which reads it as the mcp matcher does.
+func isInitialize(body []byte, batch bool) bool { return mcpwire.IsInitialize(body, batch) }
 
 // pinnedFailover is what a pinned request of a session that can fail over
 // carries: the session's kept initialize, the ID its upstream knows it by,

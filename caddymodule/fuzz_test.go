@@ -10,52 +10,8 @@ import (
 
 // Native fuzz tests of the plugin's parsers of untrusted input. Their seed
 // corpora run as ordinary tests; CONTRIBUTING.md says how to fuzz
-// longer. FuzzOpenSealed and FuzzOpenTampered (sealed_test.go) fuzz sealed
-// session IDs.
-
-// FuzzParseRPC feeds arbitrary bodies to the JSON-RPC parser that the mcp
-// matcher and initialize_timeout read requests with: it must never panic,
-// and whatever it accepts, encoding/json (as mcp-go decodes it) must read
-// the same method, id and params.name: a body the proxy routes as one call
-// cannot reach the server as another. FuzzLooseKeys builds the keys that
-// only fold to these names.
-func FuzzParseRPC(f *testing.F) {
-	for _, seed := range []string{
-		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25"}}`,
-		`{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"render","arguments":{}}}`,
-		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
-		`{"method":"tools/call","Method":"initialize"}`,
-		`{"method":"a","method":"b"}`,
-		`{"method":"\u0069nitialize"}`,
-		`[{"method":"initialize"}]`,
-		`{"params":{"name":"x","name":"y"},"method":"tools/call"}`,
-		`"initialize"`, ``, `{`, `{"method":1}`, `{"id":null,"method":"ping"}`,
-	} {
-		f.Add([]byte(seed))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		head, fault := parseRPC(body)
-		if fault != nil {
-			if head != nil && fault.status == 0 {
-				t.Fatalf("fault without a status: %+v", fault)
-			}
-			return
-		}
-		var std struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-			Params struct {
-				Name string `json:"name"`
-			} `json:"params"`
-		}
-		if err := json.Unmarshal(body, &std); err != nil {
-			return // a shape encoding/json refuses (e.g. method not a string) reaches no method
-		}
-		if std.Method != head.Method || head.Method == "tools/call" && std.Params.Name != head.Name {
-			t.Fatalf("parseRPC read method %q name %q; encoding/json reads %q %q in %s", head.Method, head.Name, std.Method, std.Params.Name, body)
-		}
-	})
-}
+// longer. FuzzOpenSealed and FuzzOpenTampered (internal/seal) fuzz sealed
+// session IDs; internal/mcpwire fuzzes the wire parsers.
 
 // FuzzCaddyfile feeds arbitrary option blocks to the mcp_proxy and
 // mcp_session directives and the mcp_sessions global option, seeded with
