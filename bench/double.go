@@ -30,7 +30,8 @@ import (
 // It also answers any other JSON-RPC request as the whoami tool would
 // (`structuredContent` naming the server and the session ID it received),
 // in JSON or, with -sse, as one SSE event: an upstream that costs almost
-// nothing per call, for the proxy-bound part.
+// nothing per call, for the proxy-bound part. A POST to /upload is read
+// whole and answered with its length, for the uploads part.
 
 // doubleMain runs the double until SIGTERM.
 func doubleMain(args []string) error {
@@ -78,8 +79,17 @@ type double struct {
 }
 
 func (d *double) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == "/stats" {
+	switch r.URL.Path {
+	case "/stats":
 		fmt.Fprintf(w, `{"open":%d}`, d.open.Load())
+		return
+	case "/upload": // the uploads part: read the whole body, answer its length
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, `{"bytes":%d}`, n)
 		return
 	}
 	sid := r.Header.Get("Mcp-Session-Id")

@@ -96,12 +96,12 @@ type options struct {
 	restCPUs      string // the load generator's and upstreams' CPUs ("" = all others)
 }
 
-var allParts = []string{"throughput", "sidecar", "proxybound", "firstevent", "streams", "memory", "sizing", "decision", "flood"}
+var allParts = []string{"throughput", "sidecar", "proxybound", "firstevent", "streams", "memory", "sizing", "decision", "flood", "uploads"}
 
 // defaultParts leaves out sizing, which takes minutes (200,000 sessions
 // through Caddy for each of 8 configurations), and sidecar and proxybound, which
 // take as long as throughput each and matter only on a quiet machine.
-var defaultParts = []string{"throughput", "firstevent", "streams", "memory", "decision", "flood"}
+var defaultParts = []string{"throughput", "firstevent", "streams", "memory", "decision", "flood", "uploads"}
 
 func main() {
 	if len(os.Args) > 1 {
@@ -305,7 +305,7 @@ func run() error {
 			return err
 		}
 	}
-	needsBuild := o.runs("throughput") || o.runs("sidecar") || o.runs("proxybound") || o.runs("firstevent") || o.runs("streams") || o.runs("sizing") || o.runs("flood")
+	needsBuild := o.runs("throughput") || o.runs("sidecar") || o.runs("proxybound") || o.runs("firstevent") || o.runs("streams") || o.runs("sizing") || o.runs("flood") || o.runs("uploads")
 	if needsBuild {
 		if err := e.build(o.goBin, repo); err != nil {
 			return err
@@ -361,6 +361,9 @@ func run() error {
 	}
 	if o.runs("flood") {
 		rep.flood, rep.floodErr = e.floodPart(o)
+	}
+	if o.runs("uploads") {
+		rep.uploads, rep.uploadsErr = e.uploadsPart()
 	}
 	rep.elapsed = time.Since(started)
 	if o.out != "" {

@@ -31,6 +31,8 @@ type report struct {
 	decisionErr   error
 	flood         *floodResult
 	floodErr      error
+	uploads       []uploadRow
+	uploadsErr    error
 	charts        []string // chart files written beside the report
 
 	placement placement        // CPUs of the sidecar and proxybound parts
@@ -100,6 +102,9 @@ func (r *report) write(w io.Writer) {
 	}
 	if r.flood != nil || r.floodErr != nil {
 		r.writeFlood(w)
+	}
+	if r.uploads != nil || r.uploadsErr != nil {
+		r.writeUploads(w)
 	}
 }
 

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,35 +21,36 @@ const DefaultMaxBodySize = 4 << 20
 // body back so that the upstream receives it unchanged, even when it was
 // too large to read whole. Errors are faults: a body over the limit (413),
 // one that could not be read, is not a single JSON object, or names a field
-// the plugin reads twice or under a key that folds to its name (400).
+// the plugin reads twice or under a key that folds to its name (400); or
+// the proxy holds MaxBodyMemory of bodies already (503, refuseBodyMemory).
 func (ex *exchange) readBody(r *http.Request, limit int64) (*mcpwire.Head, *fault) {
 	if !ex.bodyRead {
 		ex.bodyRead = true
-		ex.body, ex.bodyFault = readRPC(r, limit)
-		if rb, ok := r.Body.(*replayBody); ok && ex.bodyFault == nil {
-			ex.raw = rb.buf // the whole body, before anything reads it
+		var buf []byte
+		buf, ex.body, ex.bodyFault = ex.readRPC(r, limit)
+		if ex.bodyFault == nil {
+			ex.raw = buf // the whole body, before anything reads it
 		}
 	}
 	return ex.body, ex.bodyFault
 }
 
-// readRPC reads and parses r's body; see readBody.
-func readRPC(r *http.Request, limit int64) (*mcpwire.Head, *fault) {
+// readRPC reads and parses r's body; see readBody. buf is the body read.
+func (ex *exchange) readRPC(r *http.Request, limit int64) (buf []byte, head *mcpwire.Head, f *fault) {
 	if r.ContentLength > limit {
-		return nil, tooLarge(r.ContentLength, limit)
+		return nil, nil, tooLarge(r.ContentLength, limit)
 	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return parseRPC(nil)
-	}
-	buf, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	r.Body = &replayBody{buf: buf, rest: r.Body}
+	buf, whole, err := ex.readHead(r, limit)
 	switch {
+	case errors.Is(err, errBodyMemory):
+		return nil, nil, refuseBodyMemory(r)
 	case err != nil:
-		return nil, &fault{status: http.StatusBadRequest, code: CodeInvalidRequest, message: "Bad Request: reading the request body: " + err.Error()}
-	case int64(len(buf)) > limit:
-		return nil, tooLarge(-1, limit)
+		return nil, nil, &fault{status: http.StatusBadRequest, code: CodeInvalidRequest, message: "Bad Request: reading the request body: " + err.Error()}
+	case !whole:
+		return nil, nil, tooLarge(-1, limit)
 	}
-	return parseRPC(buf)
+	head, f = parseRPC(buf)
+	return buf, head, f
 }
 
 // readWhole reads a request body of known length up to MaxInMemoryBody
@@ -57,10 +59,14 @@ func readRPC(r *http.Request, limit int64) (*mcpwire.Head, *fault) {
 // request is routed, so that its upload is not counted against the
 // upstream (pinned_timeout) and a body that ends early, or breaks, is the
 // client's fault, answered without contacting an upstream. It returns the
-// read's error; other bodies are left to stream.
+// read's error, errBodyMemory when the budget is spent (nothing is read
+// then); other bodies are left to stream.
 func (ex *exchange) readWhole(r *http.Request) error {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength <= 0 || r.ContentLength > MaxInMemoryBody || ex.sent != nil {
 		return nil
+	}
+	if !ex.mem.charge(r.ContentLength) {
+		return errBodyMemory
 	}
 	buf := make([]byte, r.ContentLength)
 	if n, err := io.ReadFull(r.Body, buf); err != nil {
@@ -84,16 +90,30 @@ func tooLarge(size, limit int64) *fault {
 // replayBody is a request body that was partly or fully read: it returns
 // the bytes read first, then the rest of the original body.
 type replayBody struct {
-	buf  []byte
-	rest io.ReadCloser
+	buf     []byte
+	rest    io.ReadCloser
+	eof     bool // rest is at its end: buf is the whole body
+	started bool // Read was called: buf is what is left of the bytes read
+
+	hold    *bodyHold // where buf is charged, when nothing else keeps it; nil otherwise
+	charged int64     // bytes, given back to hold once buf is read
 }
 
 // Read reads the bytes read before, then the rest of the original body.
 func (b *replayBody) Read(p []byte) (int, error) {
+	b.started = true
 	if len(b.buf) > 0 {
 		n := copy(p, b.buf)
 		b.buf = b.buf[n:]
+		if len(b.buf) == 0 && b.hold != nil {
+			b.buf = nil
+			b.hold.giveBack(b.charged)
+			b.hold = nil
+		}
 		return n, nil
+	}
+	if b.eof {
+		return 0, io.EOF
 	}
 	return b.rest.Read(p)
 }

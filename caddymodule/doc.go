@@ -63,6 +63,8 @@
 //     redissync.go and keycheck.go (redis).
 //   - Operations: admin.go, metrics.go, methods.go (the method label).
 //   - transport.go, unixsockets.go and matcher.go: their modules.
+//   - command.go: the `caddy mcp-proxy` subcommand, which runs the
+//     Caddyfile its flags stand for.
 //   - Below the glue, with no Caddy import: internal/mcpwire (the wire
 //     facts: the JSON-RPC head scanner and initialize check, the one
 //     JSON-RPC error body and writer, the SSE event parser, the

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -56,6 +57,7 @@ type exchange struct {
 	bodyFault *fault        // why the body was unreadable
 	raw       []byte        // the whole body, when it was read and parsed
 	sent      []byte        // the whole body as the mcp transport sends it, once read
+	mem       bodyHold      // the bytes of the body held in memory, charged to MaxBodyMemory
 
 	repl     *caddy.Replacer // the request's replacer, once the placeholders are registered with it
 	serving  bool            // an mcp_session handler is serving the request
@@ -136,6 +138,7 @@ func newExchange(r *http.Request) *exchange {
 	h := r.Header
 	ids := h[HeaderSessionID]
 	ex := &exchange{era: eraOf(r, len(ids))}
+	ex.mem.ctx = r.Context()
 	if len(ids) == 1 {
 		ex.sessionID = ids[0]
 	}
@@ -296,6 +299,8 @@ type fault struct {
 	code    int
 	message string
 	id      json.RawMessage // the JSON-RPC id of the request, nil if unknown
+
+	retryAfter int // seconds, sent as Retry-After when above 0
 }
 
 // Error returns the fault's message.
@@ -308,6 +313,9 @@ func mismatch(format string, args ...any) *fault {
 
 // write answers the fault on w, through the one error writer.
 func (f *fault) write(w http.ResponseWriter) error {
+	if f.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(f.retryAfter))
+	}
 	return mcpwire.WriteError(w, f.status, f.id, f.code, f.message)
 }
 

@@ -66,9 +66,8 @@ func (h *Handler) captureInit(r *http.Request) *sessionInit {
 	if m := r.Header.Get(HeaderMethod); m != "" && m != "initialize" {
 		return nil
 	}
-	buf, err := io.ReadAll(io.LimitReader(r.Body, int64(fs.maxInit)+1))
-	r.Body = &replayBody{buf: buf, rest: r.Body}
-	if err != nil || len(buf) > fs.maxInit || !isInitialize(buf, false) {
+	buf, whole, err := exchangeOf(r).readHead(r, int64(fs.maxInit))
+	if err != nil || !whole || !isInitialize(buf, false) {
 		return nil
 	}
 	return &sessionInit{
@@ -156,9 +155,10 @@ func (pf *pinnedFailover) keepBody(r *http.Request) {
 	if r.ContentLength > maxReplayBody {
 		return
 	}
-	buf, err := io.ReadAll(io.LimitReader(r.Body, maxReplayBody+1))
-	r.Body = &replayBody{buf: buf, rest: r.Body}
-	if err == nil && len(buf) <= maxReplayBody {
+	// A body the budget has no room for is not kept: the request is sent
+	// once, as a larger one is.
+	buf, whole, err := exchangeOf(r).readHead(r, maxReplayBody)
+	if err == nil && whole {
 		pf.body, pf.kept = buf, true
 		r.Body = io.NopCloser(bytes.NewReader(buf))
 	}

@@ -167,7 +167,11 @@ func (h *Handler) forward(sw *sessionWriter, next caddyhttp.Handler, bound time.
 // [Handler.InitializeTimeout]), or refuses it (refusal.go); the client gets
 // a held refusal only when no other upstream takes the session.
 func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	body, opens := h.opening(r)
+	body, opens, f := h.opening(r)
+	if f != nil {
+		decide(r, decisionRejected, "")
+		return f.write(w)
+	}
 	if !opens {
 		sw := newSessionWriter(w, h, r, "", nil)
 		defer sw.finishLegacyStream() // also when reverse_proxy aborts a stream with a panic
@@ -211,23 +215,45 @@ func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyh
 	}
 }
 
-// opening reports whether r opens a session: a POST of `initialize` (the JSON-RPC method of its
-// body, read once, at most DefaultMaxBodySize bytes) or of a 2026-07-28
-// `server/discover` (its Mcp-Method header). body is the whole request body,
-// to send to another upstream, or nil when it could not be read whole.
-func (h *Handler) opening(r *http.Request) (body []byte, opens bool) {
+// opening reports whether r opens a session: a POST of `initialize` (the
+// JSON-RPC method of its body) or of a 2026-07-28 `server/discover` (its
+// Mcp-Method header). It reads at most the body's first openingHead bytes,
+// or max_initialize_size if larger: a longer body is no initialize the
+// proxy sends again, and streams to one upstream. body is the whole
+// request body, to send to another upstream, or nil when it is longer or
+// could not be read whole. f refuses the request: the proxy holds
+// MaxBodyMemory of bodies already (refuseBodyMemory).
+func (h *Handler) opening(r *http.Request) (body []byte, opens bool, f *fault) {
 	if r.Method != http.MethodPost {
-		return nil, false
+		return nil, false, nil
 	}
 	ex := exchangeOf(r)
 	if ex.fromHeaders() && ex.hdrMethod != "server/discover" {
-		return nil, false
+		return nil, false, nil
 	}
-	head, f := ex.readBody(r, DefaultMaxBodySize)
-	if f != nil {
-		return nil, ex.fromHeaders()
+	if ex.bodyRead { // by an mcp matcher
+		if ex.bodyFault != nil {
+			return nil, ex.fromHeaders(), nil
+		}
+		return ex.raw, ex.fromHeaders() || ex.body.Method == "initialize", nil
 	}
-	return ex.raw, ex.fromHeaders() || head.Method == "initialize"
+	limit := int64(max(openingHead, h.table.failoverSettings().maxInit))
+	if r.ContentLength > limit {
+		return nil, ex.fromHeaders(), nil
+	}
+	buf, whole, err := ex.readHead(r, limit)
+	switch {
+	case errors.Is(err, errBodyMemory):
+		return nil, false, refuseBodyMemory(r)
+	case err != nil || !whole:
+		return nil, ex.fromHeaders(), nil
+	}
+	head, bad := parseRPC(buf)
+	if bad != nil {
+		return nil, ex.fromHeaders(), nil
+	}
+	ex.bodyRead, ex.body, ex.raw = true, head, buf
+	return buf, ex.fromHeaders() || head.Method == "initialize", nil
 }
 
 // writePinnedTimeout answers a request of session id whose upstream sent no

@@ -255,8 +255,10 @@ type Handler struct {
 
 	// How long a request that opens a session waits for its upstream's
 	// response headers: an `initialize` (recognised by the JSON-RPC method
-	// of its body, which the proxy reads, up to 4 MiB, before forwarding
-	// it) or a 2026-07-28 `server/discover` (by its `Mcp-Method` header).
+	// of its body, which the proxy reads before forwarding it when it is at
+	// most 4 KiB, or max_initialize_size if larger; a longer body streams
+	// and is not bounded) or a 2026-07-28 `server/discover` (by its
+	// `Mcp-Method` header).
 	// When the headers do not come in time, the proxy probes the upstream
 	// (`OPTIONS *` on a connection of its own, 1 s): one that answers is
 	// slow, not frozen, and the request goes on waiting for it, probed again
@@ -426,6 +428,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	}
 	if err := exchangeOf(r).readWhole(r); err != nil {
 		decide(r, decisionRejected, "")
+		if errors.Is(err, errBodyMemory) {
+			return refuseBodyMemory(r).write(w)
+		}
 		if r.Context().Err() != nil { // the client went away
 			return caddyhttp.Error(499, err)
 		}
@@ -528,7 +533,9 @@ func (h *Handler) serveNew(w http.ResponseWriter, r *http.Request, next caddyhtt
 // serveUnknown answers a request whose session the table does not hold;
 // an initialize carrying it starts a new session.
 func (h *Handler) serveUnknown(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
-	if staleInitialize(r, nil) {
+	if stale, f := staleInitialize(r, nil); f != nil {
+		return f.write(w)
+	} else if stale {
 		return h.serveAsNew(w, r, next, id, nil)
 	}
 	h.table.Stats.unknown.Add(1)
@@ -576,7 +583,9 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 		return h.writePinnedTimeout(w, r, id, up)
 	}
 	if cause := pw.fo.cause(r, err, pw.wroteHeader, up.Dial()); cause != 0 {
-		if staleInitialize(r, pw.fo) {
+		if stale, f := staleInitialize(r, pw.fo); f != nil {
+			return f.write(w)
+		} else if stale {
 			return h.serveAsNew(w, r, next, id, pw.fo)
 		}
 		return h.serveFailover(w, r, next, id, up, pw.fo, cause)
@@ -598,7 +607,9 @@ func (h *Handler) serveFailed(w http.ResponseWriter, r *http.Request, next caddy
 	if !upstreamGone(r, err, up.Dial()) {
 		return err
 	}
-	if staleInitialize(r, nil) {
+	if stale, f := staleInitialize(r, nil); f != nil {
+		return f.write(w)
+	} else if stale {
 		return h.serveAsNew(w, r, next, id, nil)
 	}
 	h.table.Stats.gone.Add(1)

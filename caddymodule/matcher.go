@@ -99,8 +99,9 @@ type MatchMCP struct {
 
 	// The largest body `body` reads, in bytes; a larger one is answered 413.
 	// The first matcher to read a request's body applies its bound, so give
-	// the matchers of one site the same value. Default: 4194304 (4 MiB, the
-	// MCP Go SDK server's own limit).
+	// the matchers of one site the same value. At most 64 MiB, the bound of
+	// every body the proxy holds (MaxBodyMemory). Default: 4194304 (4 MiB,
+	// the MCP Go SDK server's own limit).
 	MaxBodySize int64 `json:"max_body_size,omitempty"`
 
 	versions []versionCond
@@ -147,6 +148,10 @@ func (m *MatchMCP) Validate() error {
 	}
 	if m.MaxBodySize < 0 {
 		return fmt.Errorf("mcp matcher: max_body_size must be positive, got %d", m.MaxBodySize)
+	}
+	if m.MaxBodySize > MaxBodyMemory {
+		return fmt.Errorf("mcp matcher: max_body_size %d is above 64 MiB, the most the proxy holds of request bodies over all requests "+
+			"(MaxBodyMemory); write a size up to 64MiB, such as `body 4MiB`", m.MaxBodySize)
 	}
 	m.versions = m.versions[:0]
 	for _, s := range m.ProtocolVersion {

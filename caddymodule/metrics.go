@@ -49,6 +49,10 @@ var (
 		"1 while the table's shared store answers, 0 while the instance serves from its own table alone.", []string{"table"}, nil)
 	descStoreErrors = prometheus.NewDesc("caddy_mcp_store_errors_total",
 		"Failed calls to the table's shared store, by operation.", []string{"table", "op"}, nil)
+	descBodyMemory = prometheus.NewDesc("caddy_mcp_body_memory_bytes",
+		"Bytes of request bodies the proxy holds in memory to inspect them, over all requests in flight; at most 64 MiB.", nil, nil)
+	descBodyRefused = prometheus.NewDesc("caddy_mcp_body_memory_refused_total",
+		"Requests answered 503 because reading their body would have held more than 64 MiB of request bodies in memory.", nil, nil)
 )
 
 // tableCollector exports every session table's state at scrape time. It
@@ -75,13 +79,16 @@ func registerMetrics(reg prometheus.Registerer) error {
 // Describe sends the descriptors of all the plugin's metrics.
 func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLive, descDraining, descRefusing, descRefusals, descUnconfirmed, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descUnavailable, descEvicted, descRequests, descByMethod, descStreams, descFailovers,
-		descClusterLive, descShared, descStoreUp, descStoreErrors} {
+		descClusterLive, descShared, descStoreUp, descStoreErrors, descBodyMemory, descBodyRefused} {
 		ch <- d
 	}
 }
 
-// Collect sends the current values of every table.
+// Collect sends the current values of every table, and of the request
+// body budget (bodymemory.go).
 func (tableCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(descBodyMemory, prometheus.GaugeValue, float64(bodyMemory.Held()))
+	ch <- prometheus.MustNewConstMetric(descBodyRefused, prometheus.CounterValue, float64(bodyMemory.Refused()))
 	tables.Range(func(_, v any) bool {
 		collectTable(ch, v.(*Table))
 		return true

@@ -43,6 +43,9 @@ var metricNames = map[string]dto.MetricType{
 	"caddy_mcp_store_up":                 dto.MetricType_GAUGE,
 	"caddy_mcp_store_errors_total":       dto.MetricType_COUNTER,
 	"caddy_mcp_failovers_total":          dto.MetricType_COUNTER,
+	// bodymemory.go
+	"caddy_mcp_body_memory_bytes":         dto.MetricType_GAUGE,
+	"caddy_mcp_body_memory_refused_total": dto.MetricType_COUNTER,
 }
 
 // gathered is one scrape: every series of the plugin's families, keyed

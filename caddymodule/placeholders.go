@@ -88,6 +88,7 @@ func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp
 	}
 	ex.serving, ex.ResponseWriter, ex.decision = true, w, decisionBalanced
 	defer func() { ex.serving = false }()
+	defer ex.mem.release() // the request's body bytes, also when the handler panics
 	h.liftWriteLimits(ex, r)
 	defer ex.limits.putBack(w)
 	if r.Method == http.MethodPost && ex.method() == "subscriptions/listen" {

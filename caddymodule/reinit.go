@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net/http"
 
@@ -17,26 +18,27 @@ const maxInitPrefix = 4096
 // table does not hold or whose upstream is gone, is an initialize request,
 // alone or in a batch: the client wants a new session and sent its old ID
 // along. It reads at most maxInitPrefix bytes of the body (or looks at
-// what pf kept of it) and passes the body on unchanged.
+// what pf kept of it) and passes the body on unchanged. f refuses the
+// request: the proxy holds MaxBodyMemory of bodies already
+// (refuseBodyMemory).
 //
 // A legacy HTTP+SSE POST never is: its session is in its URL, which the
 // handler cannot drop, and a new legacy session starts with a GET.
-func staleInitialize(r *http.Request, pf *pinnedFailover) bool {
+func staleInitialize(r *http.Request, pf *pinnedFailover) (stale bool, f *fault) {
 	if r.Method != http.MethodPost || isLegacyPost(r) {
-		return false
+		return false, nil
 	}
 	if m := r.Header.Get(HeaderMethod); m != "" {
-		return m == "initialize"
+		return m == "initialize", nil
 	}
 	if pf != nil && pf.kept {
-		return isInitialize(pf.body[:min(len(pf.body), maxInitPrefix)], true)
+		return isInitialize(pf.body[:min(len(pf.body), maxInitPrefix)], true), nil
 	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return false
+	buf, _, err := exchangeOf(r).readHead(r, maxInitPrefix)
+	if errors.Is(err, errBodyMemory) {
+		return false, refuseBodyMemory(r)
 	}
-	buf, _ := io.ReadAll(io.LimitReader(r.Body, maxInitPrefix))
-	r.Body = &replayBody{buf: buf, rest: r.Body}
-	return isInitialize(buf, true)
+	return isInitialize(buf[:min(len(buf), maxInitPrefix)], true), nil
 }
 
 // serveAsNew serves an initialize that carried the stale session id as a

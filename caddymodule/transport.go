@@ -84,6 +84,9 @@ func inMemoryBody(req *http.Request) (body []byte, partial io.ReadCloser) {
 	}
 	ex := exchangeOf(req)
 	if ex.sent == nil {
+		if !ex.mem.charge(req.ContentLength) {
+			return nil, nil // streamed: the budget is spent
+		}
 		buf := make([]byte, req.ContentLength)
 		if n, err := io.ReadFull(req.Body, buf); err != nil {
 			return nil, &replayBody{buf: buf[:n], rest: req.Body}

@@ -1,0 +1,146 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// TestProxyCommandAdaptsLikeItsCaddyfile checks that `caddy mcp-proxy`
+// runs the config of the Caddyfile a user would write for the same flags:
+// the JSON of what the command builds equals the JSON of that hand-written
+// Caddyfile.
+func TestProxyCommandAdaptsLikeItsCaddyfile(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		flags     proxyFlags
+		caddyfile string
+	}{{
+		name:  "defaults",
+		flags: proxyFlags{from: defaultProxyFrom, to: []string{"127.0.0.1:9001", "127.0.0.1:9002"}, admin: "localhost:2019"},
+		caddyfile: `{
+	admin localhost:2019
+	persist_config off
+}
+http://:8000 {
+	bind localhost
+	mcp_proxy 127.0.0.1:9001 127.0.0.1:9002
+}`,
+	}, {
+		name: "every option",
+		flags: proxyFlags{from: "127.0.0.1:8123", to: []string{"127.0.0.1:9001-9003", "unix//run/mcp.sock"},
+			failover: true, redis: []string{"10.0.0.1:6379", "10.0.0.2:6379"}, sealKey: "{env.MCP_SEAL_KEY}",
+			admin: "127.0.0.1:2999", accessLog: true, debug: true},
+		caddyfile: `{
+	debug
+	admin 127.0.0.1:2999
+	persist_config off
+	mcp_sessions {
+		store redis {
+			address 10.0.0.1:6379 10.0.0.2:6379
+		}
+	}
+}
+http://:8123 {
+	bind 127.0.0.1
+	log
+	mcp_proxy 127.0.0.1:9001-9003 unix//run/mcp.sock {
+		seal_session_ids {env.MCP_SEAL_KEY}
+		failover reinitialize
+	}
+}`,
+	}, {
+		name:  "gunicorn sockets",
+		flags: proxyFlags{from: ":8000", to: []string{"unix//run/mcp/worker-*.sock"}, admin: "off"},
+		caddyfile: `{
+	admin off
+	persist_config off
+}
+http://:8000 {
+	mcp_proxy {
+		dynamic unix_sockets /run/mcp/worker-*.sock
+	}
+}`,
+	}, {
+		name:  "https",
+		flags: proxyFlags{from: "https://mcp.example.com", to: []string{"127.0.0.1:9001"}, admin: "localhost:2019"},
+		caddyfile: `{
+	admin localhost:2019
+	persist_config off
+}
+https://mcp.example.com {
+	mcp_proxy 127.0.0.1:9001
+}`,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.flags.check(); err != nil {
+				t.Fatal(err)
+			}
+			site, err := tc.flags.site()
+			if err != nil {
+				t.Fatal(err)
+			}
+			built, err := tc.flags.caddyfile(site)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := adaptedJSON(t, built)
+			want := adaptedJSON(t, tc.caddyfile)
+			if got != want {
+				t.Fatalf("the command's config differs from the Caddyfile's.\ncommand's Caddyfile:\n%s\ncommand JSON:\n%s\nCaddyfile JSON:\n%s", built, got, want)
+			}
+		})
+	}
+}
+
+// adaptedJSON adapts a Caddyfile and returns its JSON, indented.
+func adaptedJSON(t *testing.T, cfg string) string {
+	t.Helper()
+	out, err := adaptCaddyfile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := json.Indent(&b, out, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+// TestProxyCommandRefusesBadFlags checks that flags that cannot run get an
+// error naming the flag and the way out, and never reach the Caddyfile.
+func TestProxyCommandRefusesBadFlags(t *testing.T) {
+	base := func() proxyFlags {
+		return proxyFlags{from: defaultProxyFrom, to: []string{"127.0.0.1:9001"}, admin: "localhost:2019"}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*proxyFlags)
+		want string
+	}{
+		{"no upstream", func(f *proxyFlags) { f.to = nil }, "--to is required"},
+		{"a space would add an option", func(f *proxyFlags) { f.to = []string{"127.0.0.1:9001 {"} }, `invalid --to "127.0.0.1:9001 {"`},
+		{"a newline would add a directive", func(f *proxyFlags) { f.sealKey = "k\n}\nrespond 200" }, "invalid --seal-key"},
+		{"a brace token", func(f *proxyFlags) { f.redis = []string{"}"} }, "invalid --redis"},
+		{"a comment", func(f *proxyFlags) { f.admin = "#x" }, "invalid --admin"},
+		{"a path", func(f *proxyFlags) { f.from = "localhost:8000/mcp" }, "paths are not allowed"},
+		{"two patterns", func(f *proxyFlags) { f.to = []string{"unix//a/*.sock", "unix//b/*.sock"} }, "only one socket pattern"},
+		{"pattern and fixed", func(f *proxyFlags) { f.to = []string{"unix//a/*.sock", "127.0.0.1:9001"} }, "cannot be mixed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := base()
+			tc.edit(&f)
+			err := f.check()
+			if err == nil {
+				var site proxySite
+				if site, err = f.site(); err == nil {
+					_, err = f.caddyfile(site)
+				}
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want an error containing %q, got %v", tc.want, err)
+			}
+		})
+	}
+}
