@@ -62,10 +62,10 @@ func (ks *keyspace) sealRecord(h keyHash, init *sessionInit) string {
 // is h, with rec as its stored form; false when it does not open.
 func (ks *keyspace) openRecord(h keyHash, rec string) (*sessionInit, bool) {
 	_, plain, ok := seal.Under(ks.records).Open(rec, h[:], func(v byte) bool { return v == recordVersion })
-	var f [5]string
 	if !ok {
 		return nil, false
 	}
+	var f [5]string
 	if _, ok := seal.Split(plain, false, f[:]); !ok {
 		return nil, false
 	}
