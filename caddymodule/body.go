@@ -2,12 +2,12 @@ package caddymodule
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"unicode/utf8"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 )
 
 // DefaultMaxBodySize is the default bound, in bytes, of the request body
@@ -16,26 +16,6 @@ import (
 // can always be checked.
 const DefaultMaxBodySize = 4 << 20
 
-// rpcHead is what the plugin reads from a JSON-RPC message: its id, method,
-// and the params it checks headers against.
-type rpcHead struct {
-	ID      json.RawMessage // nil for a notification
-	Method  string          // "" for a response
-	Name    string          // params.name
-	URI     string          // params.uri
-	Version string          // params._meta["io.modelcontextprotocol/protocolVersion"]
-	Batch   []*rpcHead      // the members of a JSON-RPC batch, in order; nil for one message
-}
-
-// name returns the value Mcp-Name mirrors: params.uri for resources/read,
-// params.name otherwise (MCP 2026-07-28 transports, §Standard Request Headers).
-func (h *rpcHead) name() string {
-	if h.Method == "resources/read" {
-		return h.URI
-	}
-	return h.Name
-}
-
 // readBody reads the request body, at most limit bytes, once per request,
 // and parses it; a later call returns the first one's outcome. It puts the
 // body back so that the upstream receives it unchanged, even when it was
@@ -43,7 +23,7 @@ func (h *rpcHead) name() string {
 // one that could not be read, is not a single JSON object, or names a field
 // the plugin reads twice or under a key that folds to its name (400); or
 // the proxy holds MaxBodyMemory of bodies already (503, refuseBodyMemory).
-func (ex *exchange) readBody(r *http.Request, limit int64) (*rpcHead, *fault) {
+func (ex *exchange) readBody(r *http.Request, limit int64) (*mcpwire.Head, *fault) {
 	if !ex.bodyRead {
 		ex.bodyRead = true
 		var buf []byte
@@ -56,7 +36,7 @@ func (ex *exchange) readBody(r *http.Request, limit int64) (*rpcHead, *fault) {
 }
 
 // readRPC reads and parses r's body; see readBody. buf is the body read.
-func (ex *exchange) readRPC(r *http.Request, limit int64) (buf []byte, head *rpcHead, f *fault) {
+func (ex *exchange) readRPC(r *http.Request, limit int64) (buf []byte, head *mcpwire.Head, f *fault) {
 	if r.ContentLength > limit {
 		return nil, nil, tooLarge(r.ContentLength, limit)
 	}
@@ -141,273 +121,12 @@ func (b *replayBody) Read(p []byte) (int, error) {
 // Close closes the original body.
 func (b *replayBody) Close() error { return b.rest.Close() }
 
-// parseRPC reads a JSON-RPC message. Fields are matched by their exact
-// name, as the MCP Go SDK decodes them; a field the plugin reads that
-// appears twice, or a key that folds to its name (jsonfold.go: "Method",
-// "param\u017f", which Go's encoding/json and so mcp-go read as the field),
-// is refused: a server could read another value than the proxy. The body
-// is validated by encoding/json, then scanned in place: the scan allocates
-// only the strings it returns.
-func parseRPC(body []byte) (*rpcHead, *fault) {
-	if !json.Valid(body) {
-		return nil, &fault{status: http.StatusBadRequest, code: CodeParseError, message: "Parse error: the request body is not one JSON object"}
-	}
-	sc := scanner{b: body}
-	head := new(rpcHead)
-	var err error
-	switch c := sc.peek(); c {
-	case '{':
-		err = sc.object("the message", topKeys, head.readTop)
-	case '[':
-		head.Batch, err = sc.batch()
-	default:
-		err = fmt.Errorf("the message is a JSON %s, not an object", kindOf(c))
-	}
+// parseRPC reads a JSON-RPC message with the head scanner
+// (internal/mcpwire.Parse); a body it refuses is a 400 fault.
+func parseRPC(body []byte) (*mcpwire.Head, *fault) {
+	head, err := mcpwire.Parse(body)
 	if err != nil {
-		return nil, &fault{status: http.StatusBadRequest, code: CodeInvalidRequest, message: "Invalid Request: " + err.Error(), id: head.ID}
+		return nil, &fault{status: http.StatusBadRequest, code: err.Code, message: err.Message, id: err.ID}
 	}
 	return head, nil
-}
-
-// topKeys are the fields of a JSON-RPC message the plugin reads.
-var topKeys = []string{"id", "method", "params"}
-
-// batch reads a JSON-RPC batch (JSON-RPC 2.0 §6), an array of messages,
-// which protocol 2025-03-26 allows and 2025-06-18 removed: the head of each
-// member, in order. An empty batch is an error, as JSON-RPC 2.0 makes it.
-func (sc *scanner) batch() ([]*rpcHead, error) {
-	sc.i++ // '['
-	var heads []*rpcHead
-	for sc.peek() != ']' {
-		h := new(rpcHead)
-		if err := sc.object(fmt.Sprintf("batch member %d", len(heads)+1), topKeys, h.readTop); err != nil {
-			return nil, err
-		}
-		heads = append(heads, h)
-		if sc.peek() == ',' {
-			sc.i++
-		}
-	}
-	sc.i++
-	if len(heads) == 0 {
-		return nil, fmt.Errorf("the batch is empty (JSON-RPC 2.0 §6)")
-	}
-	return heads, nil
-}
-
-// callName returns what a matcher's name condition compares for this
-// message: its name for the methods that carry Mcp-Name, else "".
-func (h *rpcHead) callName() string {
-	if !namedMethod(h.Method) {
-		return ""
-	}
-	return h.name()
-}
-
-// describe names the message in an error: its method, and the name it carries.
-func (h *rpcHead) describe() string {
-	switch {
-	case h.Method == "":
-		return "a response"
-	case h.callName() != "":
-		return h.Method + " " + h.callName()
-	}
-	return h.Method
-}
-
-// readTop reads the value of one top-level field the plugin reads.
-func (h *rpcHead) readTop(sc *scanner, key string) (err error) {
-	switch key {
-	case "id":
-		h.ID = sc.skip()
-	case "method":
-		h.Method, err = sc.string(key)
-	case "params":
-		err = sc.object("params", []string{"name", "uri", "_meta"}, h.readParams)
-	}
-	return err
-}
-
-// readParams reads the value of one field of params the plugin reads.
-func (h *rpcHead) readParams(sc *scanner, key string) (err error) {
-	switch key {
-	case "name":
-		h.Name, err = sc.string("params.name")
-	case "uri":
-		h.URI, err = sc.string("params.uri")
-	case "_meta":
-		err = sc.object("params._meta", []string{metaProtocolVersion}, h.readMeta)
-	}
-	return err
-}
-
-// metaProtocolVersion is the _meta key mirrored by MCP-Protocol-Version
-// (MCP 2026-07-28 schema, RequestMetaObject).
-const metaProtocolVersion = "io.modelcontextprotocol/protocolVersion"
-
-// readMeta reads params._meta's protocol version.
-func (h *rpcHead) readMeta(sc *scanner, _ string) (err error) {
-	h.Version, err = sc.string("params._meta." + metaProtocolVersion)
-	return err
-}
-
-// scanner walks JSON text that json.Valid accepted.
-type scanner struct {
-	b []byte
-	i int
-}
-
-// peek skips white space and returns the next byte.
-func (sc *scanner) peek() byte {
-	for sc.i < len(sc.b) && isSpace(sc.b[sc.i]) {
-		sc.i++
-	}
-	if sc.i == len(sc.b) {
-		return 0
-	}
-	return sc.b[sc.i]
-}
-
-// object reads an object, calling read for each member whose key is one of
-// keys, with the scanner at its value; it skips the others. A null is an
-// empty object. A key of keys given twice, or one that folds to a key of
-// keys without being it (foldsTo), is an error.
-func (sc *scanner) object(what string, keys []string, read func(*scanner, string) error) error {
-	switch sc.peek() {
-	case 'n':
-		sc.skip()
-		return nil
-	case '{':
-	default:
-		return fmt.Errorf("%s is a JSON %s, not an object", what, kindOf(sc.peek()))
-	}
-	sc.i++
-	var seen uint64
-	for sc.peek() != '}' {
-		key, err := sc.key(what, keys, &seen)
-		if err != nil {
-			return err
-		}
-		sc.peek()
-		sc.i++ // ':'
-		if key == "" {
-			sc.skip()
-		} else if err := read(sc, key); err != nil {
-			return err
-		}
-		if sc.peek() == ',' {
-			sc.i++
-		}
-	}
-	sc.i++
-	return nil
-}
-
-// key reads a member's key of object what and returns it if it is one of
-// keys, else "". The key is compared unescaped, as decoders read it.
-func (sc *scanner) key(what string, keys []string, seen *uint64) (string, error) {
-	sc.peek()
-	raw := sc.skip()
-	kb := raw[1 : len(raw)-1]
-	if bytes.IndexByte(raw, '\\') >= 0 {
-		var key string
-		_ = json.Unmarshal(raw, &key)
-		kb = []byte(key)
-	}
-	for i, k := range keys {
-		switch {
-		case string(kb) == k && *seen&(1<<i) != 0:
-			return "", fmt.Errorf("field %q of %s appears twice", k, what)
-		case string(kb) == k:
-			*seen |= 1 << i
-			return k, nil
-		case foldsTo(kb, k):
-			return "", looseKeyError(what, kb, k)
-		}
-	}
-	return "", nil
-}
-
-// string reads a string value; null is "". Escapes are decoded, and bytes
-// that are not UTF-8 become U+FFFD, as encoding/json reads them.
-func (sc *scanner) string(what string) (string, error) {
-	switch c := sc.peek(); c {
-	case 'n':
-		sc.skip()
-		return "", nil
-	case '"':
-	default:
-		return "", fmt.Errorf("%s is a JSON %s, not a string", what, kindOf(c))
-	}
-	raw := sc.skip()
-	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
-		return string(raw[1 : len(raw)-1]), nil
-	}
-	var s string
-	err := json.Unmarshal(raw, &s)
-	return s, err
-}
-
-// skip skips one value and returns its text.
-func (sc *scanner) skip() []byte {
-	c := sc.peek()
-	start := sc.i
-	switch c {
-	case '"':
-		sc.i++
-		for sc.b[sc.i] != '"' {
-			if sc.b[sc.i] == '\\' {
-				sc.i++
-			}
-			sc.i++
-		}
-		sc.i++
-	case '{', '[':
-		sc.skipNested()
-	default:
-		for sc.i < len(sc.b) && !isSpace(sc.b[sc.i]) && sc.b[sc.i] != ',' && sc.b[sc.i] != '}' && sc.b[sc.i] != ']' {
-			sc.i++
-		}
-	}
-	return sc.b[start:sc.i]
-}
-
-// skipNested skips an object or array.
-func (sc *scanner) skipNested() {
-	depth := 0
-	for {
-		switch sc.b[sc.i] {
-		case '"':
-			sc.skip()
-			continue
-		case '{', '[':
-			depth++
-		case '}', ']':
-			depth--
-		}
-		sc.i++
-		if depth == 0 {
-			return
-		}
-	}
-}
-
-// isSpace reports whether c is JSON white space.
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
-
-// kindOf names the JSON type of a value starting with c.
-func kindOf(c byte) string {
-	switch c {
-	case '"':
-		return "string"
-	case '{':
-		return "object"
-	case '[':
-		return "array"
-	case 't', 'f':
-		return "boolean"
-	case 'n':
-		return "null"
-	}
-	return "number"
 }

@@ -54,13 +54,14 @@
 //     tableshare.go (the table's side of the store).
 //   - The request path: handler.go (Provision and ServeHTTP), exchange.go
 //     (the facts of one request, parsed once), body.go and jsonrpc.go (the
-//     JSON-RPC body and the proxy's own answers), writer.go (the response
-//     the session is learned from), selection.go, leastsessions.go,
+//     request body's reads and the proxy's own answers), writer.go (the
+//     response the session is learned from), selection.go, leastsessions.go,
 //     health.go, frozen.go, host.go, reinit.go (a stale initialize),
 //     placeholders.go.
 //   - Failover: failover.go, and sharedfailover.go with the redis store.
-//   - Sealed session IDs: sealed.go.
-//   - Legacy HTTP+SSE: legacysse.go and sse.go.
+//   - Sealed session IDs: sealed.go, over internal/seal (the envelope of
+//     sealed IDs and of the redis store's failover records).
+//   - Legacy HTTP+SSE: legacysse.go.
 //   - The stores: store.go (memory), redis.go, redisconn.go, rediskeys.go,
 //     redissync.go and keycheck.go (redis).
 //   - Operations: admin.go, metrics.go, methods.go (the method label), the
@@ -69,4 +70,9 @@
 //   - transport.go, unixsockets.go and matcher.go: their modules.
 //   - command.go: the `caddy mcp-proxy` subcommand, which runs the
 //     Caddyfile its flags stand for.
+//   - Below the glue, with no Caddy import: internal/mcpwire (the wire
+//     facts: the JSON-RPC head scanner and initialize check, the one
+//     JSON-RPC error body and writer, the SSE event parser, the
+//     Mcp-Session-Id checks, protocol versions, method labels) and
+//     internal/seal.
 package caddymodule

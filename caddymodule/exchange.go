@@ -13,6 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 )
 
 // MCP request headers of protocol 2026-07-28, in Go's canonical spelling
@@ -50,12 +52,12 @@ type exchange struct {
 	headerFault *fault // an MCP header sent twice or malformed, if any
 	fault       *fault // the fault a matcher found: the request must be rejected
 
-	bodyRead  bool     // a matcher read the body
-	body      *rpcHead // what the body says, nil if it was unreadable
-	bodyFault *fault   // why the body was unreadable
-	raw       []byte   // the whole body, when it was read and parsed
-	sent      []byte   // the whole body as the mcp transport sends it, once read
-	mem       bodyHold // the bytes of the body held in memory, charged to MaxBodyMemory
+	bodyRead  bool          // a matcher read the body
+	body      *mcpwire.Head // what the body says, nil if it was unreadable
+	bodyFault *fault        // why the body was unreadable
+	raw       []byte        // the whole body, when it was read and parsed
+	sent      []byte        // the whole body as the mcp transport sends it, once read
+	mem       bodyHold      // the bytes of the body held in memory, charged to MaxBodyMemory
 
 	repl     *caddy.Replacer // the request's replacer, once the placeholders are registered with it
 	serving  bool            // an mcp_session handler is serving the request
@@ -144,7 +146,7 @@ func newExchange(r *http.Request) *exchange {
 	ex.hdrMethod = ex.single(h, HeaderMethod)
 	name := ex.single(h, HeaderName)
 	ex.nameSent = len(h[HeaderName]) == 1
-	ex.trusted = isDate(ex.version) && ex.version >= ModernProtocolVersion
+	ex.trusted = mcpwire.AtLeast(ex.version, ModernProtocolVersion)
 	var ok bool
 	if ex.hdrName, ok = decodeSentinel(name); !ok && ex.headerFault == nil {
 		ex.headerFault = mismatch("Mcp-Name %q is not valid Base64 inside =?base64?...?=", name)
@@ -210,12 +212,12 @@ func (ex *exchange) method() string {
 // as method; "" for other requests.
 func (ex *exchange) name() string {
 	switch {
-	case !namedMethod(ex.method()):
+	case !mcpwire.NamedMethod(ex.method()):
 		return ""
 	case ex.fromHeaders():
 		return ex.hdrName
 	case ex.body != nil:
-		return ex.body.name()
+		return ex.body.MirroredName()
 	}
 	return ""
 }
@@ -223,7 +225,7 @@ func (ex *exchange) name() string {
 // batch returns the members of the request's JSON-RPC batch once a matcher
 // read the body, nil for one message or an unread body. A 2026-07-28
 // request's headers name one method, so it is never judged as a batch.
-func (ex *exchange) batch() []*rpcHead {
+func (ex *exchange) batch() []*mcpwire.Head {
 	if ex.fromHeaders() || ex.body == nil {
 		return nil
 	}
@@ -235,12 +237,7 @@ func (ex *exchange) batch() []*rpcHead {
 // server reads as 2025-03-26 (MCP 2025-06-18 transports, §Protocol Version
 // Header).
 func batchesAllowed(v string) bool {
-	return v == "" || isDate(v) && v < "2025-06-18"
-}
-
-// namedMethod reports whether requests of method carry Mcp-Name.
-func namedMethod(method string) bool {
-	return method == "tools/call" || method == "prompts/get" || method == "resources/read"
+	return v == "" || mcpwire.Before(v, "2025-06-18")
 }
 
 // provide registers the exchange's placeholders with the request's
@@ -295,14 +292,6 @@ func (ex *exchange) FlushError() error {
 // Flush implements http.Flusher on top of FlushError.
 func (ex *exchange) Flush() { _ = ex.FlushError() }
 
-// CodeHeaderMismatch is MCP's HeaderMismatch error: a request's MCP headers
-// are missing, malformed or disagree with its body (MCP 2026-07-28
-// transports, §Server Validation).
-const CodeHeaderMismatch = -32020
-
-// CodeParseError is JSON-RPC 2.0's "Parse error": the body is not JSON (JSON-RPC 2.0 §5.1).
-const CodeParseError = -32700
-
 // fault is a request the proxy refuses after looking at its MCP headers or
 // body: it answers status with a JSON-RPC error of code.
 type fault struct {
@@ -322,31 +311,12 @@ func mismatch(format string, args ...any) *fault {
 	return &fault{status: http.StatusBadRequest, code: CodeHeaderMismatch, message: "Header mismatch: " + fmt.Sprintf(format, args...)}
 }
 
-// faultBody is the JSON-RPC error response a fault is answered with (JSON-RPC 2.0 §5).
-type faultBody struct {
-	JSONRPC string          `json:"jsonrpc"`
-	ID      json.RawMessage `json:"id"`
-	Error   rpcCause        `json:"error"`
-}
-
-// write answers the fault on w.
+// write answers the fault on w, through the one error writer.
 func (f *fault) write(w http.ResponseWriter) error {
-	id := f.id
-	if id == nil {
-		id = json.RawMessage("null")
-	}
-	body, err := json.Marshal(faultBody{JSONRPC: "2.0", ID: id, Error: rpcCause{Code: f.code, Message: f.message}})
-	if err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
 	if f.retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(f.retryAfter))
 	}
-	w.WriteHeader(f.status)
-	_, err = w.Write(body)
-	return err
+	return mcpwire.WriteError(w, f.status, f.id, f.code, f.message)
 }
 
 // Interface guards

@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -17,6 +16,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 )
 
 // maxReplayBody is the largest POST body, in bytes, of a session that can
@@ -77,74 +78,10 @@ func (h *Handler) captureInit(r *http.Request) *sessionInit {
 	}
 }
 
-// isInitialize reports whether body is a JSON-RPC initialize request, or,
-// with batch, a batch holding one. It reads top-level members only: a body
-// cut short is not one unless "method":"initialize" came first. A message
-// whose method servers could read otherwise is not one: "method" given
-// twice (encoding/json reads the last), or a key that folds to "method"
-// (foldsTo).
-func isInitialize(body []byte, batch bool) bool {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	tok, err := dec.Token()
-	if err != nil {
-		return false
-	}
-	if tok != json.Delim('[') || !batch {
-		return tok == json.Delim('{') && initializeMember(dec)
-	}
-	for dec.More() {
-		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-			return false
-		}
-		if initializeMember(dec) {
-			return true
-		}
-	}
-	return false
-}
-
-// initializeMember reads the members of an object whose '{' dec just
-// read, through its '}', and reports whether its method is "initialize":
-// one "method" member, of that value, and no key that folds to "method".
-// Where the object is cut short, the members read so far decide.
-func initializeMember(dec *json.Decoder) bool {
-	seen, init := false, false
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return init
-		}
-		key, _ := tok.(string)
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return init && key != "method" && !foldsTo([]byte(key), "method")
-		}
-		switch {
-		case key == "method" && seen, foldsTo([]byte(key), "method"):
-			skipObject(dec)
-			return false
-		case key == "method":
-			seen, init = true, string(v) == `"initialize"`
-		}
-	}
-	_, _ = dec.Token() // the object's '}'
-	return init
-}
-
-// skipObject reads the rest of an object whose members dec is reading,
-// through its '}'.
-func skipObject(dec *json.Decoder) {
-	for dec.More() {
-		var v json.RawMessage
-		if _, err := dec.Token(); err != nil {
-			return
-		}
-		if err := dec.Decode(&v); err != nil {
-			return
-		}
-	}
-	_, _ = dec.Token()
-}
+// isInitialize reports whether body, or its first bytes, is an initialize
+// request, or with batch a batch holding one: internal/mcpwire's
+// IsInitialize, which reads it as the mcp matcher does.
+func isInitialize(body []byte, batch bool) bool { return mcpwire.IsInitialize(body, batch) }
 
 // pinnedFailover is what a pinned request of a session that can fail over
 // carries: the session's kept initialize, the ID its upstream knows it by,
@@ -375,7 +312,7 @@ func (h *Handler) replayOnce(r *http.Request, next caddyhttp.Handler, ir *http.R
 		return nil, "", "", fmt.Errorf("%w: status %d, error %v", errNoFailover, ans.status, err)
 	}
 	newID, sel := ans.header.Get(HeaderSessionID), selectedUpstream(ir)
-	if sel == nil || len(ans.header[HeaderSessionID]) != 1 || checkSessionID(newID, h.MaxSessionIDLength) != "" {
+	if sel == nil || len(ans.header[HeaderSessionID]) != 1 || mcpwire.CheckSessionID(newID, h.MaxSessionIDLength) != "" {
 		return nil, "", "", fmt.Errorf("%w: the answer carried no usable Mcp-Session-Id", errNoFailover)
 	}
 	to = h.table.upstream(sel.Dial)
@@ -402,7 +339,7 @@ func sessionVersion(v string) string {
 // asked for, or 2025-03-26 or older.
 func sameVersion(want, asked, version string) bool {
 	if want == "" {
-		return version == asked || isDate(version) && version <= "2025-03-26"
+		return version == asked || mcpwire.Before(version, "2025-03-27")
 	}
 	return version == want
 }
@@ -671,7 +608,7 @@ func (a *upstreamAnswer) initializeResult() (string, error) {
 		return "", err
 	}
 	if strings.HasPrefix(a.header.Get("Content-Type"), "text/event-stream") {
-		body = sseData(body)
+		body = mcpwire.FirstData(body)
 	}
 	var msg struct {
 		Result *struct {
@@ -682,22 +619,6 @@ func (a *upstreamAnswer) initializeResult() (string, error) {
 		return "", errors.New("the answer carried no initialize result")
 	}
 	return msg.Result.ProtocolVersion, nil
-}
-
-// sseData returns the data of the first SSE event of stream that has any.
-func sseData(stream []byte) []byte {
-	var data []byte
-	sc := bufio.NewScanner(bytes.NewReader(stream))
-	sc.Buffer(make([]byte, 0, 4096), maxReplayAnswer)
-	for sc.Scan() {
-		line := sc.Bytes()
-		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
-		} else if len(line) == 0 && len(data) > 0 {
-			break
-		}
-	}
-	return data
 }
 
 // Interface guards

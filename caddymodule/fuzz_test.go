@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"encoding/json"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,106 +10,8 @@ import (
 
 // Native fuzz tests of the plugin's parsers of untrusted input. Their seed
 // corpora run as ordinary tests; CONTRIBUTING.md says how to fuzz
-// longer. FuzzOpenSealed and FuzzOpenTampered (sealed_test.go) fuzz sealed
-// session IDs.
-
-// FuzzSessionHeader feeds arbitrary Mcp-Session-Id and Connection values
-// to the request header check: it must never panic, and whatever it
-// accepts must be one value of 1 to max_session_id_length visible ASCII
-// bytes that Connection does not name, returned unchanged.
-func FuzzSessionHeader(f *testing.F) {
-	for _, seed := range []struct {
-		id, connection string
-		twice          bool
-	}{
-		{testSessionID, "", false},
-		{testSessionID, "keep-alive", false},
-		{testSessionID, "keep-alive, mcp-session-id", false},
-		{testSessionID, "MCP-SESSION-ID", false},
-		{testSessionID, "", true},
-		{"", "", false},
-		{"a b", "", false},
-		{"sessión", "", false},
-		{"a\x00", "close", false},
-		{strings.Repeat("a", DefaultMaxSessionIDLength+1), "", false},
-		{"eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl", "Upgrade,  Mcp-Session-Id ", false},
-	} {
-		f.Add(seed.id, seed.connection, seed.twice)
-	}
-	f.Fuzz(func(t *testing.T, id, connection string, twice bool) {
-		h := http.Header{HeaderSessionID: {id}}
-		if twice {
-			h[HeaderSessionID] = append(h[HeaderSessionID], id)
-		}
-		if connection != "" {
-			h["Connection"] = []string{connection}
-		}
-		got, problem := sessionOf(h, DefaultMaxSessionIDLength)
-		if problem != "" {
-			if got != "" {
-				t.Fatalf("refused (%s) but returned %q", problem, got)
-			}
-			return
-		}
-		if twice || got != id || len(id) == 0 || len(id) > DefaultMaxSessionIDLength {
-			t.Fatalf("accepted %q (sent twice: %v) as %q", id, twice, got)
-		}
-		for i := range len(id) {
-			if id[i] < 0x21 || id[i] > 0x7e {
-				t.Fatalf("accepted %q with byte %#x", id, id[i])
-			}
-		}
-		for _, tok := range strings.Split(connection, ",") {
-			if strings.EqualFold(strings.TrimSpace(tok), HeaderSessionID) {
-				t.Fatalf("accepted a session that Connection %q strips", connection)
-			}
-		}
-	})
-}
-
-// FuzzParseRPC feeds arbitrary bodies to the JSON-RPC parser that the mcp
-// matcher and initialize_timeout read requests with: it must never panic,
-// and whatever it accepts, encoding/json (as mcp-go decodes it) must read
-// the same method, id and params.name: a body the proxy routes as one call
-// cannot reach the server as another. FuzzLooseKeys builds the keys that
-// only fold to these names.
-func FuzzParseRPC(f *testing.F) {
-	for _, seed := range []string{
-		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25"}}`,
-		`{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"render","arguments":{}}}`,
-		`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
-		`{"method":"tools/call","Method":"initialize"}`,
-		`{"method":"a","method":"b"}`,
-		`{"method":"\u0069nitialize"}`,
-		`[{"method":"initialize"}]`,
-		`{"params":{"name":"x","name":"y"},"method":"tools/call"}`,
-		`"initialize"`, ``, `{`, `{"method":1}`, `{"id":null,"method":"ping"}`,
-	} {
-		f.Add([]byte(seed))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		head, fault := parseRPC(body)
-		if fault != nil {
-			if head != nil && fault.status == 0 {
-				t.Fatalf("fault without a status: %+v", fault)
-			}
-			return
-		}
-		var std struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-			Params struct {
-				Name string `json:"name"`
-			} `json:"params"`
-		}
-		if err := json.Unmarshal(body, &std); err != nil {
-			return // a shape encoding/json refuses (e.g. method not a string) reaches no method
-		}
-		if std.Method != head.Method || head.Method == "tools/call" && std.Params.Name != head.Name {
-			t.Fatalf("parseRPC read method %q name %q; encoding/json reads %q %q in %s", head.Method, head.Name, std.Method, std.Params.Name, body)
-		}
-	})
-}
+// longer. FuzzOpenSealed and FuzzOpenTampered (internal/seal) fuzz sealed
+// session IDs; internal/mcpwire fuzzes the wire parsers.
 
 // FuzzCaddyfile feeds arbitrary option blocks to the mcp_proxy and
 // mcp_session directives and the mcp_sessions global option, seeded with

@@ -18,6 +18,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 )
 
 func init() {
@@ -28,7 +30,7 @@ func init() {
 // Header names are case-insensitive (RFC 9110 §5.1); `mcp-session-id` and
 // `MCP-Session-Id` are the same field. Source: MCP 2025-03-26 transports,
 // §Session Management.
-const HeaderSessionID = "Mcp-Session-Id"
+const HeaderSessionID = mcpwire.HeaderSessionID
 
 // DefaultMaxSessionIDLength is the default limit of an Mcp-Session-Id value, in bytes.
 const DefaultMaxSessionIDLength = 2048
@@ -420,7 +422,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if !h.DisableLocalhostProtection && rebinding(r) {
 		decide(r, decisionRejected, "")
-		return writeRPCError(w, http.StatusForbidden, CodeInvalidRequest, fmt.Sprintf("Forbidden: invalid Host header %q: "+
+		return mcpwire.WriteError(w, http.StatusForbidden, nil, CodeInvalidRequest, fmt.Sprintf("Forbidden: invalid Host header %q: "+
 			"this proxy listens on loopback and serves only localhost names (DNS rebinding protection); "+
 			"behind a trusted proxy on this machine, set localhost_protection off", r.Host))
 	}
@@ -432,7 +434,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		if r.Context().Err() != nil { // the client went away
 			return caddyhttp.Error(499, err)
 		}
-		return writeRPCError(w, http.StatusBadRequest, CodeInvalidRequest, fmt.Sprintf(
+		return mcpwire.WriteError(w, http.StatusBadRequest, nil, CodeInvalidRequest, fmt.Sprintf(
 			"Bad Request: the request body ended after fewer than its Content-Length of %d bytes, or broke: %v", r.ContentLength, err))
 	}
 	ids := r.Header[HeaderSessionID]
@@ -468,7 +470,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 // either session. The same session in both is served: whichever the
 // server reads, it is the session checked.
 func (h *Handler) headerSession(r *http.Request, legacy, queryProblem string) (id, problem string) {
-	id, problem = sessionOf(r.Header, h.MaxSessionIDLength)
+	id, problem = mcpwire.SessionOf(r.Header, h.MaxSessionIDLength)
 	switch {
 	case problem != "":
 		return "", problem
@@ -627,7 +629,7 @@ func (h *Handler) writeUnavailable(w http.ResponseWriter, id string, up *Upstrea
 	h.table.Stats.unavailable.Add(1)
 	h.debug("upstream_unavailable", id, up.Dial())
 	w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
-	return writeRPCError(w, http.StatusServiceUnavailable, CodeUpstreamUnavailable,
+	return mcpwire.WriteError(w, http.StatusServiceUnavailable, nil, CodeUpstreamUnavailable,
 		"Service Unavailable: the session's upstream is failing health checks; retry later")
 }
 
@@ -691,7 +693,7 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 	if len(ids) == 0 {
 		return
 	}
-	if len(ids) > 1 || checkSessionID(ids[0], h.MaxSessionIDLength) != "" {
+	if len(ids) > 1 || mcpwire.CheckSessionID(ids[0], h.MaxSessionIDLength) != "" {
 		h.logger.Warn("upstream sent an unusable Mcp-Session-Id; session not pinned",
 			zap.Int("fields", len(ids)), zap.Int("length", len(ids[0])), zap.Bool("sealed", h.sealer != nil),
 			zap.Int("max_session_id_length", h.MaxSessionIDLength))
@@ -809,79 +811,15 @@ func eraOf(r *http.Request, sessionFields int) Era {
 	case len(r.Header["Mcp-Method"]) > 0:
 		return EraModern
 	}
-	if v := r.Header["Mcp-Protocol-Version"]; len(v) > 0 && isDate(v[0]) && v[0] >= ModernProtocolVersion {
+	if v := r.Header["Mcp-Protocol-Version"]; len(v) > 0 && mcpwire.AtLeast(v[0], ModernProtocolVersion) {
 		return EraModern
 	}
 	return EraOther
 }
 
-// isDate reports whether v has the shape of an MCP protocol version, YYYY-MM-DD.
-func isDate(v string) bool {
-	if len(v) != len("2006-01-02") {
-		return false
-	}
-	for i := range len(v) {
-		if c := v[i]; (i == 4 || i == 7) != (c == '-') || c != '-' && (c < '0' || c > '9') {
-			return false
-		}
-	}
-	return true
-}
-
 // ModernProtocolVersion is the first MCP protocol version without sessions.
 // Versions are dates, so they compare as strings.
-const ModernProtocolVersion = "2026-07-28"
-
-// sessionOf returns the request's session ID, or why the request's
-// Mcp-Session-Id cannot be used: sent more than once, malformed (see
-// [checkSessionID]), or named in Connection. A proxy strips the fields that
-// Connection names before forwarding (RFC 9110 §7.6.1), so the upstream
-// would get the request without the session the proxy pinned it on.
-func sessionOf(h http.Header, maxLen int) (id, problem string) {
-	ids := h[HeaderSessionID]
-	if len(ids) != 1 {
-		return "", fmt.Sprintf("Mcp-Session-Id was sent %d times; send it once", len(ids))
-	}
-	if reason := checkSessionID(ids[0], maxLen); reason != "" {
-		return "", "Mcp-Session-Id " + reason
-	}
-	if namedInConnection(h, HeaderSessionID) {
-		return "", "Connection names Mcp-Session-Id, which would strip the session from the forwarded request; " +
-			"remove Mcp-Session-Id from Connection"
-	}
-	return ids[0], ""
-}
-
-// namedInConnection reports whether the Connection fields of h list name
-// (case-insensitive, RFC 9110 §7.6.1).
-func namedInConnection(h http.Header, name string) bool {
-	for _, v := range h["Connection"] {
-		for tok := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(tok), name) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// checkSessionID returns why id is not a usable Mcp-Session-Id, or "" if it
-// is: it must be 1 to maxLen bytes of visible ASCII, 0x21-0x7E (MCP
-// 2025-03-26 transports, §Session Management).
-func checkSessionID(id string, maxLen int) string {
-	if id == "" {
-		return "is empty"
-	}
-	if len(id) > maxLen {
-		return fmt.Sprintf("is %d bytes long; the limit is %d (max_session_id_length)", len(id), maxLen)
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; c < 0x21 || c > 0x7e {
-			return fmt.Sprintf("has byte 0x%02x at offset %d; only visible ASCII 0x21-0x7E is allowed", c, i)
-		}
-	}
-	return ""
-}
+const ModernProtocolVersion = mcpwire.ModernVersion
 
 // Interface guards
 var (

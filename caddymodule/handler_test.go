@@ -146,56 +146,6 @@ func checkRPCError(t *testing.T, rec *httptest.ResponseRecorder, status, code in
 	}
 }
 
-func TestCheckSessionID(t *testing.T) {
-	visible := make([]byte, 0, 0x7e-0x21+1)
-	for c := byte(0x21); c <= 0x7e; c++ {
-		visible = append(visible, c)
-	}
-	for _, tc := range []struct {
-		name   string
-		id     string
-		maxLen int    // 0: DefaultMaxSessionIDLength
-		want   string // substring of the reason; "" for a valid id
-	}{
-		{name: "go-sdk", id: testSessionID},
-		{name: "uuid", id: "3f1c1d2e-8a4b-4c6d-9e0f-1a2b3c4d5e6f"},
-		{name: "jwt", id: "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl"},
-		{name: "single byte", id: "x"},
-		{name: "punctuation", id: `.-_=+/~:,;"%`},
-		{name: "commas are part of the value", id: "a,b,c"},
-		{name: "every visible byte", id: string(visible)},
-		{name: "empty", id: "", want: "is empty"},
-		{name: "space", id: "a b", want: "byte 0x20 at offset 1"},
-		{name: "leading space", id: " a", want: "byte 0x20 at offset 0"},
-		{name: "tab", id: "a\tb", want: "byte 0x09 at offset 1"},
-		{name: "NUL", id: "a\x00", want: "byte 0x00 at offset 1"},
-		{name: "DEL", id: "ab\x7f", want: "byte 0x7f at offset 2"},
-		{name: "0x80", id: "\x80", want: "byte 0x80 at offset 0"},
-		{name: "0xff", id: "a\xff", want: "byte 0xff at offset 1"},
-		{name: "utf-8", id: "sessión", want: "byte 0xc3 at offset 5"},
-		{name: "newline", id: "a\nb", want: "byte 0x0a"},
-		{name: "at the limit", id: strings.Repeat("a", DefaultMaxSessionIDLength)},
-		{name: "over the limit", id: strings.Repeat("a", DefaultMaxSessionIDLength+1), want: "is 2049 bytes long; the limit is 2048 (max_session_id_length)"},
-		{name: "at a small limit", id: "abcd", maxLen: 4},
-		{name: "over a small limit", id: "abcde", maxLen: 4, want: "is 5 bytes long; the limit is 4"},
-		{name: "length checked first", id: "a b c", maxLen: 4, want: "bytes long"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			maxLen := tc.maxLen
-			if maxLen == 0 {
-				maxLen = DefaultMaxSessionIDLength
-			}
-			got := checkSessionID(tc.id, maxLen)
-			switch {
-			case tc.want == "" && got != "":
-				t.Errorf("checkSessionID(%q) = %q, want it accepted", tc.id, got)
-			case tc.want != "" && !strings.Contains(got, tc.want):
-				t.Errorf("checkSessionID(%q) = %q, want it to contain %q", tc.id, got, tc.want)
-			}
-		})
-	}
-}
-
 // TestServeHTTPRejects covers the requests the handler answers itself.
 func TestServeHTTPRejects(t *testing.T) {
 	for _, tc := range []struct {

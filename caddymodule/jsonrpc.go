@@ -3,59 +3,42 @@ package caddymodule
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"net/http"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 )
 
-// JSON-RPC error codes of the plugin's own answers.
+// JSON-RPC error codes of the plugin's own answers (internal/mcpwire
+// documents each).
 const (
 	// CodeInvalidRequest is JSON-RPC 2.0's "Invalid Request" (JSON-RPC 2.0 §5.1),
 	// used for a malformed Mcp-Session-Id.
-	CodeInvalidRequest = -32600
+	CodeInvalidRequest = mcpwire.CodeInvalidRequest
 	// CodeSessionNotFound is the code the MCP TypeScript SDK answers an unknown
 	// session with, in the implementation-defined server error range (JSON-RPC 2.0 §5.1).
-	CodeSessionNotFound = -32001
+	CodeSessionNotFound = mcpwire.CodeSessionNotFound
 	// CodeUpstreamUnavailable answers a request whose session's upstream is
 	// failing health checks (HTTP 503), in the implementation-defined server
 	// error range (JSON-RPC 2.0 §5.1). Not -32002, which MCP assigns to
 	// "resource not found" (MCP 2025-11-25, server/resources §Error Handling).
-	CodeUpstreamUnavailable = -32003
+	CodeUpstreamUnavailable = mcpwire.CodeUpstreamUnavailable
+	// CodeHeaderMismatch is MCP's HeaderMismatch error: a request's MCP headers
+	// are missing, malformed or disagree with its body (MCP 2026-07-28
+	// transports, §Server Validation).
+	CodeHeaderMismatch = mcpwire.CodeHeaderMismatch
+	// CodeParseError is JSON-RPC 2.0's "Parse error": the body is not JSON (JSON-RPC 2.0 §5.1).
+	CodeParseError = mcpwire.CodeParseError
 )
-
-// rpcError is a JSON-RPC 2.0 error response with a null id (JSON-RPC 2.0 §5).
-type rpcError struct {
-	JSONRPC string   `json:"jsonrpc"`
-	ID      *int     `json:"id"`
-	Error   rpcCause `json:"error"`
-}
-
-type rpcCause struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-}
-
-// writeRPCError answers with status and a JSON-RPC error body.
-func writeRPCError(w http.ResponseWriter, status, code int, message string) error {
-	body, err := json.Marshal(rpcError{JSONRPC: "2.0", Error: rpcCause{Code: code, Message: message}})
-	if err != nil {
-		return err
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_, err = w.Write(body)
-	return err
-}
 
 // writeSessionNotFound answers 404, which tells MCP clients to start a new
 // session (MCP 2025-03-26 transports, §Session Management).
 func writeSessionNotFound(w http.ResponseWriter, message string) error {
-	return writeRPCError(w, http.StatusNotFound, CodeSessionNotFound, message)
+	return mcpwire.WriteError(w, http.StatusNotFound, nil, CodeSessionNotFound, message)
 }
 
 // writeBadSession answers 400 for a malformed Mcp-Session-Id.
 func writeBadSession(w http.ResponseWriter, reason string) error {
-	return writeRPCError(w, http.StatusBadRequest, CodeInvalidRequest, "Bad Request: "+reason)
+	return mcpwire.WriteError(w, http.StatusBadRequest, nil, CodeInvalidRequest, "Bad Request: "+reason)
 }
 
 // fingerprint returns a short, non-reversible name for a session ID, for

@@ -13,6 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 )
 
 // The legacy HTTP+SSE transport (MCP 2024-11-05, transports §HTTP with SSE)
@@ -119,7 +121,7 @@ func querySession(raw string, params []string, maxLen int) (id, problem string) 
 		return "", fmt.Sprintf("the query names the legacy SSE session more than once (%s); send one of %s once",
 			strings.Join(named, ", "), strings.Join(params, ", "))
 	}
-	if reason := checkSessionID(id, maxLen); reason != "" {
+	if reason := mcpwire.CheckSessionID(id, maxLen); reason != "" {
 		return "", "query parameter " + named[0] + " " + reason
 	}
 	return id, ""
@@ -211,6 +213,12 @@ func (sw *sessionWriter) watchLegacyStream(status int) {
 	sw.sse = &legacyStream{watching: true}
 }
 
+// maxEndpointEvent is the most bytes of a GET's SSE response held back
+// while the proxy waits for the end of its first event. The `endpoint`
+// event of the legacy HTTP+SSE transport is a short URL; a stream whose
+// first event is longer passes on unread and teaches no session.
+const maxEndpointEvent = 16 << 10
+
 // writeWatched passes b on to the client, holding back only an incomplete
 // first event: the client dispatches an event at its end, so holding its
 // start delays nothing a client sees. Blocks without an event (comments)
@@ -219,7 +227,7 @@ func (sw *sessionWriter) writeWatched(b []byte) (int, error) {
 	ls := sw.sse
 	ls.held = append(ls.held, b...)
 	for ls.watching {
-		end := blockEnd(ls.held)
+		end := mcpwire.BlockEnd(ls.held)
 		if end < 0 && len(ls.held) <= maxEndpointEvent {
 			return len(b), nil
 		}
@@ -248,20 +256,20 @@ func (sw *sessionWriter) writeWatched(b []byte) (int, error) {
 // bytes to pass on: the block itself, or the endpoint event with its URL
 // rewritten for the client. The first event ends the watch.
 func (sw *sessionWriter) readBlock(block []byte) []byte {
-	ev := parseEvent(block)
-	if !ev.dispatched() {
+	ev := mcpwire.ParseEvent(block)
+	if !ev.Dispatched() {
 		return block
 	}
 	sw.sse.watching = false
-	if ev.eventType() != "endpoint" || ev.dataLines != 1 {
+	if ev.EventType() != "endpoint" || ev.DataLines != 1 {
 		return block
 	}
-	endpoint := sw.h.learnEndpoint(sw, string(ev.data))
+	endpoint := sw.h.learnEndpoint(sw, string(ev.Data))
 	if endpoint == "" {
 		return block
 	}
-	out := make([]byte, 0, len(block)+len(endpoint)-len(ev.data))
-	out = append(append(append(out, block[:ev.dataStart]...), endpoint...), block[ev.dataEnd:]...)
+	out := make([]byte, 0, len(block)+len(endpoint)-len(ev.Data))
+	out = append(append(append(out, block[:ev.DataStart]...), endpoint...), block[ev.DataEnd:]...)
 	return out
 }
 

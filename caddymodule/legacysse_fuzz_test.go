@@ -1,46 +1,14 @@
 package caddymodule
 
 import (
-	"bytes"
 	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strings"
 	"testing"
-)
 
-// FuzzSSEEvent: for any bytes an upstream's GET stream starts with, finding
-// the first block and reading its event never panics, the block ends at a
-// blank line within the input, and the data span is the event's data.
-func FuzzSSEEvent(f *testing.F) {
-	for _, s := range []string{
-		"event: endpoint\ndata: /m?sessionid=A\n\nevent: message\n", "event: endpoint\r\ndata: /m?x=1\r\n\r\n",
-		"event:endpoint\rdata:/m\r\r", ": ping\n\n", "event: endpoint\n\n", "data: a\ndata: b\n\n", "\n", "\r\n\r\n",
-		"event: endpoint\ndata: /m?sessionId=A\n", "data:\x00\xff\n\n",
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, in []byte) {
-		end := blockEnd(in)
-		if end < 0 {
-			return
-		}
-		if end == 0 || end > len(in) || (in[end-1] != '\n' && in[end-1] != '\r') {
-			t.Fatalf("blockEnd(%q) = %d: not the end of a line within the input", in, end)
-		}
-		block := in[:end]
-		ev := parseEvent(block)
-		if ev.dataLines < 0 || ev.dataStart < 0 || ev.dataStart > ev.dataEnd || ev.dataEnd > len(block) {
-			t.Fatalf("parseEvent(%q): data span %d..%d, %d data lines", block, ev.dataStart, ev.dataEnd, ev.dataLines)
-		}
-		if ev.dataLines == 1 && !bytes.Equal(block[ev.dataStart:ev.dataEnd], ev.data) {
-			t.Fatalf("parseEvent(%q): data %q, span %q", block, ev.data, block[ev.dataStart:ev.dataEnd])
-		}
-		if bytes.ContainsAny(ev.data, "\r\n") {
-			t.Fatalf("parseEvent(%q): data %q spans lines", block, ev.data)
-		}
-	})
-}
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
+)
 
 // FuzzLegacySessionQuery: for any query string of a legacy POST, the
 // session it names is one value of one configured parameter, passes the
@@ -65,7 +33,7 @@ func FuzzLegacySessionQuery(f *testing.F) {
 		if id == "" {
 			return
 		}
-		if reason := checkSessionID(id, 256); reason != "" {
+		if reason := mcpwire.CheckSessionID(id, 256); reason != "" {
 			t.Fatalf("query %q: session %q fails the session ID check: %s", rawQuery, id, reason)
 		}
 		named := 0 // pairs naming a session, as url.ParseQuery reads them, with no limit on their number

@@ -15,42 +15,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
-)
 
-func TestSSEBlocks(t *testing.T) {
-	for _, tc := range []struct {
-		name, in  string
-		end       int // blockEnd
-		typ, data string
-		lines     int
-	}{
-		{name: "LF", in: "event: endpoint\ndata: /m?sessionid=A\n\nevent: message\n", end: 38, typ: "endpoint", data: "/m?sessionid=A", lines: 1},
-		{name: "CRLF", in: "event: endpoint\r\ndata: /m?x=1\r\n\r\n", end: 33, typ: "endpoint", data: "/m?x=1", lines: 1},
-		{name: "CR", in: "event:endpoint\rdata:/m\r\r", end: 24, typ: "endpoint", data: "/m", lines: 1},
-		{name: "comment only", in: ": ping\n\n", end: 8, lines: 0},
-		{name: "no data", in: "event: endpoint\n\n", end: 17, typ: "endpoint", lines: 0},
-		{name: "incomplete", in: "event: endpoint\ndata: /m?sessionId=A\n", end: -1},
-		{name: "split CRLF", in: "event: endpoint\r\ndata: /m\r\n\r", end: 28, typ: "endpoint", data: "/m", lines: 1},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			end := blockEnd([]byte(tc.in))
-			if end != tc.end {
-				t.Fatalf("blockEnd(%q) = %d, want %d", tc.in, end, tc.end)
-			}
-			if end < 0 {
-				return
-			}
-			block := []byte(tc.in[:end])
-			ev := parseEvent(block)
-			if ev.typ != tc.typ || string(ev.data) != tc.data || ev.dataLines != tc.lines {
-				t.Errorf("parseEvent(%q) = type %q data %q (%d lines), want %q %q (%d)", block, ev.typ, ev.data, ev.dataLines, tc.typ, tc.data, tc.lines)
-			}
-			if tc.lines == 1 && string(block[ev.dataStart:ev.dataEnd]) != tc.data {
-				t.Errorf("data span %q, want %q", block[ev.dataStart:ev.dataEnd], tc.data)
-			}
-		})
-	}
-}
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/seal"
+)
 
 // chunkRecorder records each write the client gets, with the response.
 type chunkRecorder struct {
@@ -287,7 +254,7 @@ func TestEverySessionNamedIsChecked(t *testing.T) {
 	h.table.SetBindPrincipal("{http.request.header.Authorization}")
 	h.table.LearnFrom(alice, "a:1", Origin{Principal: "Bearer alice"})
 	h.table.LearnFrom(bob, "a:1", Origin{Principal: "Bearer bob"})
-	bobSealed := h.sealer.seal(sealedSession{dial: "a:1", bound: principalDigest("Bearer bob"), id: "BOBSTREAMABLE"})
+	bobSealed := h.sealer.seal(seal.Session{Dial: "a:1", Bound: principalDigest("Bearer bob"), ID: "BOBSTREAMABLE"})
 	for _, tc := range []struct {
 		name, method, query string
 		header              []string // Mcp-Session-Id values

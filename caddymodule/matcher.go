@@ -13,6 +13,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 )
 
 func init() {
@@ -218,13 +220,13 @@ func (m *MatchMCP) matchCall(method, name string) bool {
 // cannot go one way, and a server would run all of them: it is refused, so
 // that a route for some calls, a refusal above all, is never bypassed by
 // batching them with others.
-func (m *MatchMCP) matchBatch(batch []*rpcHead) (bool, *fault) {
-	first := m.matchCall(batch[0].Method, batch[0].callName())
+func (m *MatchMCP) matchBatch(batch []*mcpwire.Head) (bool, *fault) {
+	first := m.matchCall(batch[0].Method, batch[0].CallName())
 	for i, h := range batch[1:] {
-		if m.matchCall(h.Method, h.callName()) != first {
+		if m.matchCall(h.Method, h.CallName()) != first {
 			return false, &fault{status: http.StatusBadRequest, code: CodeInvalidRequest, message: fmt.Sprintf(
 				"Invalid Request: members 1 (%s) and %d (%s) of this JSON-RPC batch are routed differently by this proxy; "+
-					"send them in separate requests", batch[0].describe(), i+2, h.describe())}
+					"send them in separate requests", batch[0].Describe(), i+2, h.Describe())}
 		}
 	}
 	return first, nil
@@ -318,19 +320,19 @@ func (ex *exchange) checkBody(r *http.Request, limit int64) *fault {
 
 // validate returns the fault of a 2026-07-28 request whose mirrored headers
 // are missing or disagree with the body head.
-func (ex *exchange) validate(head *rpcHead) *fault {
+func (ex *exchange) validate(head *mcpwire.Head) *fault {
 	request := head.ID != nil
 	switch {
 	case ex.hdrMethod == "" && request:
 		return mismatch("the Mcp-Method header is required; the body's method is %q", head.Method)
 	case ex.hdrMethod != "" && ex.hdrMethod != head.Method:
 		return mismatch("Mcp-Method header value %q does not match body value %q", ex.hdrMethod, head.Method)
-	case request && namedMethod(head.Method) && !ex.nameSent:
-		return mismatch("the Mcp-Name header is required for %s; the body's value is %q", head.Method, head.name())
-	case request && namedMethod(head.Method) && ex.hdrName != head.name():
-		return mismatch("Mcp-Name header value %q does not match body value %q", ex.hdrName, head.name())
+	case request && mcpwire.NamedMethod(head.Method) && !ex.nameSent:
+		return mismatch("the Mcp-Name header is required for %s; the body's value is %q", head.Method, head.MirroredName())
+	case request && mcpwire.NamedMethod(head.Method) && ex.hdrName != head.MirroredName():
+		return mismatch("Mcp-Name header value %q does not match body value %q", ex.hdrName, head.MirroredName())
 	case head.Version != "" && head.Version != ex.version:
-		return mismatch("MCP-Protocol-Version header value %q does not match body value %q (%s)", ex.version, head.Version, metaProtocolVersion)
+		return mismatch("MCP-Protocol-Version header value %q does not match body value %q (%s)", ex.version, head.Version, mcpwire.MetaProtocolVersion)
 	}
 	return nil
 }
@@ -354,7 +356,7 @@ func parseVersionCond(s string) (versionCond, error) {
 			break
 		}
 	}
-	if !isDate(rest) {
+	if !mcpwire.IsVersion(rest) {
 		return c, fmt.Errorf("mcp matcher: protocol_version %q must be an operator (=, !=, <, <=, >, >=) and a version date such as 2026-07-28", s)
 	}
 	c.version = rest
@@ -364,7 +366,7 @@ func parseVersionCond(s string) (versionCond, error) {
 // holds reports whether version v satisfies the condition; a v that is not
 // a date satisfies none. Dates compare as strings.
 func (c versionCond) holds(v string) bool {
-	if !isDate(v) {
+	if !mcpwire.IsVersion(v) {
 		return false
 	}
 	cmp := strings.Compare(v, c.version)

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 )
 
 // FuzzMatcherParsers covers what the mcp matcher parses from a request
@@ -33,7 +35,7 @@ func FuzzMatcherParsers(f *testing.F) {
 				t.Fatalf("globMatch(%q, %q) = %v, the regular expression says %v", pattern, s, got, want)
 			}
 		}
-		if c, err := parseVersionCond(pattern); err == nil && c.holds(s) && !isDate(s) {
+		if c, err := parseVersionCond(pattern); err == nil && c.holds(s) && !mcpwire.IsVersion(s) {
 			t.Fatalf("condition %q holds for %q, which is not a version date", pattern, s)
 		}
 	})

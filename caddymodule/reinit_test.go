@@ -8,36 +8,6 @@ import (
 	"testing"
 )
 
-// TestIsInitialize checks how an initialize request is recognised in a
-// body or its prefix, alone and in a batch.
-func TestIsInitialize(t *testing.T) {
-	for _, c := range []struct {
-		body        string
-		single, any bool
-	}{
-		{`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`, true, true},
-		{`{"method":"initialize","params":{"capabilities":{}},"jsonrpc":"2.0","id":0}`, true, true},
-		{`{"params":{"clientInfo":{"name":"initialize"}},"method":"initialize","id":1}`, true, true},
-		{`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"cut short`, true, true},
-		{`{"jsonrpc":"2.0","id":1,"params":{"cut short","method":"initialize"`, false, false},
-		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"initialize"}}`, false, false},
-		{`{"jsonrpc":"2.0","method":"notifications/initialized"}`, false, false},
-		{`{"jsonrpc":"2.0","id":1,"method":"Initialize"}`, false, false},
-		{`[{"jsonrpc":"2.0","method":"notifications/x"},{"jsonrpc":"2.0","id":1,"method":"initialize"}]`, false, true},
-		{`[{"jsonrpc":"2.0","id":1,"method":"ping"}]`, false, false},
-		{`["initialize"]`, false, false},
-		{`"initialize"`, false, false},
-		{``, false, false},
-	} {
-		if got := isInitialize([]byte(c.body), false); got != c.single {
-			t.Errorf("isInitialize(%s, no batch) = %v, want %v", c.body, got, c.single)
-		}
-		if got := isInitialize([]byte(c.body), true); got != c.any {
-			t.Errorf("isInitialize(%s, batch) = %v, want %v", c.body, got, c.any)
-		}
-	}
-}
-
 // TestStaleInitializeKeepsBody checks that looking at a body passes it on
 // unchanged, even one longer than the prefix read, and that only POSTs are
 // looked at.

@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -19,10 +18,16 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/seal"
 )
 
 // testUUID is shaped like the IDs the MCP TypeScript and Python SDKs mint.
 const testUUID = "3f1c1d2e-8a4b-4c6d-9e0f-1a2b3c4d5e6f"
+
+// sealEncoding is the encoding of sealed session IDs (internal/seal), for
+// building and taking apart values by hand.
+var sealEncoding = base64.RawURLEncoding.Strict()
 
 // newKey returns a random sealing key.
 func newKey(t testing.TB) []byte {
@@ -71,179 +76,6 @@ func plaintext(dial, bound, id string) []byte {
 	b := append(binary.AppendUvarint(nil, uint64(len(dial))), dial...)
 	b = append(binary.AppendUvarint(b, uint64(len(bound))), bound...)
 	return append(b, id...)
-}
-
-// issuedPlaintext is plaintext of format version 3: the issue time first.
-func issuedPlaintext(issued uint64, dial, bound, id string) []byte {
-	return append(binary.AppendUvarint(nil, issued), plaintext(dial, bound, id)...)
-}
-
-func TestSealOpenRoundTrip(t *testing.T) {
-	s := newSealer(t, newKey(t))
-	for _, tc := range []struct{ dial, id string }{
-		{"127.0.0.1:9001", testSessionID},
-		{"10.0.0.12:8080", testUUID},
-		{"unix//run/mcp/1.sock", "x"},
-		{"[::1]:9001", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl"},
-		{"mcp-" + strings.Repeat("a", 300) + ".svc.cluster.local:443", strings.Repeat("Z", 1500)}, // a 2-byte length prefix
-	} {
-		v := s.Seal(tc.dial, tc.id)
-		dial, id, ok := s.Open(v)
-		if !ok || dial != tc.dial || id != tc.id {
-			t.Errorf("Open(Seal(%q, %q)) = %q, %q, %v", tc.dial, tc.id, dial, id, ok)
-		}
-		if reason := checkSessionID(v, len(v)); reason != "" {
-			t.Errorf("sealed value %q %s", v, reason)
-		}
-		if w := s.Seal(tc.dial, tc.id); w == v {
-			t.Errorf("two seals of the same pair are equal (%q): the nonce is not fresh", v)
-		}
-		raw, _ := sealEncoding.DecodeString(v)
-		for _, secret := range []string{tc.dial, tc.id} {
-			// a secret shorter than 4 bytes turns up in random bytes by chance (a
-			// 1-byte one in about 1 of 5 sealed values)
-			if len(secret) >= 4 && (strings.Contains(v, secret) || bytes.Contains(raw, []byte(secret))) {
-				t.Errorf("sealed value %q shows %q", v, secret)
-			}
-		}
-	}
-}
-
-// TestSealedLength pins the lengths docs/replicas.md states, and the formula
-// behind them: 36 bytes of overhead (52 when bound), then base64.
-func TestSealedLength(t *testing.T) {
-	s := newSealer(t, newKey(t))
-	for _, tc := range []struct {
-		dial, id string
-		bound    bool
-		want     int
-	}{
-		{"127.0.0.1:9001", testSessionID, false, 102}, // go-sdk: 26 bytes
-		{"127.0.0.1:9001", testUUID, false, 115},      // TypeScript and Python SDKs: a 36-byte UUID
-		{"127.0.0.1:9001", testSessionID, true, 123},
-		{"127.0.0.1:9001", testUUID, true, 136},
-		{"10.0.0.12:8080", testSessionID, false, 102},
-		{"mcp-3.mcp.default.svc.cluster.local:8080", testUUID, false, 150},
-		{"mcp-3.mcp.default.svc.cluster.local:8080", testUUID, true, 171},
-	} {
-		ss := sealedSession{dial: tc.dial, id: tc.id}
-		if tc.bound {
-			ss.bound = principalDigest("Bearer alice")
-		}
-		got, formula := len(s.seal(ss)), sealedLength(ss)
-		if got != tc.want || got != formula {
-			t.Errorf("sealed length of %q on %q (bound %v) = %d, want %d (sealedLength %d)", tc.id, tc.dial, tc.bound, got, tc.want, formula)
-		}
-	}
-}
-
-// TestOpenRejects: nothing but an unmodified value sealed under one of the
-// keys, in this format version, opens.
-func TestOpenRejects(t *testing.T) {
-	key := newKey(t)
-	s := newSealer(t, key)
-	good := s.Seal("127.0.0.1:9001", testSessionID)
-	raw, err := sealEncoding.DecodeString(good)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bad := map[string]string{
-		"empty":                      "",
-		"the upstream's own ID":      testSessionID,
-		"a UUID":                     testUUID,
-		"forged: random bytes":       sealEncoding.EncodeToString(append([]byte{sealVersion}, randomBytes(t, len(raw)-1)...)),
-		"another key":                newSealer(t, newKey(t)).Seal("127.0.0.1:9001", testSessionID),
-		"v3 value labelled v4":       sealEncoding.EncodeToString(append([]byte{sealVersionIssuedInit}, raw[1:]...)),
-		"v3 value labelled v1":       sealEncoding.EncodeToString(append([]byte{sealVersion}, raw[1:]...)),
-		"unknown version, v3 data":   sealEncoding.EncodeToString(append([]byte{5}, raw[1:]...)),
-		"unknown version, sealed v5": sealRaw(t, key, 5, issuedPlaintext(1, "127.0.0.1:9001", "", testSessionID)),
-		"version 0":                  sealRaw(t, key, 0, plaintext("127.0.0.1:9001", "", testSessionID)),
-		"v3 issued at 0":             sealRaw(t, key, sealVersionIssued, issuedPlaintext(0, "127.0.0.1:9001", "", testSessionID)),
-		"v3 without issue time":      sealRaw(t, key, sealVersionIssued, plaintext("127.0.0.1:9001", "", testSessionID)),
-		"v3 issue time past int64":   sealRaw(t, key, sealVersionIssued, issuedPlaintext(1<<63, "127.0.0.1:9001", "", testSessionID)),
-		"v3 issue time cut":          sealRaw(t, key, sealVersionIssued, []byte{0x80, 0x80}),
-		"empty dial":                 sealRaw(t, key, sealVersion, plaintext("", "", testSessionID)),
-		"empty ID":                   sealRaw(t, key, sealVersion, plaintext("127.0.0.1:9001", "", "")),
-		"length past the end":        sealRaw(t, key, sealVersion, append(binary.AppendUvarint(nil, 200), "127.0.0.1:9001\x00x"...)),
-		"bad length prefix":          sealRaw(t, key, sealVersion, bytes.Repeat([]byte{0xff}, 12)),
-		"empty plaintext":            sealRaw(t, key, sealVersion, nil),
-		"no bound field":             sealRaw(t, key, sealVersion, append(binary.AppendUvarint(nil, 14), "127.0.0.1:9001"...)),
-		"bound of 5 bytes":           sealRaw(t, key, sealVersion, plaintext("127.0.0.1:9001", "12345", testSessionID)),
-		"bound, no ID":               sealRaw(t, key, sealVersion, plaintext("127.0.0.1:9001", principalDigest("x"), "")),
-		"padded":                     good + strings.Repeat("=", (4-len(good)%4)%4) + "====",
-		"standard alphabet":          base64.RawStdEncoding.EncodeToString(bytes.Repeat([]byte{0xfb, 0xff}, 40)),
-		"appended byte":              sealEncoding.EncodeToString(append(bytes.Clone(raw), 0)),
-		"doubled":                    good + good,
-	}
-	for i := 1; i < len(good); i++ {
-		bad["truncated to "+strconv.Itoa(i)] = good[:i]
-	}
-	for i := range raw {
-		for bit := range 8 {
-			flipped := bytes.Clone(raw)
-			flipped[i] ^= 1 << bit
-			bad["bit "+strconv.Itoa(bit)+" of byte "+strconv.Itoa(i)+" flipped"] = sealEncoding.EncodeToString(flipped)
-		}
-	}
-	for i := range good {
-		c := byte('A')
-		if good[i] == 'A' {
-			c = 'B'
-		}
-		bad["character "+strconv.Itoa(i)+" replaced"] = good[:i] + string(c) + good[i+1:]
-	}
-	for name, v := range bad {
-		if dial, id, ok := s.Open(v); ok {
-			t.Errorf("%s: Open(%q) = %q, %q, true; want it rejected", name, v, dial, id)
-		}
-	}
-	if _, _, ok := s.Open(good); !ok {
-		t.Fatal("the unmodified value does not open: every rejection above proves nothing")
-	}
-}
-
-// TestSealerKeyRotation walks the rotation docs/replicas.md describes: a new key
-// is first added to open, then made the sealing key, then the old key is
-// dropped; values sealed at every step open until their key is dropped.
-func TestSealerKeyRotation(t *testing.T) {
-	oldKey, newK := newKey(t), newKey(t)
-	steps := []*SessionSealer{
-		newSealer(t, oldKey),       // before
-		newSealer(t, oldKey, newK), // 1: the new key opens
-		newSealer(t, newK, oldKey), // 2: the new key seals
-		newSealer(t, newK),         // 3: the old key is gone
-	}
-	sealed := make([]string, len(steps))
-	for i, s := range steps {
-		sealed[i] = s.Seal("127.0.0.1:9001", testSessionID)
-	}
-	// opens[i][j]: step i's sealer opens step j's value.
-	opens := [][]bool{
-		{true, true, false, false},
-		{true, true, true, true},
-		{true, true, true, true},
-		{false, false, true, true},
-	}
-	for i, s := range steps {
-		for j, v := range sealed {
-			if _, _, ok := s.Open(v); ok != opens[i][j] {
-				t.Errorf("step %d opening a value sealed at step %d: %v, want %v", i, j, ok, opens[i][j])
-			}
-		}
-	}
-}
-
-func TestNewSessionSealerErrors(t *testing.T) {
-	for name, keys := range map[string][][]byte{
-		"no key":       nil,
-		"short key":    {make([]byte, 16)},
-		"long key":     {make([]byte, 33)},
-		"second short": {make([]byte, 32), make([]byte, 31)},
-	} {
-		if _, err := NewSessionSealer(keys...); err == nil {
-			t.Errorf("%s: NewSessionSealer succeeded", name)
-		}
-	}
 }
 
 func TestSealedSessionIDsProvision(t *testing.T) {
@@ -533,7 +365,7 @@ func TestSealedPrincipalBinding(t *testing.T) {
 		return r
 	}
 	sealed := a.serve(t, as(newRequest(http.MethodPost), "Bearer alice"), answer(200, testSessionID)).Header().Get(HeaderSessionID)
-	if got := len(sealed); got != sealedLength(sealedSession{dial: a.proxy.last().Dial, bound: principalDigest("x"), id: testSessionID}) {
+	if got := len(sealed); got != sealedLength(seal.Session{Dial: a.proxy.last().Dial, Bound: principalDigest("x"), ID: testSessionID}) {
 		t.Errorf("sealed value of a bound session is %d bytes; want the bound length", got)
 	}
 	unbound := a.serve(t, as(newRequest(http.MethodPost), ""), answer(200, testUUID)).Header().Get(HeaderSessionID)
@@ -580,126 +412,6 @@ func TestSealedCaddyfile(t *testing.T) {
 		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(input)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want %q", input, err, want)
 		}
-	}
-}
-
-// FuzzOpenSealed feeds arbitrary values to Open: it must never panic, and
-// whatever opens must be a canonical base64url value carrying a non-empty
-// dial address and session ID, and, in format versions 2 and 4, a
-// non-empty initialize body.
-func FuzzOpenSealed(f *testing.F) {
-	key := bytes.Repeat([]byte{7}, sealKeySize)
-	s, _ := NewSessionSealer(key)
-	good := s.Seal("127.0.0.1:9001", testSessionID)
-	withInit := s.seal(sealedSession{dial: "127.0.0.1:9001", id: testSessionID, init: testSealedInit(testInitBody)})
-	for _, seed := range []string{good, good[:len(good)-1], good[:43], "", "A", testSessionID, testUUID, good + "=", strings.Repeat("A", 43), strings.Repeat("_", 200),
-		withInit, withInit[:len(withInit)-1], withInit[:200], "Ag" + good[2:]} {
-		f.Add(seed)
-	}
-	f.Fuzz(func(t *testing.T, v string) {
-		_, ss, ok := s.open(v)
-		if !ok {
-			return
-		}
-		if ss.dial == "" || ss.id == "" {
-			t.Fatalf("open(%q) = %+v, true", v, ss)
-		}
-		raw, err := sealEncoding.DecodeString(v)
-		if err != nil || sealEncoding.EncodeToString(raw) != v {
-			t.Fatalf("Open accepted a non-canonical value %q", v)
-		}
-		if (raw[0] == sealVersionInit || raw[0] == sealVersionIssuedInit) != (ss.init.body != "") {
-			t.Fatalf("version %d opened to initialize %+v", raw[0], ss.init)
-		}
-	})
-}
-
-// FuzzOpenTampered flips bits of a valid sealed value, of format version 3
-// or 4 (carrying an initialize), at fuzzed positions: no change of any
-// byte, whatever the mask, may open.
-func FuzzOpenTampered(f *testing.F) {
-	key := bytes.Repeat([]byte{9}, sealKeySize)
-	s, _ := NewSessionSealer(key)
-	var raws [2][]byte
-	for i, ss := range []sealedSession{
-		{dial: "127.0.0.1:9001", id: testSessionID},
-		{dial: "127.0.0.1:9001", id: testSessionID, init: testSealedInit(testInitBody)},
-	} {
-		raws[i], _ = sealEncoding.DecodeString(s.seal(ss))
-	}
-	for _, withInit := range []bool{false, true} {
-		f.Add(withInit, uint16(0), byte(1))
-		f.Add(withInit, uint16(1), byte(0x80))
-		f.Add(withInit, uint16(len(raws[1])-1), byte(0xff))
-		f.Add(withInit, uint16(20), byte(0x10))
-		f.Add(withInit, uint16(0), byte(7)) // version 3 <-> 4
-		f.Add(withInit, uint16(0), byte(2)) // version 3 <-> 1, 4 <-> 6
-	}
-	f.Fuzz(func(t *testing.T, withInit bool, pos uint16, mask byte) {
-		if mask == 0 {
-			return
-		}
-		raw := raws[0]
-		if withInit {
-			raw = raws[1]
-		}
-		tampered := bytes.Clone(raw)
-		tampered[int(pos)%len(tampered)] ^= mask
-		if _, ss, ok := s.open(sealEncoding.EncodeToString(tampered)); ok {
-			t.Fatalf("byte %d ^ %#x opened to %+v", int(pos)%len(tampered), mask, ss)
-		}
-	})
-}
-
-// sealBenches are the sealed sessions the sealing benchmarks seal and
-// open: without an initialize (format version 3), and carrying the go-sdk
-// client's 190-byte initialize (version 4, a table with failover).
-var sealBenches = []struct {
-	name string
-	ss   sealedSession
-}{
-	{"no init", sealedSession{dial: "127.0.0.1:9001", id: testSessionID}},
-	{"init 190 B", sealedSession{dial: "127.0.0.1:9001", id: testSessionID, init: testSealedInit(testInitGo)}},
-}
-
-func BenchmarkSeal(b *testing.B) {
-	for _, bc := range sealBenches {
-		b.Run(bc.name, func(b *testing.B) {
-			s := newSealer(b, newKey(b))
-			b.ReportAllocs()
-			for b.Loop() {
-				s.seal(bc.ss)
-			}
-		})
-	}
-}
-
-func BenchmarkOpen(b *testing.B) {
-	for _, sb := range sealBenches {
-		for _, bc := range []struct {
-			name string
-			keys int // keys of the sealer; the value is sealed under the last
-		}{{"first key", 1}, {"second key", 2}} {
-			b.Run(sb.name+"/"+bc.name, func(b *testing.B) {
-				keys := [][]byte{newKey(b), newKey(b)}[:bc.keys]
-				v := newSealer(b, keys[bc.keys-1]).seal(sb.ss)
-				s := newSealer(b, keys...)
-				b.ReportAllocs()
-				for b.Loop() {
-					if _, _, ok := s.open(v); !ok {
-						b.Fatal("did not open")
-					}
-				}
-			})
-		}
-		b.Run(sb.name+"/forged", func(b *testing.B) {
-			s := newSealer(b, newKey(b))
-			v := newSealer(b, newKey(b)).seal(sb.ss)
-			b.ReportAllocs()
-			for b.Loop() {
-				s.open(v)
-			}
-		})
 	}
 }
 

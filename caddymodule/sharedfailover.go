@@ -7,13 +7,13 @@ import (
 	"crypto/cipher"
 	"crypto/hmac"
 	"crypto/sha256"
-	"encoding/base64"
-	"encoding/binary"
 	"errors"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/seal"
 )
 
 // Failover through the shared store: with `failover reinitialize` and the
@@ -28,9 +28,6 @@ import (
 // the session's key hash its AEAD's associated data: a record of another
 // version, or moved to another session's key, never opens.
 const recordVersion byte = 1
-
-// recordEncoding encodes sealed failover records in Redis values.
-var recordEncoding = base64.RawURLEncoding
 
 // newRecordAEAD returns the AEAD of failover records: AES-256-GCM with
 // random nonces (NIST SP 800-38D) under a key derived from hash_key. The
@@ -52,44 +49,30 @@ func newRecordAEAD(hashKey []byte) cipher.AEAD {
 }
 
 // sealRecord returns the failover record of init for the session whose
-// key hash is h, as a Redis value carries it:
+// key hash is h, as a Redis value carries it: an envelope of internal/seal
+// of version recordVersion, with h as associated data, whose fields are
 //
-//	base64url( 0x01 || nonce || AES-256-GCM( upstreamID, accept, contentType, version, body ) || tag )
-//
-// each field but the body preceded by its length as a uvarint.
+//	upstreamID, accept, contentType, version, body
 func (ks *keyspace) sealRecord(h keyHash, init *sessionInit) string {
-	var plain []byte
-	for _, f := range []string{init.upstreamID, init.accept, init.contentType, init.version} {
-		plain = append(binary.AppendUvarint(plain, uint64(len(f))), f...)
-	}
-	plain = append(plain, init.body...)
-	sealed := ks.records.Seal([]byte{recordVersion}, nil, plain, recordAD(h))
-	return recordEncoding.EncodeToString(sealed)
+	fields := [...]string{init.upstreamID, init.accept, init.contentType, init.version, string(init.body)}
+	return seal.Under(ks.records).Seal(recordVersion, h[:], seal.Message{Fields: fields[:]})
 }
 
 // openRecord returns the failover record rec of the session whose key hash
 // is h, with rec as its stored form; false when it does not open.
 func (ks *keyspace) openRecord(h keyHash, rec string) (*sessionInit, bool) {
-	raw, err := recordEncoding.DecodeString(rec)
-	if err != nil || len(raw) == 0 || raw[0] != recordVersion {
+	_, plain, ok := seal.Under(ks.records).Open(rec, h[:], func(v byte) bool { return v == recordVersion })
+	if !ok {
 		return nil, false
 	}
-	plain, err := ks.records.Open(nil, nil, raw[1:], recordAD(h))
-	if err != nil {
+	var f [5]string
+	if _, ok := seal.Split(plain, false, f[:]); !ok {
 		return nil, false
 	}
-	var f [4]string
-	for i := range f {
-		n, k := binary.Uvarint(plain)
-		if k <= 0 || n > uint64(len(plain)-k) {
-			return nil, false
-		}
-		f[i], plain = string(plain[k:k+int(n)]), plain[k+int(n):]
-	}
-	return &sessionInit{upstreamID: f[0], accept: f[1], contentType: f[2], version: f[3], body: plain, stored: rec}, true
+	// Clones, so that the table keeps the fields and not the plaintext.
+	return &sessionInit{upstreamID: strings.Clone(f[0]), accept: strings.Clone(f[1]), contentType: strings.Clone(f[2]),
+		version: strings.Clone(f[3]), body: []byte(f[4]), stored: rec}, true
 }
-
-func recordAD(h keyHash) []byte { return append([]byte{recordVersion}, h[:]...) }
 
 // withRecord returns a copy of init that carries its sealed record for
 // session id, as the table keeps it: a touch or a move compares Redis's

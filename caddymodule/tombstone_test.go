@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/seal"
 )
 
 // TestTombstonesBounded: the set holds at most max tombstones, dropping
@@ -192,8 +194,8 @@ func TestFailoverRefusedForEndedAndOld(t *testing.T) {
 		name, id, why string
 		ok            bool
 	}{
-		{"issued now", s.seal(sealedSession{dial: dial, id: "LOST", init: init}), "", true},
-		{"issued 61 minutes ago", s.seal(sealedSession{issued: time.Now().Add(-61 * time.Minute).Unix(), dial: dial, id: "LOST", init: init}), "failover_max_age", false},
+		{"issued now", s.seal(seal.Session{Dial: dial, ID: "LOST", Init: init}), "", true},
+		{"issued 61 minutes ago", s.seal(seal.Session{Issued: time.Now().Add(-61 * time.Minute).Unix(), Dial: dial, ID: "LOST", Init: init}), "failover_max_age", false},
 		{"format version 2", v2, "did not seal its issue time", false},
 	} {
 		refused := b.h.table.Stats.FailoversRefused(FailoverUpstream404)
@@ -209,12 +211,12 @@ func TestFailoverRefusedForEndedAndOld(t *testing.T) {
 
 // v2Plaintext is the plaintext of a format version 2 sealed ID, as minted
 // before sealed IDs carried their issue time.
-func v2Plaintext(dial, id string, init sealedInit) []byte {
+func v2Plaintext(dial, id string, init seal.Init) []byte {
 	b := plaintext(dial, "", "")[:0]
-	for _, f := range []string{dial, "", id, init.accept, init.contentType, init.version} {
+	for _, f := range []string{dial, "", id, init.Accept, init.ContentType, init.Version} {
 		b = append(append(b, byte(len(f))), f...)
 	}
-	return append(b, init.body...)
+	return append(b, init.Body...)
 }
 
 // TestStoreTombstones: a session ended by its client's DELETE leaves a

@@ -4,7 +4,7 @@
 // class (ſ U+017F for s, K U+212A KELVIN SIGN for k), \u escapes; and in
 // ways no decoder reads as the key (characters that look alike but do not
 // fold, bytes that are not UTF-8). The fuzz tests of the mcp matcher build
-// their bodies with it (caddymodule FuzzLooseKeys, tests
+// their bodies with it (internal/mcpwire FuzzLooseKeys, tests
 // FuzzLooseKeysSDKDecoders).
 package loosekeys
 

@@ -1,4 +1,4 @@
-package caddymodule
+package mcpwire
 
 import (
 	"bytes"
@@ -11,9 +11,9 @@ import (
 )
 
 // readNames are the keys the plugin reads from a JSON-RPC body, at every
-// level: parseRPC's top level, params and params._meta, and isInitialize's
+// level: Parse's top level, params and params._meta, and isInitialize's
 // method.
-var readNames = []string{"id", "method", "params", "name", "uri", "_meta", metaProtocolVersion}
+var readNames = []string{"id", "method", "params", "name", "uri", "_meta", MetaProtocolVersion}
 
 // TestFoldsTo checks foldsTo against bytes.EqualFold, the comparison
 // encoding/json matches keys with, on every spelling of each name read
@@ -53,7 +53,7 @@ func TestFoldsTo(t *testing.T) {
 		{"p\u0430rams", "params", false}, // Cyrillic а looks like a, does not fold
 		{"param\xc5", "params", false},   // half of ſ: not UTF-8
 		{"\x7fmeta", "_meta", false},     // 0x7f and '_' differ in more than case
-		{"io.modelcontextprotocol\x0fprotocolVersion", metaProtocolVersion, false},
+		{"io.modelcontextprotocol\x0fprotocolVersion", MetaProtocolVersion, false},
 		{"", "id", false},
 	} {
 		if got := foldsTo([]byte(tc.key), tc.name); got != tc.want {
@@ -95,8 +95,8 @@ type looseMessage struct {
 }
 
 // fields returns the values of the fields the plugin reads.
-func (m *looseMessage) fields() rpcHead {
-	h := rpcHead{ID: m.ID, Method: m.Method}
+func (m *looseMessage) fields() Head {
+	h := Head{ID: m.ID, Method: m.Method}
 	if m.Params != nil {
 		h.Name, h.URI = m.Params.Name, m.Params.URI
 		if m.Params.Meta != nil {
@@ -112,8 +112,8 @@ func (m *looseMessage) fields() rpcHead {
 // look-alikes that do not fold) and checks the JSON-RPC readers against
 // encoding/json, which reads such keys as the fields they fold to: whenever
 // encoding/json reads another id, method, params.name, params.uri or
-// _meta protocol version than parseRPC (the `mcp` matcher's reader),
-// parseRPC must have refused the body; and isInitialize (failover's and
+// _meta protocol version than Parse (the `mcp` matcher's reader),
+// Parse must have refused the body; and isInitialize (failover's and
 // stale sessions' reader) finds an initialize only where encoding/json
 // reads one. Keys spelled exactly as the fields are the go-sdk's reading,
 // which tests.FuzzLooseKeysSDKDecoders checks with the go-sdk's decoder.
@@ -147,30 +147,30 @@ func FuzzLooseKeys(f *testing.F) {
 		}
 		checkParseRPCAgrees(t, body)
 		for _, batch := range []bool{false, true} {
-			if isInitialize(body, batch) && !looseInitialize(body, batch) {
-				t.Fatalf("isInitialize(batch %v) finds an initialize that encoding/json does not read in %s", batch, body)
+			if IsInitialize(body, batch) && !looseInitialize(body, batch) {
+				t.Fatalf("IsInitialize(batch %v) finds an initialize that encoding/json does not read in %s", batch, body)
 			}
 		}
 	})
 }
 
-// checkParseRPCAgrees fails t if parseRPC accepts body but encoding/json
-// reads another value of a field parseRPC reads.
+// checkParseRPCAgrees fails t if Parse accepts body but encoding/json
+// reads another value of a field Parse reads.
 func checkParseRPCAgrees(t *testing.T, body []byte) {
 	t.Helper()
-	head, f := parseRPC(body)
+	head, f := Parse(body)
 	var loose looseMessage
 	if f != nil || json.Unmarshal(body, &loose) != nil {
 		return // refused, by the plugin or by the server's decoder
 	}
 	if got := loose.fields(); string(got.ID) != string(head.ID) || got.Method != head.Method ||
 		got.Name != head.Name || got.URI != head.URI || got.Version != head.Version {
-		t.Fatalf("parseRPC accepted %s reading %+q; encoding/json reads %+q", body, fieldList(head), fieldList(&got))
+		t.Fatalf("Parse accepted %s reading %+q; encoding/json reads %+q", body, fieldList(head), fieldList(&got))
 	}
 }
 
 // fieldList lists the values of a head's fields, for messages.
-func fieldList(h *rpcHead) []string {
+func fieldList(h *Head) []string {
 	return []string{string(h.ID), h.Method, h.Name, h.URI, h.Version}
 }
 
