@@ -69,6 +69,7 @@ func TestFailoverKeepsProtocolVersion(t *testing.T) {
 
 	news[0].Kill()
 	<-news[0].Done()
+	waitClosesRead(t, news[0].Addr()) // a request on a kept-alive connection to it would get 502, not fail over
 	killed, other := news[0].Name(), news[1].Name()
 	if err := os.WriteFile(filepath.Join(holdDir, "go"), nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -112,6 +113,7 @@ func TestFailoverKeepsProtocolVersion(t *testing.T) {
 	// No upstream of 2025-11-25 left: the proxy's 404, not a move to v1.0.0.
 	news[1].Kill()
 	<-news[1].Done()
+	waitClosesRead(t, news[1].Addr())
 	for i, s := range raws {
 		if s.version != "2025-11-25" {
 			continue
