@@ -19,7 +19,7 @@ import (
 // then segmentio/encoding/json with DontMatchCaseInsensitiveStructFields,
 // as its internal/json decodes params) and mcp-go's (encoding/json, which
 // folds keys). Whenever a decoder reads another method or name than the
-// matcher, the matcher must have refused the body. caddymodule's
+// matcher, the matcher must have refused the body. internal/mcpwire's
 // FuzzLooseKeys checks the parser itself against encoding/json, _meta
 // included.
 func FuzzLooseKeysSDKDecoders(f *testing.F) {
