@@ -393,9 +393,9 @@ func (a *App) startTable(name string, u *tableUse) error {
 	if cfg := a.Tables[name]; cfg != nil {
 		u.table.SetUpstreamTTL(time.Duration(cfg.UpstreamTTL))
 	}
-	var conn *redisConn
+	var conn Shared
 	if u.store != nil {
-		c, err := u.store.connect(u.table)
+		c, err := u.store.Connect(u.table)
 		if err != nil {
 			return fmt.Errorf("session table %q: connecting its store: %v", name, err)
 		}
@@ -536,6 +536,31 @@ func checkProxy(rp *reverseproxy.Handler, before []handlerSeen) error {
 	}
 	return fmt.Errorf("the mcp_session handler before a reverse_proxy writes session table %q, but the reverse_proxy's "+
 		"selection policy reads table %q; give both the same table name (mcp_proxy does this for you)", want, got)
+}
+
+// tables holds the session tables by name, across config reloads.
+var tables = caddy.NewUsagePool()
+
+// acquireTable returns the table called name, creating it with the given
+// bounds, and counts a reference to it that [releaseTable] gives back.
+func acquireTable(name string, maxSessions int, ttl time.Duration) (*Table, error) {
+	val, _, err := tables.LoadOrNew(name, func() (caddy.Destructor, error) {
+		t, err := NewTable(name, maxSessions, ttl, nil)
+		if err != nil {
+			return nil, err
+		}
+		t.StartJanitor(janitorInterval)
+		return t, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return val.(*Table), nil
+}
+
+// releaseTable gives back a reference taken by acquireTable.
+func releaseTable(name string) {
+	_, _ = tables.Delete(name)
 }
 
 // Interface guards

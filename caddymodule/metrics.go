@@ -137,7 +137,7 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 
 // collectStore sends the series of a table's shared store, if it has one.
 func collectStore(ch chan<- prometheus.Metric, t *Table) {
-	c := t.store.Load()
+	c := t.shared()
 	if c == nil {
 		return
 	}
@@ -146,13 +146,13 @@ func collectStore(ch chan<- prometheus.Metric, t *Table) {
 	}
 	ch <- prometheus.MustNewConstMetric(descShared, prometheus.CounterValue, float64(t.Stats.Shared()), t.name)
 	up := 0.0
-	if c.reachable() {
+	if c.Reachable() {
 		up = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descStoreUp, prometheus.GaugeValue, up, t.name)
-	for _, op := range storeOps {
-		ch <- prometheus.MustNewConstMetric(descStoreErrors, prometheus.CounterValue, float64(c.errors(op)), t.name, op)
-	}
+	c.Errors(func(op string, n uint64) {
+		ch <- prometheus.MustNewConstMetric(descStoreErrors, prometheus.CounterValue, float64(n), t.name, op)
+	})
 }
 
 // Interface guards

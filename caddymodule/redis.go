@@ -263,9 +263,9 @@ var quietClient sync.Once
 // connection, its subscription and what it has queued for Redis.
 var connections = caddy.NewUsagePool()
 
-// connect returns the connection of table t to Redis, opening it unless a
+// Connect returns the connection of table t to Redis, opening it unless a
 // running config already has it open.
-func (s *RedisStore) connect(t *Table) (*redisConn, error) {
+func (s *RedisStore) Connect(t *Table) (Shared, error) {
 	quietClient.Do(func() { redis.SetLogger(clientLog{s.logger}) })
 	key := t.Name() + "\x00" + s.fingerprint
 	v, _, err := connections.LoadOrNew(key, func() (caddy.Destructor, error) {

@@ -139,11 +139,11 @@ func (c *redisConn) ttl() time.Duration {
 	return c.t.TTL() + touchInterval(c.t.TTL())
 }
 
-// get returns session id as Redis holds it: its upstream ("" when Redis
+// Get returns session id as Redis holds it: its upstream ("" when Redis
 // does not hold it or did not answer in time), the principal it is bound
 // to, and its failover record; or, for a session that ended for good, only
 // the reason its tombstone holds.
-func (c *redisConn) get(id string) storedSession {
+func (c *redisConn) Get(id string) storedSession {
 	if !c.healthy.Load() {
 		return storedSession{}
 	}
@@ -197,8 +197,8 @@ func (c *redisConn) read(ctx context.Context, id string, h keyHash) (storedSessi
 	return c.parse(id, v), storeHolds, nil
 }
 
-// peek is get without remembering the session: for the admin API.
-func (c *redisConn) peek(id string) (string, principalSum) {
+// Peek is get without remembering the session: for the admin API.
+func (c *redisConn) Peek(id string) (string, principalSum) {
 	ctx, cancel := c.call()
 	defer cancel()
 	v, err := c.client.Get(ctx, c.ks.session(c.ks.hash(id))).Result()
@@ -212,11 +212,11 @@ func (c *redisConn) peek(id string) (string, principalSum) {
 	return dial, bound
 }
 
-// put writes that dial owns session id, bound to bound, with its failover
+// Put writes that dial owns session id, bound to bound, with its failover
 // record, if any, and reads back the live sessions of the table's
 // upstreams. It returns once Redis answered, or failed to in time; then
 // the session is written back later.
-func (c *redisConn) put(id, dial string, bound principalSum, record string) {
+func (c *redisConn) Put(id, dial string, bound principalSum, record string) {
 	h, v := c.ks.hash(id), value(dial, bound, record)
 	c.mu.Lock()
 	c.byHash[h] = id
@@ -240,11 +240,11 @@ func (c *redisConn) put(id, dial string, bound principalSum, record string) {
 	c.applyCounts(counts)
 }
 
-// rekey makes id, the key the table now holds a session by (see
+// Rekey makes id, the key the table now holds a session by (see
 // [Table.confirm]), the session ID of its hash here, so that the table and
 // this index share one copy of it; a session this index does not hold is
 // left out.
-func (c *redisConn) rekey(id string) {
+func (c *redisConn) Rekey(id string) {
 	h := c.ks.hash(id)
 	c.mu.Lock()
 	if _, ok := c.byHash[h]; ok {
@@ -298,9 +298,9 @@ func (c *redisConn) applyCounts(counts map[string]*redis.IntCmd) {
 	}
 }
 
-// touch queues a refresh of session id's idle timer in Redis, where its
+// Touch queues a refresh of session id's idle timer in Redis, where its
 // value is v.
-func (c *redisConn) touch(id, v string) {
+func (c *redisConn) Touch(id, v string) {
 	if !c.healthy.Load() {
 		return // the write-back after the outage refreshes it
 	}
@@ -309,10 +309,10 @@ func (c *redisConn) touch(id, v string) {
 	c.mu.Unlock()
 }
 
-// streaming records whether session id, whose value is v, has GET streams
+// Streaming records whether session id, whose value is v, has GET streams
 // open here: while it has, its idle timer in Redis is refreshed every
 // touch interval.
-func (c *redisConn) streaming(id, v string, open bool) {
+func (c *redisConn) Streaming(id, v string, open bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if open {
@@ -334,12 +334,12 @@ func (c *redisConn) touchStreams() {
 	maps.Copy(c.touches, c.streams)
 }
 
-// end removes session id of dial from Redis and from every instance's
+// End removes session id of dial from Redis and from every instance's
 // table, for reason, soon. With a tomb life, it leaves a tombstone there
 // for that long (tombstone.go), and returns once Redis has it, or failed
 // to take it in time: the client that ended the session gets its answer
 // only then, so that no replica it asks next finds the session in Redis.
-func (c *redisConn) end(id, dial string, reason EvictReason, tomb time.Duration) {
+func (c *redisConn) End(id, dial string, reason EvictReason, tomb time.Duration) {
 	h := c.ks.hash(id)
 	e := pendingEnd{dial: dial, reason: reason, tomb: tomb}
 	c.mu.Lock()
@@ -371,27 +371,27 @@ func (c *redisConn) endNow(h keyHash, e pendingEnd) bool {
 	return true
 }
 
-// endUpstream removes every session of dial from Redis and from every
+// EndUpstream removes every session of dial from Redis and from every
 // instance's table, soon; with a tomb life, it leaves a tombstone of each
 // for that long.
-func (c *redisConn) endUpstream(dial string, tomb time.Duration) {
+func (c *redisConn) EndUpstream(dial string, tomb time.Duration) {
 	c.mu.Lock()
 	c.upEnds[dial] = max(c.upEnds[dial], tomb)
 	c.mu.Unlock()
 	c.wake()
 }
 
-// drain sets dial's draining flag in Redis and on every instance, soon.
-func (c *redisConn) drain(dial string, on bool) {
+// Drain sets dial's draining flag in Redis and on every instance, soon.
+func (c *redisConn) Drain(dial string, on bool) {
 	c.mu.Lock()
 	c.drains[dial] = on
 	c.mu.Unlock()
 	c.wake()
 }
 
-// forget drops what the connection remembers of session id, which left
+// Forget drops what the connection remembers of session id, which left
 // this instance's table only (TTL, LRU, or ended elsewhere).
-func (c *redisConn) forget(id string) {
+func (c *redisConn) Forget(id string) {
 	h := c.ks.hash(id)
 	c.mu.Lock()
 	delete(c.byHash, h)
@@ -407,8 +407,18 @@ func (c *redisConn) wake() {
 	}
 }
 
-// reachable reports whether the last call to Redis succeeded.
-func (c *redisConn) reachable() bool { return c.healthy.Load() }
+// Reachable reports whether the last call to Redis succeeded.
+func (c *redisConn) Reachable() bool { return c.healthy.Load() }
+
+// PrincipalKey returns the key of principal hashes, derived from hash_key.
+func (c *redisConn) PrincipalKey() []byte { return c.ks.principal }
+
+// Errors calls fn with each operation on Redis and its failed calls.
+func (c *redisConn) Errors(fn func(op string, n uint64)) {
+	for _, op := range storeOps {
+		fn(op, c.errors(op))
+	}
+}
 
 // errors returns the number of failed calls of op.
 func (c *redisConn) errors(op string) uint64 { return c.errs[opIndex(op)].Load() }
@@ -455,3 +465,6 @@ func (c *redisConn) recovered() {
 
 // itoa formats a Unix time in milliseconds for a score range.
 func itoa(ms int64) string { return strconv.FormatInt(ms, 10) }
+
+// Interface guards
+var _ Shared = (*redisConn)(nil)

@@ -383,7 +383,7 @@ func (c *redisConn) writeBackAll() {
 	}
 	for _, u := range c.t.Upstreams() {
 		if u.Draining() {
-			c.drain(u.dial, true)
+			c.Drain(u.dial, true)
 		}
 	}
 	c.logger.Info("redis restarted and lost the table: wrote this instance's sessions back", zap.Int("sessions", written))

@@ -91,10 +91,10 @@ func (ks *keyspace) openRecord(h keyHash, rec string) (*sessionInit, bool) {
 
 func recordAD(h keyHash) []byte { return append([]byte{recordVersion}, h[:]...) }
 
-// withRecord returns a copy of init that carries its sealed record for
+// WithRecord returns a copy of init that carries its sealed record for
 // session id, as the table keeps it: a touch or a move compares Redis's
 // value with it byte for byte.
-func (c *redisConn) withRecord(id string, init *sessionInit) *sessionInit {
+func (c *redisConn) WithRecord(id string, init *sessionInit) *sessionInit {
 	s := *init
 	s.stored = c.ks.sealRecord(c.ks.hash(id), init)
 	return &s
@@ -121,9 +121,9 @@ func (c *redisConn) parse(id, v string) storedSession {
 	return s
 }
 
-// current reads session id from Redis for a failover: what it holds, and
+// Current reads session id from Redis for a failover: what it holds, and
 // what Redis says of it (storeUnknown when Redis did not answer).
-func (c *redisConn) current(id string) (storedSession, storeState) {
+func (c *redisConn) Current(id string) (storedSession, storeState) {
 	if !c.healthy.Load() {
 		return storedSession{}, storeUnknown
 	}
@@ -162,12 +162,26 @@ return ''`)
 // with a space.
 const movedEnded = " ended "
 
-// move records that session id moved from the value old to the value
+// Move is moveValue, with what Redis holds instead parsed: the zero
+// storedSession once Redis holds new, the session another instance moved
+// it to, or only the reason of its tombstone when it ended for good.
+func (c *redisConn) Move(id, old, new string) (storedSession, error) {
+	cur, err := c.moveValue(id, old, new)
+	if err != nil || cur == "" {
+		return storedSession{}, err
+	}
+	if reason, ended := strings.CutPrefix(cur, movedEnded); ended {
+		return storedSession{ended: cmp.Or(reasonNamed(reason), EvictDelete)}, nil
+	}
+	return c.parse(id, cur), nil
+}
+
+// moveValue records that session id moved from the value old to the value
 // new. It returns "" once Redis holds new, or the value Redis holds
 // instead when another instance moved the session first, or movedEnded
 // when the session ended for good meanwhile; an error when Redis did not
 // answer, and then new is written when it answers again.
-func (c *redisConn) move(id, old, new string) (string, error) {
+func (c *redisConn) moveValue(id, old, new string) (string, error) {
 	h := c.ks.hash(id)
 	if !c.healthy.Load() {
 		c.errs[opIndex(opMove)].Add(1) // the outage is logged once already
@@ -226,7 +240,7 @@ func (c *redisConn) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyH
 func (c *redisConn) followTouched(cmds map[string]*redis.Cmd) {
 	for id, cmd := range cmds {
 		if n, err := cmd.Int(); err == nil && n == 0 {
-			switch s, st := c.current(id); st {
+			switch s, st := c.Current(id); st {
 			case storeHolds:
 				c.t.follow(id, s)
 			case storeEnded:
@@ -283,11 +297,11 @@ func (s *sessionInit) record() string {
 // no more, which a reachable store says only of a session that ended or
 // expired on every instance: it must not fail over.
 func (t *Table) movedInStore(id string, from *Upstream, init *sessionInit) (res failoverResult, moved, ended bool) {
-	c := t.store.Load()
+	c := t.shared()
 	if c == nil {
 		return failoverResult{}, false, false
 	}
-	s, st := c.current(id)
+	s, st := c.Current(id)
 	if st == storeAbsent || st == storeEnded {
 		return failoverResult{}, false, true
 	}
@@ -306,9 +320,9 @@ func (t *Table) movedInStore(id string, from *Upstream, init *sessionInit) (res 
 // time, the move is recorded here only (and written to the store when it
 // answers again). It errors when the session left the table.
 func (t *Table) recordMove(id string, from *Upstream, init *sessionInit, to *Upstream, moved *sessionInit) (failoverResult, error) {
-	c := t.store.Load()
+	c := t.shared()
 	if c != nil {
-		moved = c.withRecord(id, moved)
+		moved = c.WithRecord(id, moved)
 	}
 	if !t.moveSession(id, to, moved) {
 		return failoverResult{}, errors.New("the session left the table during its failover")
@@ -322,17 +336,16 @@ func (t *Table) recordMove(id string, from *Upstream, init *sessionInit, to *Ups
 	t.mu.Unlock()
 	old, next := value(from.dial, e.principal, init.record()), value(to.dial, e.principal, moved.stored)
 	for range 2 { // once more when the store has the session unmoved under another record
-		cur, err := c.move(id, old, next)
-		if err != nil || cur == "" {
+		s, err := c.Move(id, old, next)
+		if err != nil || s.value == "" && s.ended == 0 {
 			return res, nil
 		}
-		if reason, ended := strings.CutPrefix(cur, movedEnded); ended {
-			t.evictHere(id, cmp.Or(reasonNamed(reason), EvictDelete))
+		if s.ended != 0 {
+			t.evictHere(id, s.ended)
 			return failoverResult{}, failoverRefusal(refusedEnded)
 		}
-		s := c.parse(id, cur)
 		if s.init == nil || s.dial == from.dial && s.init.upstreamID == init.upstreamID {
-			old = cur // where this instance found it, under other bytes
+			old = s.value // where this instance found it, under other bytes
 			continue
 		}
 		if up, won, ok := t.follow(id, s); ok { // moved: to the same upstream too, after its restart

@@ -29,7 +29,7 @@ func failoverTables(t *testing.T, addr string, n int) []*Table {
 	// after a lost connection: wait until every instance listens.
 	rc := redis.NewClient(&redis.Options{Addr: addr})
 	defer rc.Close()
-	events := out[0].store.Load().ks.events()
+	events := storeOf(out[0]).ks.events()
 	if !eventually(5*time.Second, func() bool { return rc.PubSubNumSub(context.Background(), events).Val()[events] >= int64(n) }) {
 		t.Fatal("the instances did not subscribe to the table's events within 5 s")
 	}
@@ -59,7 +59,7 @@ func storedValue(t *testing.T, addr string, tbl *Table, id string) string {
 	t.Helper()
 	rc := redis.NewClient(&redis.Options{Addr: addr})
 	defer rc.Close()
-	c := tbl.store.Load()
+	c := storeOf(tbl)
 	v, _ := rc.Get(context.Background(), c.ks.session(c.ks.hash(id))).Result()
 	return v
 }
@@ -103,17 +103,17 @@ func TestFailoverRecordShared(t *testing.T) {
 	// A touch of the old value, queued by an instance that has not heard of
 	// the move, leaves the move in place.
 	moved := storedValue(t, srv.Addr, a, testSessionID)
-	conn := b.store.Load()
-	conn.touch(testSessionID, stale)
+	conn := storeOf(b)
+	conn.Touch(testSessionID, stale)
 	conn.flush()
 	if got := storedValue(t, srv.Addr, a, testSessionID); got != moved {
 		t.Fatalf("a stale touch changed the value from %q to %q", moved, got)
 	}
 	// An instance that missed the move's message follows it at its touch.
 	d := failoverTables(t, srv.Addr, 1)[0]
-	d.adoptShared(testSessionID, d.store.Load().parse(testSessionID, stale), principalSum{})
-	d.store.Load().touch(testSessionID, stale)
-	d.store.Load().flush()
+	d.adoptShared(testSessionID, storeOf(d).parse(testSessionID, stale), principalSum{})
+	storeOf(d).Touch(testSessionID, stale)
+	storeOf(d).flush()
 	if dial, u := where(d, testSessionID); dial != "10.0.0.2:80" || u != "UPSTREAM-ID-2" {
 		t.Fatalf("an instance holding the old upstream touched the session and kept %s %q, want the move", dial, u)
 	}
@@ -183,8 +183,8 @@ func TestFailoverStoreDown(t *testing.T) {
 	if err != nil || res.followed || res.up.Dial() != "10.0.0.2:80" {
 		t.Fatalf("recordMove with Redis down = %+v, %v; want moved here", res, err)
 	}
-	if d, u := where(a, testSessionID); d != "10.0.0.2:80" || u != "ID-2" || a.store.Load().errors(opMove) == 0 {
-		t.Fatalf("with Redis down: %s %q, %d move errors; want 10.0.0.2:80, ID-2, at least 1", d, u, a.store.Load().errors(opMove))
+	if d, u := where(a, testSessionID); d != "10.0.0.2:80" || u != "ID-2" || storeOf(a).errors(opMove) == 0 {
+		t.Fatalf("with Redis down: %s %q, %d move errors; want 10.0.0.2:80, ID-2, at least 1", d, u, storeOf(a).errors(opMove))
 	}
 	srv.Restart()
 	if !eventually(5*time.Second, func() bool {

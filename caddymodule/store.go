@@ -11,9 +11,10 @@ func init() {
 // Store is a module of the `mcp_sessions.stores` namespace: where a session
 // table keeps its sessions besides this process's memory.
 type Store interface {
-	// connect returns what table t shares its sessions
-	// through, or nil to keep them in this process's memory only.
-	connect(t *Table) (*redisConn, error)
+	// Connect returns what table t shares its sessions through, or nil to
+	// keep them in this process's memory only. It must not wait for the
+	// store: an unreachable store never stops Caddy from starting.
+	Connect(t *Table) (Shared, error)
 }
 
 // MemoryStore keeps a table's sessions in this Caddy process's memory only:
@@ -29,7 +30,8 @@ func (MemoryStore) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-func (MemoryStore) connect(*Table) (*redisConn, error) { return nil, nil }
+// Connect returns nil: the table keeps its sessions in memory only.
+func (MemoryStore) Connect(*Table) (Shared, error) { return nil, nil }
 
 // Interface guards
 var _ Store = (*MemoryStore)(nil)

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -330,7 +329,7 @@ type Table struct {
 
 	// store is the table's connection to a shared store; nil keeps the
 	// sessions in this process only.
-	store atomic.Pointer[redisConn]
+	store atomic.Pointer[sharedRef]
 
 	// Stats are the table's counters.
 	Stats Stats
@@ -452,20 +451,20 @@ func (t *Table) lookup(id, principal string) (up *Upstream, mismatch, ended bool
 	e, mismatch, touch, confirmed := t.lookupHere(id, sum)
 	if e.up != nil || mismatch {
 		if confirmed != "" {
-			if c := t.store.Load(); c != nil {
-				c.rekey(confirmed) // outside the lock: hashing costs about a microsecond
+			if c := t.shared(); c != nil {
+				c.Rekey(confirmed) // outside the lock: hashing costs about a microsecond
 			}
 		}
 		if touch != "" {
-			t.store.Load().touch(id, touch)
+			t.shared().Touch(id, touch)
 		}
 		return e.up, mismatch, false
 	}
 	if t.buried(id) == tombEnded {
 		return nil, false, true
 	}
-	if c := t.store.Load(); c != nil {
-		s := c.get(id)
+	if c := t.shared(); c != nil {
+		s := c.Get(id)
 		if s.ended != 0 {
 			return nil, false, true
 		}
@@ -499,7 +498,7 @@ func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch bool,
 	if t.refused(e.principal, sum) {
 		return entry{}, true, "", ""
 	}
-	if t.store.Load() != nil && crossed(e.lastUsed, now, touchInterval(t.TTL())) {
+	if t.shared() != nil && crossed(e.lastUsed, now, touchInterval(t.TTL())) {
 		touch = value(e.up.dial, e.principal, t.inits[id].record())
 	}
 	if list == t.confirmed {
@@ -619,16 +618,16 @@ func (t *Table) learnInit(id, dial string, origin Origin, init *sessionInit) boo
 	if !changed {
 		return false
 	}
-	c := t.store.Load()
+	c := t.shared()
 	if c != nil && init != nil {
-		init = c.withRecord(id, init)
+		init = c.WithRecord(id, init)
 	}
 	if init != nil {
 		t.keepInit(id, init)
 	}
 	if c != nil {
 		up.cluster.Add(1)
-		c.put(id, dial, sum, init.record())
+		c.Put(id, dial, sum, init.record())
 	}
 	return true
 }
@@ -735,12 +734,12 @@ func (t *Table) evict(id string, reason EvictReason, bury bool) bool {
 	if bury && (!held || !reason.leavesTombstone()) { // else the eviction callback buried it
 		t.bury(id, tombEnded)
 	}
-	c := t.store.Load()
+	c := t.shared()
 	if c == nil || reason.local() {
 		return held
 	}
 	if !held {
-		if dial, _ = c.peek(id); dial == "" {
+		if dial, _ = c.Peek(id); dial == "" {
 			return false
 		}
 	}
@@ -751,7 +750,7 @@ func (t *Table) evict(id string, reason EvictReason, bury bool) bool {
 	if bury && t.buries(id) {
 		life = t.tombLife(id)
 	}
-	c.end(id, dial, reason, life)
+	c.End(id, dial, reason, life)
 	return true
 }
 
@@ -779,12 +778,12 @@ func (t *Table) EvictUpstream(dial string, reason EvictReason) int {
 		return 0
 	}
 	n := t.evictUpstreamHere(dial, reason)
-	if c := t.store.Load(); c != nil {
+	if c := t.shared(); c != nil {
 		var life time.Duration
 		if reason.leavesTombstone() {
 			life = t.tombLifeAny()
 		}
-		c.endUpstream(dial, life)
+		c.EndUpstream(dial, life)
 		if u := t.knownUpstream(dial); u != nil {
 			u.cluster.Store(0)
 		}
@@ -830,8 +829,8 @@ func (t *Table) addStreams(id string, delta int32) {
 	e.streams = max(e.streams+delta, 0)
 	e.lastUsed = now
 	t.use(id, e, list) // a stream is use
-	if c := t.store.Load(); c != nil {
-		c.streaming(id, value(e.up.dial, e.principal, t.inits[id].record()), e.streams > 0)
+	if c := t.shared(); c != nil {
+		c.Streaming(id, value(e.up.dial, e.principal, t.inits[id].record()), e.streams > 0)
 	}
 }
 
@@ -898,8 +897,8 @@ func (t *Table) knownUpstream(dial string) *Upstream {
 // shared store, every instance drains it.
 func (t *Table) SetDraining(dial string, on bool) *Upstream {
 	u := t.drainHere(t.upstream(dial), on)
-	if c := t.store.Load(); c != nil {
-		c.drain(dial, on)
+	if c := t.shared(); c != nil {
+		c.Drain(dial, on)
 	}
 	return u
 }
@@ -976,11 +975,11 @@ func (t *Table) onEvict(id string, e entry) {
 	switch {
 	case t.reason.leavesTombstone():
 		t.bury(id, tombEnded)
-	case t.reason == EvictTTL && isSealedKey(id) && t.store.Load() == nil && t.failoverSettings().on:
+	case t.reason == EvictTTL && isSealedKey(id) && t.shared() == nil && t.failoverSettings().on:
 		t.bury(id, tombExpired) // with a store, the store says when it expired everywhere
 	}
-	if c := t.store.Load(); c != nil {
-		c.forget(id)
+	if c := t.shared(); c != nil {
+		c.Forget(id)
 	}
 }
 
@@ -1066,30 +1065,5 @@ func janitorInterval(ttl time.Duration) time.Duration {
 	return min(max(ttl/8, time.Second), time.Minute)
 }
 
-// tables holds the session tables by name, across config reloads.
-var tables = caddy.NewUsagePool()
-
-// acquireTable returns the table called name, creating it with the given
-// bounds, and counts a reference to it that [releaseTable] gives back.
-func acquireTable(name string, maxSessions int, ttl time.Duration) (*Table, error) {
-	val, _, err := tables.LoadOrNew(name, func() (caddy.Destructor, error) {
-		t, err := NewTable(name, maxSessions, ttl, nil)
-		if err != nil {
-			return nil, err
-		}
-		t.StartJanitor(janitorInterval)
-		return t, nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return val.(*Table), nil
-}
-
-// releaseTable gives back a reference taken by acquireTable.
-func releaseTable(name string) {
-	_, _ = tables.Delete(name)
-}
-
 // Interface guards
-var _ caddy.Destructor = (*Table)(nil)
+var _ interface{ Destruct() error } = (*Table)(nil) // caddy.Destructor, for the app's pool

@@ -8,37 +8,119 @@ import (
 // in the shared store: an eighth of the TTL, between 1 s and 1 min.
 func touchInterval(ttl time.Duration) time.Duration { return janitorInterval(ttl) }
 
+// Shared is a table's connection to a store that it shares its sessions
+// through with other instances (a module of the `mcp_sessions.stores`
+// namespace opens it). The table calls it outside its own locks, and a
+// store calls back into the table only through the table's exported
+// methods. A session's value, as the table hands it to the store, is
+// [value]'s encoding of its upstream, principal and failover record.
+type Shared interface {
+	// Get returns session id as the store holds it, for a request this
+	// table has no entry for: its upstream ("" when the store does not
+	// hold it or did not answer in time), its principal and its failover
+	// record; or, for a session that ended for good, only the reason of
+	// its tombstone. The store remembers the session as one of this table.
+	Get(id string) storedSession
+	// Peek is Get without remembering the session: for the admin API. It
+	// returns the session's upstream ("" for none) and principal.
+	Peek(id string) (dial string, bound principalSum)
+	// Put records that dial owns session id, bound to bound, with its
+	// failover record (see [Shared.WithRecord]; "" for none). It returns
+	// once the store has it, or failed to take it in time.
+	Put(id, dial string, bound principalSum, record string)
+	// Rekey tells the store that the table now holds session id by this
+	// copy of its ID (see [Table.confirm]).
+	Rekey(id string)
+	// Touch refreshes the idle timer of session id, whose value is v, soon.
+	Touch(id, v string)
+	// Streaming records whether session id, whose value is v, has GET
+	// streams open here: while it has, its idle timer is kept fresh.
+	Streaming(id, v string, open bool)
+	// End removes session id of dial from the store and from every
+	// instance's table, for reason; with a tomb life above 0 it leaves a
+	// tombstone for that long, and returns once the store has it.
+	End(id, dial string, reason EvictReason, tomb time.Duration)
+	// EndUpstream removes every session of dial from the store and from
+	// every instance's table, soon; with a tomb life, each leaves a
+	// tombstone for that long.
+	EndUpstream(dial string, tomb time.Duration)
+	// Drain sets dial's draining flag in the store and on every instance, soon.
+	Drain(dial string, on bool)
+	// Forget drops what the store remembers of session id for this table,
+	// which forgot the session (TTL, LRU, or ended elsewhere).
+	Forget(id string)
+	// Reachable reports whether the store answered its last call.
+	Reachable() bool
+	// Current reads session id for a failover: what the store holds, and
+	// what it says of the session (storeUnknown when it did not answer).
+	Current(id string) (storedSession, storeState)
+	// Move records that session id moved from value old to value new. It
+	// returns the zero storedSession once the store holds new; what the
+	// store holds instead when another instance moved the session first;
+	// or one with only ended set when the session ended for good meanwhile.
+	// It errors when the store did not answer, and then writes new when it
+	// answers again.
+	Move(id, old, new string) (storedSession, error)
+	// WithRecord returns a copy of init carrying its sealed record for
+	// session id in the store (sessionInit.stored).
+	WithRecord(id string, init *sessionInit) *sessionInit
+	// PrincipalKey returns the key principals are hashed under, the same
+	// on every instance sharing the store (at least 32 bytes).
+	PrincipalKey() []byte
+	// Errors calls fn with each of the store's operations, the `op` label
+	// of the store errors metric, and its failed calls so far.
+	Errors(fn func(op string, n uint64))
+}
+
+// sharedRef holds a table's Shared, so that an atomic pointer can swap it.
+type sharedRef struct{ s Shared }
+
+// shared returns the table's shared store; nil keeps sessions in this
+// process only.
+func (t *Table) shared() Shared {
+	if r := t.store.Load(); r != nil {
+		return r.s
+	}
+	return nil
+}
+
+// Store returns the table's shared store; nil when its sessions stay in
+// this process only.
+func (t *Table) Store() Shared { return t.shared() }
+
 // setStore connects the table to a shared store; nil keeps its sessions in
 // this process only. With a store, principals are hashed under a key
 // derived from the store's secret, which every instance shares; sessions
 // bound to a principal before a table changed stores are refused
 // afterwards (their principal's hash was made under another key).
-func (t *Table) setStore(c *redisConn) {
-	if old := t.store.Swap(c); old == c {
+func (t *Table) setStore(c Shared) {
+	if c == t.shared() {
 		return
 	}
 	if c == nil {
+		t.store.Store(nil)
 		t.keys.Store(newPrincipalKeys(nil))
 		return
 	}
-	t.keys.Store(newPrincipalKeys(c.ks.principal))
+	t.store.Store(&sharedRef{c})
+	t.keys.Store(newPrincipalKeys(c.PrincipalKey()))
 }
 
 // Shared reports whether the table shares its sessions through a store.
-func (t *Table) Shared() bool { return t.store.Load() != nil }
+func (t *Table) Shared() bool { return t.shared() != nil }
 
 // StoreReachable reports whether the table's shared store answered its last
 // call; true without a shared store.
 func (t *Table) StoreReachable() bool {
-	c := t.store.Load()
-	return c == nil || c.reachable()
+	c := t.shared()
+	return c == nil || c.Reachable()
 }
 
 // ClusterSessions returns the live sessions of u on every instance sharing
 // the table's store, as last read from the store plus what this instance
 // learned since; without a shared store, its live sessions here.
 func (t *Table) ClusterSessions(u *Upstream) int64 {
-	if t.store.Load() == nil {
+	if t.shared() == nil {
 		return u.live.Load()
 	}
 	return max(u.cluster.Load(), u.live.Load())
@@ -46,11 +128,11 @@ func (t *Table) ClusterSessions(u *Upstream) int64 {
 
 // infoShared looks session id up in the shared store, if any.
 func (t *Table) infoShared(id string) (SessionInfo, bool) {
-	c := t.store.Load()
+	c := t.shared()
 	if c == nil {
 		return SessionInfo{}, false
 	}
-	dial, bound := c.peek(id)
+	dial, bound := c.Peek(id)
 	return SessionInfo{Upstream: dial, Bound: bound != principalSum{}, FromStore: true}, dial != ""
 }
 

@@ -239,8 +239,8 @@ func TestStoreTombstones(t *testing.T) {
 	if up, _, ended := c.lookup(testSessionID, ""); up != nil || !ended {
 		t.Fatalf("another instance: lookup = %v, ended %v; want the session ended", up, ended)
 	}
-	conn := b.store.Load()
-	conn.touch(testSessionID, stale) // b missed the end
+	conn := storeOf(b)
+	conn.Touch(testSessionID, stale) // b missed the end
 	conn.flush()
 	if n := redisCount(srv, "*:s:*"); n != 0 {
 		t.Fatalf("a touch of an instance that missed the end wrote the session back: %d session keys", n)
