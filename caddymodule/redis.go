@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -265,7 +266,7 @@ var connections = caddy.NewUsagePool()
 
 // Connect returns the connection of table t to Redis, opening it unless a
 // running config already has it open.
-func (s *RedisStore) Connect(t *Table) (Shared, error) {
+func (s *RedisStore) Connect(t *session.Table) (session.Shared, error) {
 	quietClient.Do(func() { redis.SetLogger(clientLog{s.logger}) })
 	key := t.Name() + "\x00" + s.fingerprint
 	v, _, err := connections.LoadOrNew(key, func() (caddy.Destructor, error) {

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 )
 
 // testHashKey is a hash_key for tests.
@@ -20,13 +21,13 @@ const testHashKey = "0123456789abcdef0123456789abcdef-test"
 
 // sharedTable returns a table named name connected to Redis at addr through
 // a redis store with the given timeout, as one Caddy instance has it.
-func sharedTable(t testing.TB, addr, name string, timeout time.Duration) *Table {
+func sharedTable(t testing.TB, addr, name string, timeout time.Duration) *session.Table {
 	t.Helper()
 	return sharedTableKey(t, addr, name, testHashKey, timeout)
 }
 
 // sharedTableKey is sharedTable with the store's hash_key.
-func sharedTableKey(t testing.TB, addr, name, hashKey string, timeout time.Duration) *Table {
+func sharedTableKey(t testing.TB, addr, name, hashKey string, timeout time.Duration) *session.Table {
 	t.Helper()
 	tbl, err := NewTable(name, 1<<20, time.Hour, nil)
 	if err != nil {
@@ -38,7 +39,7 @@ func sharedTableKey(t testing.TB, addr, name, hashKey string, timeout time.Durat
 
 // attachStore connects tbl to Redis at addr as table name, through a redis
 // store with the given hash_key and timeout.
-func attachStore(t testing.TB, tbl *Table, addr, name, hashKey string, timeout time.Duration) {
+func attachStore(t testing.TB, tbl *session.Table, addr, name, hashKey string, timeout time.Duration) {
 	t.Helper()
 	s := &RedisStore{Addresses: []string{addr}, HashKey: hashKey, Timeout: caddy.Duration(timeout)}
 	if err := s.Provision(newContext(t)); err != nil {
@@ -46,7 +47,7 @@ func attachStore(t testing.TB, tbl *Table, addr, name, hashKey string, timeout t
 	}
 	c := newRedisConn(tbl, s.opts, newKeyspace(s.KeyPrefix, name, s.hashKey), s.timeout, s.logger)
 	t.Cleanup(func() { _ = c.Destruct() })
-	tbl.setStore(c)
+	tbl.SetStore(c)
 }
 
 // eventually polls cond every 20 ms for up to d and reports whether it held.
@@ -116,17 +117,17 @@ func TestRedisStoreSharesSessions(t *testing.T) {
 	}
 
 	// Ended on b, gone from a within 1 s; a lookup then misses in Redis too.
-	b.Evict(testSessionID, EvictDelete)
+	b.Evict(testSessionID, session.EvictDelete)
 	if !eventually(time.Second, func() bool { return a.Len() == 0 }) {
 		t.Fatalf("a still holds the session 1 s after b ended it")
 	}
-	if a.Evictions(EvictDelete) != 1 || a.Lookup(testSessionID) != nil {
-		t.Errorf("a: %d delete evictions, lookup %v; want 1, nil", a.Evictions(EvictDelete), a.Lookup(testSessionID))
+	if a.Evictions(session.EvictDelete) != 1 || a.Lookup(testSessionID) != nil {
+		t.Errorf("a: %d delete evictions, lookup %v; want 1, nil", a.Evictions(session.EvictDelete), a.Lookup(testSessionID))
 	}
 
 	// Drained on a, draining on b within 1 s, and undrained.
 	a.SetDraining("10.0.0.2:80", true)
-	if !eventually(time.Second, func() bool { u := b.knownUpstream("10.0.0.2:80"); return u != nil && u.Draining() }) {
+	if !eventually(time.Second, func() bool { u := b.KnownUpstream("10.0.0.2:80"); return u != nil && u.Draining() }) {
 		t.Fatalf("b does not see 10.0.0.2:80 draining 1 s after a drained it")
 	}
 	a.SetDraining("10.0.0.2:80", false)
@@ -136,7 +137,7 @@ func TestRedisStoreSharesSessions(t *testing.T) {
 
 	// A session bound to a principal on a is bound on b too: every instance
 	// hashes principals under the key derived from hash_key.
-	a.LearnFrom("BOUND", "10.0.0.1:80", Origin{Principal: "alice"})
+	a.LearnFrom("BOUND", "10.0.0.1:80", session.Origin{Principal: "alice"})
 	if up, mismatch := b.LookupAs("BOUND", "mallory"); up != nil || !mismatch {
 		t.Errorf("b let another principal use a session bound on a: %v, mismatch %v", up, mismatch)
 	}
@@ -152,10 +153,10 @@ func TestRedisStoreSharesSessions(t *testing.T) {
 	a.Learn("S2", "10.0.0.1:80")
 	b.Learn("S3", "10.0.0.1:80")
 	if !eventually(3*time.Second, func() bool {
-		u := a.knownUpstream("10.0.0.1:80")
+		u := a.KnownUpstream("10.0.0.1:80")
 		return a.ClusterSessions(u) == 4
 	}) {
-		u := a.knownUpstream("10.0.0.1:80")
+		u := a.KnownUpstream("10.0.0.1:80")
 		t.Errorf("a counts %d sessions of 10.0.0.1:80 on every instance (%d here), want 4", a.ClusterSessions(u), u.LiveSessions())
 	}
 }
@@ -269,7 +270,7 @@ func TestRedisStoreHashKeyClash(t *testing.T) {
 	if other.Lookup("s1") != nil {
 		t.Error("an instance with another hash_key found the session: the clash shows nothing")
 	}
-	for name, tbl := range map[string]*Table{"the first instance": a, "the other-key instance": other} {
+	for name, tbl := range map[string]*session.Table{"the first instance": a, "the other-key instance": other} {
 		c := storeOf(tbl)
 		if !eventually(3*time.Second, func() bool { return c.keyClash.Load() && c.errors(opHashKey) > 0 }) {
 			t.Errorf("%s did not notice the other hash_key", name)
@@ -364,7 +365,7 @@ func TestRequestBeforeAppStart(t *testing.T) {
 }
 
 // storeOf returns the redis connection of table t.
-func storeOf(t *Table) *redisConn {
+func storeOf(t *session.Table) *redisConn {
 	c, _ := t.Store().(*redisConn)
 	return c
 }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
@@ -57,7 +58,7 @@ func opIndex(op string) int {
 // pendingEnd is a session ended on this instance, not yet removed from Redis.
 type pendingEnd struct {
 	dial   string
-	reason EvictReason
+	reason session.EvictReason
 	// tomb is the life of the session's tombstone in Redis; 0 leaves none.
 	tomb time.Duration
 }
@@ -68,7 +69,7 @@ type pendingEnd struct {
 // upstream, draining flags) current. While Redis cannot be reached it fails
 // fast and queues the writes, and writes them back when Redis answers.
 type redisConn struct {
-	t       *Table
+	t       *session.Table
 	client  redis.UniversalClient
 	ks      *keyspace
 	timeout time.Duration
@@ -100,7 +101,7 @@ type redisConn struct {
 
 // newRedisConn connects table t to Redis and starts the connection's
 // background work. It does not wait for Redis.
-func newRedisConn(t *Table, opts *redis.UniversalOptions, ks *keyspace, timeout time.Duration, logger *zap.Logger) *redisConn {
+func newRedisConn(t *session.Table, opts *redis.UniversalOptions, ks *keyspace, timeout time.Duration, logger *zap.Logger) *redisConn {
 	c := &redisConn{
 		t: t, client: redis.NewUniversalClient(opts), ks: ks, timeout: timeout,
 		logger: logger.With(zap.String("table", t.Name())),
@@ -136,16 +137,16 @@ func (c *redisConn) call() (context.Context, context.CancelFunc) {
 // interval of use. A session unused on every instance is so forgotten
 // between session_ttl and session_ttl plus a touch interval after its last use.
 func (c *redisConn) ttl() time.Duration {
-	return c.t.TTL() + touchInterval(c.t.TTL())
+	return c.t.TTL() + session.TouchInterval(c.t.TTL())
 }
 
 // Get returns session id as Redis holds it: its upstream ("" when Redis
 // does not hold it or did not answer in time), the principal it is bound
 // to, and its failover record; or, for a session that ended for good, only
 // the reason its tombstone holds.
-func (c *redisConn) Get(id string) storedSession {
+func (c *redisConn) Get(id string) session.Stored {
 	if !c.healthy.Load() {
-		return storedSession{}
+		return session.Stored{}
 	}
 	h := c.ks.hash(id)
 	ctx, cancel := c.call()
@@ -153,9 +154,9 @@ func (c *redisConn) Get(id string) storedSession {
 	s, st, err := c.read(ctx, id, h)
 	if err != nil {
 		c.fail(opGet, err)
-		return storedSession{}
+		return session.Stored{}
 	}
-	if st != storeHolds {
+	if st != session.StoreHolds {
 		return s
 	}
 	c.mu.Lock()
@@ -164,41 +165,26 @@ func (c *redisConn) Get(id string) storedSession {
 	return s
 }
 
-// storeState is what Redis says of a session.
-type storeState uint8
-
-const (
-	// storeUnknown: Redis did not answer.
-	storeUnknown storeState = iota
-	// storeHolds: Redis holds the session.
-	storeHolds
-	// storeAbsent: Redis holds no such session: it ended or expired on
-	// every instance (or Redis lost it, restarting without persistence).
-	storeAbsent
-	// storeEnded: a tombstone: the session ended for good.
-	storeEnded
-)
-
 // read reads session id, whose key hash is h, and its tombstone, in one
 // round trip. A tombstone wins over a value (which a touch of an instance
 // that missed the end may have written back).
-func (c *redisConn) read(ctx context.Context, id string, h keyHash) (storedSession, storeState, error) {
+func (c *redisConn) read(ctx context.Context, id string, h keyHash) (session.Stored, session.StoreState, error) {
 	vals, err := c.client.MGet(ctx, c.ks.session(h), c.ks.tomb(h)).Result()
 	if err != nil || len(vals) != 2 {
-		return storedSession{}, storeUnknown, err
+		return session.Stored{}, session.StoreUnknown, err
 	}
 	if reason, ok := vals[1].(string); ok {
-		return storedSession{ended: cmp.Or(reasonNamed(reason), EvictDelete)}, storeEnded, nil
+		return session.Stored{Ended: cmp.Or(session.ReasonNamed(reason), session.EvictDelete)}, session.StoreEnded, nil
 	}
 	v, ok := vals[0].(string)
 	if !ok {
-		return storedSession{}, storeAbsent, nil
+		return session.Stored{}, session.StoreAbsent, nil
 	}
-	return c.parse(id, v), storeHolds, nil
+	return c.parse(id, v), session.StoreHolds, nil
 }
 
 // Peek is get without remembering the session: for the admin API.
-func (c *redisConn) Peek(id string) (string, principalSum) {
+func (c *redisConn) Peek(id string) (string, session.PrincipalSum) {
 	ctx, cancel := c.call()
 	defer cancel()
 	v, err := c.client.Get(ctx, c.ks.session(c.ks.hash(id))).Result()
@@ -206,9 +192,9 @@ func (c *redisConn) Peek(id string) (string, principalSum) {
 		c.fail(opGet, err)
 	}
 	if v == "" {
-		return "", principalSum{}
+		return "", session.PrincipalSum{}
 	}
-	dial, bound, _ := parseValue(v)
+	dial, bound, _ := session.ParseValue(v)
 	return dial, bound
 }
 
@@ -216,8 +202,8 @@ func (c *redisConn) Peek(id string) (string, principalSum) {
 // record, if any, and reads back the live sessions of the table's
 // upstreams. It returns once Redis answered, or failed to in time; then
 // the session is written back later.
-func (c *redisConn) Put(id, dial string, bound principalSum, record string) {
-	h, v := c.ks.hash(id), value(dial, bound, record)
+func (c *redisConn) Put(id, dial string, bound session.PrincipalSum, record string) {
+	h, v := c.ks.hash(id), session.EncodeValue(dial, bound, record)
 	c.mu.Lock()
 	c.byHash[h] = id
 	delete(c.ends, h)
@@ -269,7 +255,7 @@ func (c *redisConn) writeSession(ctx context.Context, pipe redis.Pipeliner, h ke
 	if onlyNew {
 		args.Mode = "NX"
 	}
-	dial, _, _ := parseValue(v)
+	dial, _, _ := session.ParseValue(v)
 	pipe.SetArgs(ctx, c.ks.session(h), v, args)
 	pipe.ZAdd(ctx, c.ks.upstream(dial), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: h.String()})
 	pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
@@ -277,14 +263,14 @@ func (c *redisConn) writeSession(ctx context.Context, pipe redis.Pipeliner, h ke
 
 // countSessions queues a count of the live sessions of each of ups (at most
 // maxCounted) and returns the counts' commands, by dial.
-func (c *redisConn) countSessions(ctx context.Context, pipe redis.Pipeliner, ups []*Upstream) map[string]*redis.IntCmd {
+func (c *redisConn) countSessions(ctx context.Context, pipe redis.Pipeliner, ups []*session.Upstream) map[string]*redis.IntCmd {
 	cmds := make(map[string]*redis.IntCmd, min(len(ups), maxCounted))
 	now := time.Now().UnixMilli()
 	for _, u := range ups {
 		if len(cmds) == maxCounted {
 			break
 		}
-		cmds[u.dial] = pipe.ZCount(ctx, c.ks.upstream(u.dial), itoa(now), "+inf")
+		cmds[u.Dial()] = pipe.ZCount(ctx, c.ks.upstream(u.Dial()), itoa(now), "+inf")
 	}
 	return cmds
 }
@@ -293,7 +279,7 @@ func (c *redisConn) countSessions(ctx context.Context, pipe redis.Pipeliner, ups
 func (c *redisConn) applyCounts(counts map[string]*redis.IntCmd) {
 	for dial, cmd := range counts {
 		if n, err := cmd.Result(); err == nil {
-			c.t.storeUpstream(dial).cluster.Store(n)
+			c.t.StoreUpstream(dial).SetClusterSessions(n)
 		}
 	}
 }
@@ -327,7 +313,7 @@ func (c *redisConn) Streaming(id, v string, open bool) {
 func (c *redisConn) touchStreams() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if time.Since(c.touched) < touchInterval(c.t.TTL()) {
+	if time.Since(c.touched) < session.TouchInterval(c.t.TTL()) {
 		return
 	}
 	c.touched = time.Now()
@@ -339,7 +325,7 @@ func (c *redisConn) touchStreams() {
 // for that long (tombstone.go), and returns once Redis has it, or failed
 // to take it in time: the client that ended the session gets its answer
 // only then, so that no replica it asks next finds the session in Redis.
-func (c *redisConn) End(id, dial string, reason EvictReason, tomb time.Duration) {
+func (c *redisConn) End(id, dial string, reason session.EvictReason, tomb time.Duration) {
 	h := c.ks.hash(id)
 	e := pendingEnd{dial: dial, reason: reason, tomb: tomb}
 	c.mu.Lock()
@@ -467,4 +453,4 @@ func (c *redisConn) recovered() {
 func itoa(ms int64) string { return strconv.FormatInt(ms, 10) }
 
 // Interface guards
-var _ Shared = (*redisConn)(nil)
+var _ session.Shared = (*redisConn)(nil)

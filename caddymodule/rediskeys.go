@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"hash"
-	"strings"
 	"sync"
 )
 
@@ -65,37 +64,6 @@ func newKeyspace(prefix, table string, hashKey []byte) *keyspace {
 	ks.fingerprint = hex.EncodeToString(m.Sum(nil)[:8])
 	ks.records = newRecordAEAD(hashKey)
 	return ks
-}
-
-// value is what Redis holds for a session: its upstream; the keyed hash
-// of its principal when it is bound to one; and its sealed failover record,
-// if any, marked by "~". A value without a record is the same as before
-// failover records existed.
-func value(dial string, bound principalSum, record string) string {
-	v := dial
-	if bound != (principalSum{}) {
-		v += " " + hex.EncodeToString(bound[:])
-	}
-	if record != "" {
-		v += " ~" + record
-	}
-	return v
-}
-
-// parseValue splits a session's value in Redis; a malformed principal
-// hash reads as bound to a principal no request has (never as unbound).
-func parseValue(v string) (dial string, bound principalSum, record string) {
-	dial, rest, _ := strings.Cut(v, " ")
-	if i := strings.Index(rest, "~"); i >= 0 && (i == 0 || rest[i-1] == ' ') {
-		rest, record = strings.TrimSuffix(rest[:i], " "), rest[i+1:]
-	}
-	if rest == "" {
-		return dial, principalSum{}, record
-	}
-	if n, err := hex.Decode(bound[:], []byte(rest)); err != nil || n != len(bound) || bound == (principalSum{}) {
-		bound = principalSum{0xff}
-	}
-	return dial, bound, record
 }
 
 // hash returns the keyed hash of session id.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
@@ -163,7 +164,7 @@ func (c *redisConn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner,
 		}
 		for _, m := range members {
 			if tomb > 0 {
-				pipe.Set(ctx, c.ks.tag+":x:"+m, EvictAdmin.String(), tomb)
+				pipe.Set(ctx, c.ks.tag+":x:"+m, session.EvictAdmin.String(), tomb)
 			}
 			pipe.Del(ctx, c.ks.tag+":s:"+m)
 		}
@@ -287,12 +288,12 @@ func (c *redisConn) applyDraining(flags map[string]string) {
 	c.mu.Unlock()
 	for dial := range flags {
 		if _, ok := pending[dial]; !ok {
-			c.t.drainHere(c.t.storeUpstream(dial), true)
+			c.t.DrainHere(c.t.StoreUpstream(dial), true)
 		}
 	}
 	for _, u := range c.t.Upstreams() {
-		if _, ok := pending[u.dial]; !ok && u.Draining() && flags[u.dial] == "" {
-			c.t.drainHere(u, false)
+		if _, ok := pending[u.Dial()]; !ok && u.Draining() && flags[u.Dial()] == "" {
+			c.t.DrainHere(u, false)
 		}
 	}
 }
@@ -308,8 +309,8 @@ func (c *redisConn) syncUpstreams(ctx context.Context, records []redis.Z) error 
 		seen[z.Member.(string)] = int64(z.Score)
 	}
 	for _, u := range c.t.Upstreams() {
-		if _, ok := seen[u.dial]; !ok {
-			seen[u.dial] = 0
+		if _, ok := seen[u.Dial()]; !ok {
+			seen[u.Dial()] = 0
 		}
 	}
 	pipe := c.client.Pipeline()
@@ -319,8 +320,8 @@ func (c *redisConn) syncUpstreams(ctx context.Context, records []redis.Z) error 
 		counts[dial] = pipe.ZCard(ctx, c.ks.upstream(dial))
 	}
 	for _, u := range c.t.Upstreams() {
-		if c.t.inUse(u) {
-			pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: u.dial})
+		if c.t.InUse(u) {
+			pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: u.Dial()})
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
@@ -338,8 +339,8 @@ func (c *redisConn) applyRecords(ctx context.Context, seen map[string]int64, cou
 	pipe := c.client.Pipeline()
 	for dial, ms := range seen {
 		n := counts[dial].Val()
-		u := c.t.knownUpstream(dial)
-		if n == 0 && ms != 0 && ms <= stale && (u == nil || !c.t.inUse(u)) {
+		u := c.t.KnownUpstream(dial)
+		if n == 0 && ms != 0 && ms <= stale && (u == nil || !c.t.InUse(u)) {
 			pipe.ZRem(ctx, c.ks.upstreams(), dial)
 			pipe.HDel(ctx, c.ks.draining(), dial)
 			continue
@@ -348,11 +349,11 @@ func (c *redisConn) applyRecords(ctx context.Context, seen map[string]int64, cou
 			continue
 		}
 		if u == nil {
-			u = c.t.storeUpstream(dial)
+			u = c.t.StoreUpstream(dial)
 		}
-		u.cluster.Store(n)
+		u.SetClusterSessions(n)
 		if ms != 0 {
-			c.t.seenElsewhere(u, time.UnixMilli(ms))
+			c.t.SeenElsewhere(u, time.UnixMilli(ms))
 		}
 	}
 	if pipe.Len() == 0 {
@@ -366,7 +367,7 @@ func (c *redisConn) applyRecords(ctx context.Context, seen map[string]int64, cou
 // to Redis, which lost them: sessions Redis holds already are left as they
 // are. It runs when Redis restarted empty.
 func (c *redisConn) writeBackAll() {
-	sessions := c.t.snapshot()
+	sessions := c.t.Snapshot()
 	written := 0
 	for len(sessions) > 0 {
 		batch := sessions[:min(writeBackBatch, len(sessions))]
@@ -383,35 +384,24 @@ func (c *redisConn) writeBackAll() {
 	}
 	for _, u := range c.t.Upstreams() {
 		if u.Draining() {
-			c.Drain(u.dial, true)
+			c.Drain(u.Dial(), true)
 		}
 	}
 	c.logger.Info("redis restarted and lost the table: wrote this instance's sessions back", zap.Int("sessions", written))
 }
 
 // writeBatch writes sessions that Redis does not hold.
-func (c *redisConn) writeBatch(batch []sessionDial) error {
+func (c *redisConn) writeBatch(batch []session.SessionRecord) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
 	defer cancel()
 	pipe := c.client.Pipeline()
 	for _, s := range batch {
-		c.writeSession(ctx, pipe, c.ks.hash(s.id), value(s.dial, s.bound, s.record), true)
+		c.writeSession(ctx, pipe, c.ks.hash(s.ID), session.EncodeValue(s.Dial, s.Bound, s.Record), true)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) { // nil: Redis held the session already
 		return err
 	}
 	return nil
-}
-
-// reasonNamed returns the EvictReason whose label is name; an invalid one
-// for an unknown name.
-func reasonNamed(name string) EvictReason {
-	for _, r := range evictReasons {
-		if r.String() == name {
-			return r
-		}
-	}
-	return 0
 }
 
 // subscribe applies what the other instances publish until the connection
@@ -445,7 +435,7 @@ func (c *redisConn) apply(msg string) {
 	case msgEnded:
 		reason, hs, _ := strings.Cut(rest, " ")
 		h, ok := parseKeyHash(hs)
-		r := reasonNamed(reason)
+		r := session.ReasonNamed(reason)
 		if !ok || !r.Valid() {
 			return
 		}
@@ -453,13 +443,13 @@ func (c *redisConn) apply(msg string) {
 		id := c.byHash[h]
 		c.mu.Unlock()
 		if id != "" {
-			c.t.evictHere(id, r)
+			c.t.EvictHere(id, r)
 		}
 	case msgUpstream:
-		c.t.evictUpstreamHere(rest, EvictAdmin)
+		c.t.EvictUpstreamHere(rest, session.EvictAdmin)
 	case msgDrain:
 		flag, dial, _ := strings.Cut(rest, " ")
-		c.t.drainHere(c.t.storeUpstream(dial), flag == "1")
+		c.t.DrainHere(c.t.StoreUpstream(dial), flag == "1")
 	case msgMoved:
 		hs, v, _ := strings.Cut(rest, " ")
 		c.applyMoved(hs, v)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -420,25 +421,25 @@ func redactKey(k string) string {
 func (h *Handler) serveSealed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string, ss sealedSession) error {
 	bind := h.table.BindPrincipal()
 	principal := principalOf(r, bind)
-	if ss.bound != "" && bind != BindPrincipalOff && ss.bound != principalDigest(principal) {
+	if ss.bound != "" && bind != session.BindPrincipalOff && ss.bound != principalDigest(principal) {
 		return h.serveMismatch(w, r, key)
 	}
 	ex := exchangeOf(r)
 	ex.sealed, ex.issued = true, ss.issued
-	up, mismatch, ended := h.table.lookup(key, principal)
+	up, mismatch, ended := h.table.LookupEnded(key, principal)
 	if mismatch {
 		return h.serveMismatch(w, r, key)
 	}
 	if up == nil && !ended {
-		origin := Origin{}
+		origin := session.Origin{}
 		if ss.bound != "" {
 			origin.Principal = principal
 		}
 		key = strings.Clone(key) // not the buffer that holds the plaintext too
 		if up = h.table.Adopt(key, ss.dial, origin); up != nil {
 			h.debug("adopted", key, ss.dial)
-			if init := ss.init.sessionInit(); init != nil && h.table.failoverSettings().on {
-				h.table.adoptInit(key, init)
+			if init := ss.init.sessionInit(); init != nil && h.table.Failover().On {
+				h.table.AdoptInit(key, init)
 			}
 		}
 	}
@@ -492,7 +493,7 @@ func clientID(key string) string {
 // ID is sealed with the pinned upstream. Without a session, IDs are sealed
 // with the upstream the policy selected; with none selected, they are
 // removed.
-func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, up *Upstream) {
+func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, up *session.Upstream) {
 	vals := header[HeaderSessionID]
 	if len(vals) == 0 {
 		return
@@ -532,11 +533,11 @@ func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, 
 // max_session_id_length, which the proxy would refuse. Such a session fails
 // over only on the replica that learned it.
 func (h *Handler) initToSeal(r *http.Request, ss sealedSession) sealedInit {
-	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*sessionInit)
+	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*session.Init)
 	if init == nil {
 		return sealedInit{}
 	}
-	ss.init = sealedInit{accept: init.accept, contentType: init.contentType, version: init.version, body: string(init.body)}
+	ss.init = sealedInit{accept: init.Accept, contentType: init.ContentType, version: init.Version, body: string(init.Body)}
 	if n := sealedLength(ss); n > h.MaxSessionIDLength {
 		if h.warnedInitSize.CompareAndSwap(false, true) { // once per handler: it is a matter of config
 			h.logger.Warn("an initialize request is too large to seal into the session ID: such sessions fail over "+
@@ -551,19 +552,19 @@ func (h *Handler) initToSeal(r *http.Request, ss sealedSession) sealedInit {
 // sessionInit returns the initialize request si carries, for the table;
 // nil if none. Its strings are copied: si's share the opened value's
 // buffer.
-func (si sealedInit) sessionInit() *sessionInit {
+func (si sealedInit) sessionInit() *session.Init {
 	if si.body == "" {
 		return nil
 	}
-	return &sessionInit{body: []byte(si.body), accept: strings.Clone(si.accept),
-		contentType: strings.Clone(si.contentType), version: strings.Clone(si.version)}
+	return &session.Init{Body: []byte(si.body), Accept: strings.Clone(si.accept),
+		ContentType: strings.Clone(si.contentType), Version: strings.Clone(si.version)}
 }
 
 // sealDial returns the dial address to seal a response's session IDs with,
 // and the session ID the request carried to the upstream, if pinned.
-func (h *Handler) sealDial(r *http.Request, up *Upstream) (dial, sent string) {
+func (h *Handler) sealDial(r *http.Request, up *session.Upstream) (dial, sent string) {
 	if up != nil {
-		return up.dial, r.Header.Get(HeaderSessionID)
+		return up.Dial(), r.Header.Get(HeaderSessionID)
 	}
 	if sel := selectedUpstream(r); sel != nil {
 		return sel.Dial, ""
@@ -579,7 +580,7 @@ func selectedUpstream(r *http.Request) *reverseproxy.Upstream {
 
 // adminKey returns the table key of a session ID given to the admin API:
 // the ID itself if the table holds it, else a sealed ID's decoded bytes.
-func adminKey(t *Table, id string) string {
+func adminKey(t *session.Table, id string) string {
 	if _, ok := t.Info(id); ok {
 		return id
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -57,19 +58,19 @@ func newRecordAEAD(hashKey []byte) cipher.AEAD {
 //	base64url( 0x01 || nonce || AES-256-GCM( upstreamID, accept, contentType, version, body ) || tag )
 //
 // each field but the body preceded by its length as a uvarint.
-func (ks *keyspace) sealRecord(h keyHash, init *sessionInit) string {
+func (ks *keyspace) sealRecord(h keyHash, init *session.Init) string {
 	var plain []byte
-	for _, f := range []string{init.upstreamID, init.accept, init.contentType, init.version} {
+	for _, f := range []string{init.UpstreamID, init.Accept, init.ContentType, init.Version} {
 		plain = append(binary.AppendUvarint(plain, uint64(len(f))), f...)
 	}
-	plain = append(plain, init.body...)
+	plain = append(plain, init.Body...)
 	sealed := ks.records.Seal([]byte{recordVersion}, nil, plain, recordAD(h))
 	return recordEncoding.EncodeToString(sealed)
 }
 
 // openRecord returns the failover record rec of the session whose key hash
 // is h, with rec as its stored form; false when it does not open.
-func (ks *keyspace) openRecord(h keyHash, rec string) (*sessionInit, bool) {
+func (ks *keyspace) openRecord(h keyHash, rec string) (*session.Init, bool) {
 	raw, err := recordEncoding.DecodeString(rec)
 	if err != nil || len(raw) == 0 || raw[0] != recordVersion {
 		return nil, false
@@ -86,7 +87,7 @@ func (ks *keyspace) openRecord(h keyHash, rec string) (*sessionInit, bool) {
 		}
 		f[i], plain = string(plain[k:k+int(n)]), plain[k+int(n):]
 	}
-	return &sessionInit{upstreamID: f[0], accept: f[1], contentType: f[2], version: f[3], body: plain, stored: rec}, true
+	return &session.Init{UpstreamID: f[0], Accept: f[1], ContentType: f[2], Version: f[3], Body: plain, StoreRecord: rec}, true
 }
 
 func recordAD(h keyHash) []byte { return append([]byte{recordVersion}, h[:]...) }
@@ -94,38 +95,27 @@ func recordAD(h keyHash) []byte { return append([]byte{recordVersion}, h[:]...) 
 // WithRecord returns a copy of init that carries its sealed record for
 // session id, as the table keeps it: a touch or a move compares Redis's
 // value with it byte for byte.
-func (c *redisConn) WithRecord(id string, init *sessionInit) *sessionInit {
+func (c *redisConn) WithRecord(id string, init *session.Init) *session.Init {
 	s := *init
-	s.stored = c.ks.sealRecord(c.ks.hash(id), init)
+	s.StoreRecord = c.ks.sealRecord(c.ks.hash(id), init)
 	return &s
 }
 
-// storedSession is a session as a Redis value describes it.
-type storedSession struct {
-	dial  string
-	bound principalSum
-	init  *sessionInit // nil without a failover record, or one that did not open
-	value string       // the value itself
-	// ended is the reason of the session's tombstone; 0 for none, and then
-	// the fields above describe the session.
-	ended EvictReason
-}
-
 // parse returns what value v of session id holds.
-func (c *redisConn) parse(id, v string) storedSession {
-	dial, bound, rec := parseValue(v)
-	s := storedSession{dial: dial, bound: bound, value: v}
+func (c *redisConn) parse(id, v string) session.Stored {
+	dial, bound, rec := session.ParseValue(v)
+	s := session.Stored{Dial: dial, Bound: bound, Value: v}
 	if rec != "" {
-		s.init, _ = c.ks.openRecord(c.ks.hash(id), rec)
+		s.Init, _ = c.ks.openRecord(c.ks.hash(id), rec)
 	}
 	return s
 }
 
 // Current reads session id from Redis for a failover: what it holds, and
 // what Redis says of it (storeUnknown when Redis did not answer).
-func (c *redisConn) Current(id string) (storedSession, storeState) {
+func (c *redisConn) Current(id string) (session.Stored, session.StoreState) {
 	if !c.healthy.Load() {
-		return storedSession{}, storeUnknown
+		return session.Stored{}, session.StoreUnknown
 	}
 	ctx, cancel := c.call()
 	defer cancel()
@@ -165,13 +155,13 @@ const movedEnded = " ended "
 // Move is moveValue, with what Redis holds instead parsed: the zero
 // storedSession once Redis holds new, the session another instance moved
 // it to, or only the reason of its tombstone when it ended for good.
-func (c *redisConn) Move(id, old, new string) (storedSession, error) {
+func (c *redisConn) Move(id, old, new string) (session.Stored, error) {
 	cur, err := c.moveValue(id, old, new)
 	if err != nil || cur == "" {
-		return storedSession{}, err
+		return session.Stored{}, err
 	}
 	if reason, ended := strings.CutPrefix(cur, movedEnded); ended {
-		return storedSession{ended: cmp.Or(reasonNamed(reason), EvictDelete)}, nil
+		return session.Stored{Ended: cmp.Or(session.ReasonNamed(reason), session.EvictDelete)}, nil
 	}
 	return c.parse(id, cur), nil
 }
@@ -188,8 +178,8 @@ func (c *redisConn) moveValue(id, old, new string) (string, error) {
 		c.queuePut(h, new)
 		return "", errors.New("redis store unreachable")
 	}
-	from, _, _ := parseValue(old)
-	to, _, _ := parseValue(new)
+	from, _, _ := session.ParseValue(old)
+	to, _, _ := session.ParseValue(new)
 	now := time.Now()
 	ctx, cancel := c.call()
 	defer cancel()
@@ -224,7 +214,7 @@ return 1`)
 // writeSession, or, for a value with a failover record, by touchScript,
 // whose command it returns (nil for the other).
 func (c *redisConn) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string) *redis.Cmd {
-	dial, _, rec := parseValue(v)
+	dial, _, rec := session.ParseValue(v)
 	if rec == "" {
 		c.writeSession(ctx, pipe, h, v, false)
 		return nil
@@ -241,10 +231,10 @@ func (c *redisConn) followTouched(cmds map[string]*redis.Cmd) {
 	for id, cmd := range cmds {
 		if n, err := cmd.Int(); err == nil && n == 0 {
 			switch s, st := c.Current(id); st {
-			case storeHolds:
-				c.t.follow(id, s)
-			case storeEnded:
-				c.t.evictHere(id, s.ended)
+			case session.StoreHolds:
+				c.t.Follow(id, s)
+			case session.StoreEnded:
+				c.t.EvictHere(id, s.Ended)
 			}
 		}
 	}
@@ -262,96 +252,6 @@ func (c *redisConn) applyMoved(hs, v string) {
 	id := c.byHash[h]
 	c.mu.Unlock()
 	if id != "" {
-		c.t.follow(id, c.parse(id, v))
+		c.t.Follow(id, c.parse(id, v))
 	}
-}
-
-// follow pins session id, which the table holds, to the upstream and
-// failover record of s, which another instance moved it to; it returns
-// the session's upstream and record, and false when the table does not
-// hold the session or s carries no record.
-func (t *Table) follow(id string, s storedSession) (*Upstream, *sessionInit, bool) {
-	if s.init == nil || !t.failoverSettings().on {
-		return nil, nil, false
-	}
-	to := t.upstream(s.dial)
-	if !t.moveSession(id, to, s.init) {
-		return nil, nil, false
-	}
-	return to, s.init, true
-}
-
-// record returns the stored failover record of s; "" for none.
-func (s *sessionInit) record() string {
-	if s == nil {
-		return ""
-	}
-	return s.stored
-}
-
-// movedInStore returns where another instance moved session id, which this
-// table holds on from with record init, when the shared store says it is
-// elsewhere: the request then follows it instead of failing the session
-// over again. False without a store, or when the store has it where this
-// table has it, or nowhere. ended reports that the store holds the session
-// no more, which a reachable store says only of a session that ended or
-// expired on every instance: it must not fail over.
-func (t *Table) movedInStore(id string, from *Upstream, init *sessionInit) (res failoverResult, moved, ended bool) {
-	c := t.shared()
-	if c == nil {
-		return failoverResult{}, false, false
-	}
-	s, st := c.Current(id)
-	if st == storeAbsent || st == storeEnded {
-		return failoverResult{}, false, true
-	}
-	if st != storeHolds || s.init == nil || s.dial == from.dial && s.init.upstreamID == init.upstreamID {
-		return failoverResult{}, false, false
-	}
-	to, rec, ok := t.follow(id, s)
-	return failoverResult{up: to, init: rec, followed: true}, ok, false
-}
-
-// recordMove pins session id, which a failover moved from upstream from
-// with record init to upstream to with record moved, here and in the
-// shared store. When another instance moved the session first, the
-// session follows that move instead: the result says so, and is where the
-// session is. Without a store, or when it does not answer in
-// time, the move is recorded here only (and written to the store when it
-// answers again). It errors when the session left the table.
-func (t *Table) recordMove(id string, from *Upstream, init *sessionInit, to *Upstream, moved *sessionInit) (failoverResult, error) {
-	c := t.shared()
-	if c != nil {
-		moved = c.WithRecord(id, moved)
-	}
-	if !t.moveSession(id, to, moved) {
-		return failoverResult{}, errors.New("the session left the table during its failover")
-	}
-	res := failoverResult{up: to, init: moved}
-	if c == nil {
-		return res, nil
-	}
-	t.mu.Lock()
-	e, _, _ := t.peek(id)
-	t.mu.Unlock()
-	old, next := value(from.dial, e.principal, init.record()), value(to.dial, e.principal, moved.stored)
-	for range 2 { // once more when the store has the session unmoved under another record
-		s, err := c.Move(id, old, next)
-		if err != nil || s.value == "" && s.ended == 0 {
-			return res, nil
-		}
-		if s.ended != 0 {
-			t.evictHere(id, s.ended)
-			return failoverResult{}, failoverRefusal(refusedEnded)
-		}
-		if s.init == nil || s.dial == from.dial && s.init.upstreamID == init.upstreamID {
-			old = s.value // where this instance found it, under other bytes
-			continue
-		}
-		if up, won, ok := t.follow(id, s); ok { // moved: to the same upstream too, after its restart
-			return failoverResult{up: up, init: won, followed: true}, nil
-		}
-		break
-	}
-	return res, nil
 }

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -14,7 +15,7 @@ type Store interface {
 	// Connect returns what table t shares its sessions through, or nil to
 	// keep them in this process's memory only. It must not wait for the
 	// store: an unreachable store never stops Caddy from starting.
-	Connect(t *Table) (Shared, error)
+	Connect(t *session.Table) (session.Shared, error)
 }
 
 // MemoryStore keeps a table's sessions in this Caddy process's memory only:
@@ -31,7 +32,7 @@ func (MemoryStore) CaddyModule() caddy.ModuleInfo {
 }
 
 // Connect returns nil: the table keeps its sessions in memory only.
-func (MemoryStore) Connect(*Table) (Shared, error) { return nil, nil }
+func (MemoryStore) Connect(*session.Table) (session.Shared, error) { return nil, nil }
 
 // Interface guards
 var _ Store = (*MemoryStore)(nil)

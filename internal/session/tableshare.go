@@ -1,33 +1,35 @@
-package caddymodule
+package session
 
 import (
+	"encoding/hex"
+	"strings"
 	"time"
 )
 
 // touchInterval is how often a session in use has its idle timer refreshed
 // in the shared store: an eighth of the TTL, between 1 s and 1 min.
-func touchInterval(ttl time.Duration) time.Duration { return janitorInterval(ttl) }
+func TouchInterval(ttl time.Duration) time.Duration { return JanitorInterval(ttl) }
 
 // Shared is a table's connection to a store that it shares its sessions
 // through with other instances (a module of the `mcp_sessions.stores`
 // namespace opens it). The table calls it outside its own locks, and a
 // store calls back into the table only through the table's exported
 // methods. A session's value, as the table hands it to the store, is
-// [value]'s encoding of its upstream, principal and failover record.
+// [EncodeValue]'s encoding of its upstream, principal and failover record.
 type Shared interface {
 	// Get returns session id as the store holds it, for a request this
 	// table has no entry for: its upstream ("" when the store does not
 	// hold it or did not answer in time), its principal and its failover
 	// record; or, for a session that ended for good, only the reason of
 	// its tombstone. The store remembers the session as one of this table.
-	Get(id string) storedSession
+	Get(id string) Stored
 	// Peek is Get without remembering the session: for the admin API. It
 	// returns the session's upstream ("" for none) and principal.
-	Peek(id string) (dial string, bound principalSum)
+	Peek(id string) (dial string, bound PrincipalSum)
 	// Put records that dial owns session id, bound to bound, with its
 	// failover record (see [Shared.WithRecord]; "" for none). It returns
 	// once the store has it, or failed to take it in time.
-	Put(id, dial string, bound principalSum, record string)
+	Put(id, dial string, bound PrincipalSum, record string)
 	// Rekey tells the store that the table now holds session id by this
 	// copy of its ID (see [Table.confirm]).
 	Rekey(id string)
@@ -53,17 +55,17 @@ type Shared interface {
 	Reachable() bool
 	// Current reads session id for a failover: what the store holds, and
 	// what it says of the session (storeUnknown when it did not answer).
-	Current(id string) (storedSession, storeState)
+	Current(id string) (Stored, StoreState)
 	// Move records that session id moved from value old to value new. It
 	// returns the zero storedSession once the store holds new; what the
 	// store holds instead when another instance moved the session first;
 	// or one with only ended set when the session ended for good meanwhile.
 	// It errors when the store did not answer, and then writes new when it
 	// answers again.
-	Move(id, old, new string) (storedSession, error)
+	Move(id, old, new string) (Stored, error)
 	// WithRecord returns a copy of init carrying its sealed record for
 	// session id in the store (sessionInit.stored).
-	WithRecord(id string, init *sessionInit) *sessionInit
+	WithRecord(id string, init *Init) *Init
 	// PrincipalKey returns the key principals are hashed under, the same
 	// on every instance sharing the store (at least 32 bytes).
 	PrincipalKey() []byte
@@ -93,7 +95,7 @@ func (t *Table) Store() Shared { return t.shared() }
 // derived from the store's secret, which every instance shares; sessions
 // bound to a principal before a table changed stores are refused
 // afterwards (their principal's hash was made under another key).
-func (t *Table) setStore(c Shared) {
+func (t *Table) SetStore(c Shared) {
 	if c == t.shared() {
 		return
 	}
@@ -133,7 +135,7 @@ func (t *Table) infoShared(id string) (SessionInfo, bool) {
 		return SessionInfo{}, false
 	}
 	dial, bound := c.Peek(id)
-	return SessionInfo{Upstream: dial, Bound: bound != principalSum{}, FromStore: true}, dial != ""
+	return SessionInfo{Upstream: dial, Bound: bound != PrincipalSum{}, FromStore: true}, dial != ""
 }
 
 // UpstreamTTL returns how long the table keeps the record of an upstream
@@ -150,9 +152,9 @@ func (t *Table) SetUpstreamTTL(d time.Duration) {
 
 // setConfigured marks the upstreams a reverse_proxy of the running config
 // lists, creating their records, and unmarks the others.
-func (t *Table) setConfigured(dials map[string]bool) {
+func (t *Table) SetConfigured(dials map[string]bool) {
 	for dial := range dials {
-		t.upstream(dial)
+		t.UseUpstream(dial)
 	}
 	for _, u := range t.Upstreams() {
 		u.configured.Store(dials[u.dial])
@@ -161,7 +163,7 @@ func (t *Table) setConfigured(dials map[string]bool) {
 
 // inUse reports whether this instance uses upstream u: a config lists it,
 // it owns sessions here, or it was used here within the upstream TTL.
-func (t *Table) inUse(u *Upstream) bool {
+func (t *Table) InUse(u *Upstream) bool {
 	return u.configured.Load() || u.live.Load() > 0 || u.streams.Load() > 0 ||
 		t.clock()-u.lastSeen.Load() < t.upstreamTTL.Load()
 }
@@ -170,23 +172,23 @@ func (t *Table) inUse(u *Upstream) bool {
 // uses it, or, with a shared store, another instance used it within the
 // upstream TTL or it owns sessions there.
 func (t *Table) kept(u *Upstream) bool {
-	return t.inUse(u) || u.cluster.Load() > 0 || t.clock()-u.seenAway.Load() < t.upstreamTTL.Load()
+	return t.InUse(u) || u.cluster.Load() > 0 || t.clock()-u.seenAway.Load() < t.upstreamTTL.Load()
 }
 
 // storeUpstream returns the record of dial, creating it, as known from the
 // shared store only, if the table has none: its creation is no use here.
-func (t *Table) storeUpstream(dial string) *Upstream {
-	if u := t.knownUpstream(dial); u != nil {
+func (t *Table) StoreUpstream(dial string) *Upstream {
+	if u := t.KnownUpstream(dial); u != nil {
 		return u
 	}
-	u := t.upstream(dial)
+	u := t.UseUpstream(dial)
 	u.lastSeen.CompareAndSwap(u.lastSeen.Load(), 0)
 	return u
 }
 
 // seenElsewhere records that another instance used u at when, as the
 // shared store says, and returns u.
-func (t *Table) seenElsewhere(u *Upstream, when time.Time) *Upstream {
+func (t *Table) SeenElsewhere(u *Upstream, when time.Time) *Upstream {
 	u.seenAway.Store(int64(when.Sub(t.now()) + time.Duration(t.clock())))
 	return u
 }
@@ -216,23 +218,69 @@ func (t *Table) sweepUpstreams() int {
 
 // sessionDial is one session of the table, its upstream, its principal,
 // and its failover record in the store.
-type sessionDial struct {
-	id, dial string
-	bound    principalSum
-	record   string
+type SessionRecord struct {
+	ID, Dial string
+	Bound    PrincipalSum
+	Record   string
 }
 
 // snapshot returns every session of the table, for writing back to a store.
-func (t *Table) snapshot() []sessionDial {
+func (t *Table) Snapshot() []SessionRecord {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	out := make([]sessionDial, 0, t.len())
+	out := make([]SessionRecord, 0, t.len())
 	for _, list := range t.lists() {
 		for _, id := range list.Keys() {
 			if e, ok := list.Peek(id); ok {
-				out = append(out, sessionDial{id, e.up.dial, e.principal, t.inits[id].record()})
+				out = append(out, SessionRecord{id, e.up.dial, e.principal, t.inits[id].record()})
 			}
 		}
 	}
 	return out
+}
+
+// storeState is what Redis says of a session.
+type StoreState uint8
+
+const (
+	// storeUnknown: Redis did not answer.
+	StoreUnknown StoreState = iota
+	// storeHolds: Redis holds the session.
+	StoreHolds
+	// storeAbsent: Redis holds no such session: it ended or expired on
+	// every instance (or Redis lost it, restarting without persistence).
+	StoreAbsent
+	// storeEnded: a tombstone: the session ended for good.
+	StoreEnded
+)
+
+// value is what Redis holds for a session: its upstream; the keyed hash
+// of its principal when it is bound to one; and its sealed failover record,
+// if any, marked by "~". A value without a record is the same as before
+// failover records existed.
+func EncodeValue(dial string, bound PrincipalSum, record string) string {
+	v := dial
+	if bound != (PrincipalSum{}) {
+		v += " " + hex.EncodeToString(bound[:])
+	}
+	if record != "" {
+		v += " ~" + record
+	}
+	return v
+}
+
+// parseValue splits a session's value in Redis; a malformed principal
+// hash reads as bound to a principal no request has (never as unbound).
+func ParseValue(v string) (dial string, bound PrincipalSum, record string) {
+	dial, rest, _ := strings.Cut(v, " ")
+	if i := strings.Index(rest, "~"); i >= 0 && (i == 0 || rest[i-1] == ' ') {
+		rest, record = strings.TrimSuffix(rest[:i], " "), rest[i+1:]
+	}
+	if rest == "" {
+		return dial, PrincipalSum{}, record
+	}
+	if n, err := hex.Decode(bound[:], []byte(rest)); err != nil || n != len(bound) || bound == (PrincipalSum{}) {
+		bound = PrincipalSum{0xff}
+	}
+	return dial, bound, record
 }

@@ -1,4 +1,4 @@
-package caddymodule
+package session
 
 import (
 	"errors"
@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Values of [Handler.Failover].
+// Values of the failover option.
 const (
 	// FailoverOff ends a session whose upstream is gone: its requests get 404.
 	FailoverOff = "off"
@@ -25,34 +25,34 @@ const (
 const DefaultMaxInitializeSize = 4096
 
 // failoverSettings are a table's failover settings.
-type failoverSettings struct {
-	on      bool          // failover reinitialize
-	maxInit int           // max_initialize_size, bytes
-	maxAge  time.Duration // failover_max_age; 0: the table's session_ttl
+type FailoverSettings struct {
+	On      bool          // failover reinitialize
+	MaxInit int           // max_initialize_size, bytes
+	MaxAge  time.Duration // failover_max_age; 0: the table's session_ttl
 }
 
 // sessionInit is what a table keeps of a session for failover: the
 // initialize request that opened it, without credentials, and the ID the
 // session's current upstream knows it by. It is immutable: a failover
 // replaces it.
-type sessionInit struct {
-	body        []byte
-	accept      string // the request's Accept
-	contentType string // its Content-Type
-	version     string // its MCP-Protocol-Version, usually empty on initialize
+type Init struct {
+	Body        []byte
+	Accept      string // the request's Accept
+	ContentType string // its Content-Type
+	Version     string // its MCP-Protocol-Version, usually empty on initialize
 	// upstreamID is the session's ID on its current upstream once a
 	// failover changed it; "" while the upstream knows the client's ID.
-	upstreamID string
+	UpstreamID string
 	// stored is the sealed record of all the above in the session's value
-	// in the shared store (sharedfailover.go); "" without a store.
-	stored string
+	// in the shared store (see [Shared.WithRecord]); "" without a store.
+	StoreRecord string
 }
 
 // movedTo returns a copy of s for the session's new upstream, which knows
 // it as id.
-func (s *sessionInit) movedTo(id string) *sessionInit {
+func (s *Init) MovedTo(id string) *Init {
 	c := *s
-	c.upstreamID, c.stored = id, ""
+	c.UpstreamID, c.StoreRecord = id, ""
 	return &c
 }
 
@@ -78,7 +78,7 @@ const (
 var failoverCauseNames = [...]string{"", "upstream_gone", "refused", "upstream_404", "drain_deadline"}
 
 // failoverCauses lists every valid FailoverCause.
-var failoverCauses = [...]FailoverCause{FailoverGone, FailoverRefused, FailoverUpstream404, FailoverDrainDeadline}
+var FailoverCauses = [...]FailoverCause{FailoverGone, FailoverRefused, FailoverUpstream404, FailoverDrainDeadline}
 
 // String returns the cause's metric label, e.g. "refused".
 func (c FailoverCause) String() string {
@@ -90,13 +90,13 @@ func (c FailoverCause) String() string {
 
 // The results of a failover, the `result` label of the failovers metric.
 const (
-	failoverMoved    = "moved"    // moved to another upstream
-	failoverFollowed = "followed" // another instance had moved it: it followed that move (shared store)
-	failoverFailed   = "failed"   // no upstream took the replayed initialize
+	ResultMoved    = "moved"    // moved to another upstream
+	ResultFollowed = "followed" // another instance had moved it: it followed that move (shared store)
+	ResultFailed   = "failed"   // no upstream took the replayed initialize
 	// failoverRefused: the session may not fail over: it ended or expired
 	// (a tombstone, or the shared store holds it no more), or its sealed
 	// ID is older than failover_max_age. Nothing was replayed.
-	failoverRefused = "refused"
+	ResultRefused = "refused"
 )
 
 // failoverStats count failovers by cause and result.
@@ -105,27 +105,27 @@ type failoverStats struct {
 }
 
 // failoverOutcome returns the result of a failover that ended in res and err.
-func failoverOutcome(res failoverResult, err error) string {
-	var refused failoverRefusal
+func FailoverOutcome(res FailoverResult, err error) string {
+	var refused Refusal
 	switch {
 	case errors.As(err, &refused):
-		return failoverRefused
+		return ResultRefused
 	case err != nil:
-		return failoverFailed
-	case res.followed:
-		return failoverFollowed
+		return ResultFailed
+	case res.Followed:
+		return ResultFollowed
 	}
-	return failoverMoved
+	return ResultMoved
 }
 
 // count records one failover of cause with result.
 func (s *failoverStats) count(cause FailoverCause, result string) {
 	switch result {
-	case failoverMoved:
+	case ResultMoved:
 		s.moved[cause].Add(1)
-	case failoverFollowed:
+	case ResultFollowed:
 		s.followed[cause].Add(1)
-	case failoverRefused:
+	case ResultRefused:
 		s.refused[cause].Add(1)
 	default:
 		s.failed[cause].Add(1)
@@ -167,43 +167,43 @@ func (s *Stats) Failovers(cause FailoverCause, ok bool) uint64 {
 
 // setFailover sets the table's failover mode and max_initialize_size,
 // keeping its failover_max_age.
-func (t *Table) setFailover(mode string, maxInit int) {
+func (t *Table) SetFailover(mode string, maxInit int) {
 	if maxInit <= 0 {
 		maxInit = DefaultMaxInitializeSize
 	}
-	t.failover.Store(&failoverSettings{on: mode == FailoverReinitialize, maxInit: maxInit, maxAge: t.failoverSettings().maxAge})
+	t.failover.Store(&FailoverSettings{On: mode == FailoverReinitialize, MaxInit: maxInit, MaxAge: t.Failover().MaxAge})
 }
 
 // setFailoverMaxAge sets the table's failover_max_age; 0 or less makes it
 // the table's session_ttl.
-func (t *Table) setFailoverMaxAge(d time.Duration) {
-	fs := t.failoverSettings()
-	fs.maxAge = max(d, 0)
+func (t *Table) SetFailoverMaxAge(d time.Duration) {
+	fs := t.Failover()
+	fs.MaxAge = max(d, 0)
 	t.failover.Store(&fs)
 }
 
 // failoverMaxAge returns the age past which a sealed session ID fails over
 // no more: failover_max_age, or the table's session_ttl.
-func (t *Table) failoverMaxAge() time.Duration {
-	if d := t.failoverSettings().maxAge; d > 0 {
+func (t *Table) FailoverMaxAge() time.Duration {
+	if d := t.Failover().MaxAge; d > 0 {
 		return d
 	}
 	return t.TTL()
 }
 
 // failoverSettings returns the table's failover settings; off when unset.
-func (t *Table) failoverSettings() failoverSettings {
+func (t *Table) Failover() FailoverSettings {
 	if s := t.failover.Load(); s != nil {
 		return *s
 	}
-	return failoverSettings{maxInit: DefaultMaxInitializeSize}
+	return FailoverSettings{MaxInit: DefaultMaxInitializeSize}
 }
 
 // keepInit records the initialize request of session id, which the table
 // holds, for failover. It reports whether the table held the session. The
 // kept requests live beside the LRU, not in its entries, so that tables
 // without failover pay nothing for them; the eviction callback drops them.
-func (t *Table) keepInit(id string, init *sessionInit) bool {
+func (t *Table) KeepInit(id string, init *Init) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, _, ok := t.peek(id); !ok {
@@ -214,9 +214,9 @@ func (t *Table) keepInit(id string, init *sessionInit) bool {
 }
 
 // keepInitHere is keepInit for a session the table holds; t.mu is held.
-func (t *Table) keepInitHere(id string, init *sessionInit) {
+func (t *Table) keepInitHere(id string, init *Init) {
 	if t.inits == nil {
-		t.inits = map[string]*sessionInit{}
+		t.inits = map[string]*Init{}
 	}
 	t.inits[id] = init
 }
@@ -225,14 +225,14 @@ func (t *Table) keepInitHere(id string, init *sessionInit) {
 // holds, unless it keeps one already: a session adopted from a sealed ID
 // by concurrent requests, or moved by a failover meanwhile, keeps the
 // first. It reports whether it recorded init.
-func (t *Table) adoptInit(id string, init *sessionInit) bool {
+func (t *Table) AdoptInit(id string, init *Init) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, _, ok := t.peek(id); !ok || t.inits[id] != nil {
 		return false
 	}
 	if t.inits == nil {
-		t.inits = map[string]*sessionInit{}
+		t.inits = map[string]*Init{}
 	}
 	t.inits[id] = init
 	return true
@@ -240,7 +240,7 @@ func (t *Table) adoptInit(id string, init *sessionInit) bool {
 
 // initOf returns the session's upstream and what the table keeps of it for
 // failover, without counting it as use; a nil init when the table has none.
-func (t *Table) initOf(id string) (*Upstream, *sessionInit) {
+func (t *Table) InitOf(id string) (*Upstream, *Init) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	e, _, ok := t.peek(id)
@@ -252,7 +252,7 @@ func (t *Table) initOf(id string) (*Upstream, *sessionInit) {
 
 // moveSession pins session id to upstream to, which knows it by init's
 // upstream ID, and reports whether the table still held the session.
-func (t *Table) moveSession(id string, to *Upstream, init *sessionInit) bool {
+func (t *Table) moveSession(id string, to *Upstream, init *Init) bool {
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -273,7 +273,7 @@ func (t *Table) moveSession(id string, to *Upstream, init *sessionInit) bool {
 
 // setDrainDeadline sets when the draining of u ends for its remaining
 // sessions, which then fail over; the zero time sets none.
-func (t *Table) setDrainDeadline(u *Upstream, at time.Time) {
+func (t *Table) SetDrainDeadline(u *Upstream, at time.Time) {
 	if at.IsZero() {
 		u.drainDeadline.Store(0)
 		return
@@ -282,7 +282,7 @@ func (t *Table) setDrainDeadline(u *Upstream, at time.Time) {
 }
 
 // pastDrainDeadline reports whether u is draining and its deadline has passed.
-func (t *Table) pastDrainDeadline(u *Upstream) bool {
+func (t *Table) PastDrainDeadline(u *Upstream) bool {
 	d := u.drainDeadline.Load()
 	return d != 0 && u.Draining() && t.clock() >= d
 }
@@ -295,4 +295,130 @@ func (t *Table) DrainDeadline(u *Upstream) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return t.epoch.Add(time.Duration(d)), true
+}
+
+// storedSession is a session as a Redis value describes it.
+type Stored struct {
+	Dial  string
+	Bound PrincipalSum
+	Init  *Init  // nil without a failover record, or one that did not open
+	Value string // the value itself
+	// ended is the reason of the session's tombstone; 0 for none, and then
+	// the fields above describe the session.
+	Ended EvictReason
+}
+
+// follow pins session id, which the table holds, to the upstream and
+// failover record of s, which another instance moved it to; it returns
+// the session's upstream and record, and false when the table does not
+// hold the session or s carries no record.
+func (t *Table) Follow(id string, s Stored) (*Upstream, *Init, bool) {
+	if s.Init == nil || !t.Failover().On {
+		return nil, nil, false
+	}
+	to := t.UseUpstream(s.Dial)
+	if !t.moveSession(id, to, s.Init) {
+		return nil, nil, false
+	}
+	return to, s.Init, true
+}
+
+// record returns the stored failover record of s; "" for none.
+func (s *Init) record() string {
+	if s == nil {
+		return ""
+	}
+	return s.StoreRecord
+}
+
+// movedInStore returns where another instance moved session id, which this
+// table holds on from with record init, when the shared store says it is
+// elsewhere: the request then follows it instead of failing the session
+// over again. False without a store, or when the store has it where this
+// table has it, or nowhere. ended reports that the store holds the session
+// no more, which a reachable store says only of a session that ended or
+// expired on every instance: it must not fail over.
+func (t *Table) MovedInStore(id string, from *Upstream, init *Init) (res FailoverResult, moved, ended bool) {
+	c := t.shared()
+	if c == nil {
+		return FailoverResult{}, false, false
+	}
+	s, st := c.Current(id)
+	if st == StoreAbsent || st == StoreEnded {
+		return FailoverResult{}, false, true
+	}
+	if st != StoreHolds || s.Init == nil || s.Dial == from.dial && s.Init.UpstreamID == init.UpstreamID {
+		return FailoverResult{}, false, false
+	}
+	to, rec, ok := t.Follow(id, s)
+	return FailoverResult{Up: to, Init: rec, Followed: true}, ok, false
+}
+
+// recordMove pins session id, which a failover moved from upstream from
+// with record init to upstream to with record moved, here and in the
+// shared store. When another instance moved the session first, the
+// session follows that move instead: the result says so, and is where the
+// session is. Without a store, or when it does not answer in
+// time, the move is recorded here only (and written to the store when it
+// answers again). It errors when the session left the table.
+func (t *Table) RecordMove(id string, from *Upstream, init *Init, to *Upstream, moved *Init) (FailoverResult, error) {
+	c := t.shared()
+	if c != nil {
+		moved = c.WithRecord(id, moved)
+	}
+	if !t.moveSession(id, to, moved) {
+		return FailoverResult{}, errors.New("the session left the table during its failover")
+	}
+	res := FailoverResult{Up: to, Init: moved}
+	if c == nil {
+		return res, nil
+	}
+	t.mu.Lock()
+	e, _, _ := t.peek(id)
+	t.mu.Unlock()
+	old, next := EncodeValue(from.dial, e.principal, init.record()), EncodeValue(to.dial, e.principal, moved.StoreRecord)
+	for range 2 { // once more when the store has the session unmoved under another record
+		s, err := c.Move(id, old, next)
+		if err != nil || s.Value == "" && s.Ended == 0 {
+			return res, nil
+		}
+		if s.Ended != 0 {
+			t.EvictHere(id, s.Ended)
+			return FailoverResult{}, Refusal(RefusedEnded)
+		}
+		if s.Init == nil || s.Dial == from.dial && s.Init.UpstreamID == init.UpstreamID {
+			old = s.Value // where this instance found it, under other bytes
+			continue
+		}
+		if up, won, ok := t.Follow(id, s); ok { // moved: to the same upstream too, after its restart
+			return FailoverResult{Up: up, Init: won, Followed: true}, nil
+		}
+		break
+	}
+	return res, nil
+}
+
+// failoverRefusal is why a session may not fail over: one of the refused
+// constants, which say it to the client after "Session not found: ".
+type Refusal string
+
+func (f Refusal) Error() string { return "failover refused: " + string(f) }
+
+// Why a session may not fail over (tombstone.go): replaying its initialize
+// would bring back a session that ended, as a fresh upstream session.
+const (
+	RefusedEnded      Refusal = "the session was ended (DELETE, or evicted by an operator), so it does not fail over"
+	RefusedExpired    Refusal = "the session expired (session_ttl), so it does not fail over"
+	RefusedGone       Refusal = "the shared store holds the session no more: it ended or expired, so it does not fail over"
+	RefusedTooOld     Refusal = "its sealed session ID is older than failover_max_age, so it does not fail over"
+	RefusedUnknownAge Refusal = "its sealed session ID was issued by a version that did not seal its issue time, so it does not fail over"
+)
+
+// failoverResult is where a session went.
+type FailoverResult struct {
+	Up   *Upstream
+	Init *Init
+	// followed: another instance had moved the session, as the shared
+	// store says, and the session followed that move.
+	Followed bool
 }
