@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redisstore"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
@@ -270,13 +271,13 @@ func (s *RedisStore) Connect(t *session.Table) (session.Shared, error) {
 	quietClient.Do(func() { redis.SetLogger(clientLog{s.logger}) })
 	key := t.Name() + "\x00" + s.fingerprint
 	v, _, err := connections.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newRedisConn(t, s.opts, newKeyspace(s.KeyPrefix, t.Name(), s.hashKey), s.timeout, s.logger), nil
+		return redisstore.New(t, s.opts, s.KeyPrefix, t.Name(), s.hashKey, s.timeout, s.logger), nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	s.acquired = append(s.acquired, key)
-	return v.(*redisConn), nil
+	return v.(*redisstore.Conn), nil
 }
 
 // Cleanup releases the connections the store opened.

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redisstore"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 )
@@ -30,7 +31,7 @@ func failoverTables(t *testing.T, addr string, n int) []*session.Table {
 	// after a lost connection: wait until every instance listens.
 	rc := redis.NewClient(&redis.Options{Addr: addr})
 	defer rc.Close()
-	events := storeOf(out[0]).ks.events()
+	events := storeOf(out[0]).Events()
 	if !eventually(5*time.Second, func() bool { return rc.PubSubNumSub(context.Background(), events).Val()[events] >= int64(n) }) {
 		t.Fatal("the instances did not subscribe to the table's events within 5 s")
 	}
@@ -61,7 +62,7 @@ func storedValue(t *testing.T, addr string, tbl *session.Table, id string) strin
 	rc := redis.NewClient(&redis.Options{Addr: addr})
 	defer rc.Close()
 	c := storeOf(tbl)
-	v, _ := rc.Get(context.Background(), c.ks.session(c.ks.hash(id))).Result()
+	v, _ := rc.Get(context.Background(), c.SessionKey(id)).Result()
 	return v
 }
 
@@ -106,21 +107,21 @@ func TestFailoverRecordShared(t *testing.T) {
 	moved := storedValue(t, srv.Addr, a, testSessionID)
 	conn := storeOf(b)
 	conn.Touch(testSessionID, stale)
-	conn.flush()
+	conn.Flush()
 	if got := storedValue(t, srv.Addr, a, testSessionID); got != moved {
 		t.Fatalf("a stale touch changed the value from %q to %q", moved, got)
 	}
 	// An instance that missed the move's message follows it at its touch.
 	d := failoverTables(t, srv.Addr, 1)[0]
-	d.AdoptShared(testSessionID, storeOf(d).parse(testSessionID, stale), session.PrincipalSum{})
+	d.AdoptShared(testSessionID, storeOf(d).Parse(testSessionID, stale), session.PrincipalSum{})
 	storeOf(d).Touch(testSessionID, stale)
-	storeOf(d).flush()
+	storeOf(d).Flush()
 	if dial, u := where(d, testSessionID); dial != "10.0.0.2:80" || u != "UPSTREAM-ID-2" {
 		t.Fatalf("an instance holding the old upstream touched the session and kept %s %q, want the move", dial, u)
 	}
 	// A record moved under another session's key does not open.
 	dial, bound, rec := session.ParseValue(moved)
-	if s := conn.parse("another-session", session.EncodeValue(dial, bound, rec)); s.Init != nil {
+	if s := conn.Parse("another-session", session.EncodeValue(dial, bound, rec)); s.Init != nil {
 		t.Fatal("a failover record opened under another session's key")
 	}
 }
@@ -184,8 +185,8 @@ func TestFailoverStoreDown(t *testing.T) {
 	if err != nil || res.Followed || res.Up.Dial() != "10.0.0.2:80" {
 		t.Fatalf("recordMove with Redis down = %+v, %v; want moved here", res, err)
 	}
-	if d, u := where(a, testSessionID); d != "10.0.0.2:80" || u != "ID-2" || storeOf(a).errors(opMove) == 0 {
-		t.Fatalf("with Redis down: %s %q, %d move errors; want 10.0.0.2:80, ID-2, at least 1", d, u, storeOf(a).errors(opMove))
+	if d, u := where(a, testSessionID); d != "10.0.0.2:80" || u != "ID-2" || storeOf(a).ErrorCount(redisstore.OpMove) == 0 {
+		t.Fatalf("with Redis down: %s %q, %d move errors; want 10.0.0.2:80, ID-2, at least 1", d, u, storeOf(a).ErrorCount(redisstore.OpMove))
 	}
 	srv.Restart()
 	if !eventually(5*time.Second, func() bool {

@@ -95,7 +95,7 @@ func TestStoreTombstones(t *testing.T) {
 	}
 	conn := storeOf(b)
 	conn.Touch(testSessionID, stale) // b missed the end
-	conn.flush()
+	conn.Flush()
 	if n := redisCount(srv, "*:s:*"); n != 0 {
 		t.Fatalf("a touch of an instance that missed the end wrote the session back: %d session keys", n)
 	}

@@ -1,4 +1,4 @@
-package caddymodule
+package redisstore
 
 import (
 	"crypto/cipher"
@@ -31,11 +31,11 @@ func parseKeyHash(s string) (keyHash, bool) {
 //	{p:t}:s:<hash>      string  the session's upstream (dial address), then, for a session
 //	                            bound to a principal, a space and the principal's keyed hash
 //	                            (hex), then, with failover reinitialize, a space, "~" and the
-//	                            session's sealed failover record (sharedfailover.go); with the
+//	                            session's sealed failover record (record.go); with the
 //	                            idle TTL
 //	{p:t}:x:<hash>      string  the tombstone of a session that ended for good (DELETE, admin
 //	                            eviction): the eviction reason, with the ID's remaining natural
-//	                            life as TTL (tombstone.go); no replica adopts or fails it over
+//	                            life as TTL (session tombstones); no replica adopts or fails it over
 //	{p:t}:u:<dial>      zset    the upstream's sessions: member <hash>, score the expiry (Unix ms)
 //	{p:t}:upstreams     zset    upstreams known to any instance: member <dial>, score last seen (Unix ms)
 //	{p:t}:draining      hash    draining upstreams: field <dial>

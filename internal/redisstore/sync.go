@@ -1,4 +1,4 @@
-package caddymodule
+package redisstore
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 //	e <reason> <hash>   a session ended (reason as in EvictReason)
 //	u <dial>            every session of an upstream was evicted
 //	d 1 <dial>          an upstream started draining ("d 0": stopped)
-//	m <hash> <value>    a failover moved a session; value is its new value (sharedfailover.go)
+//	m <hash> <value>    a failover moved a session; value is its new value (record.go)
 const (
 	msgEnded    = "e"
 	msgUpstream = "u"
@@ -26,7 +26,7 @@ const (
 )
 
 // flushLoop sends the queued writes every flushEvery, or when woken.
-func (c *redisConn) flushLoop() {
+func (c *Conn) flushLoop() {
 	defer c.wg.Done()
 	tick := time.NewTicker(flushEvery)
 	defer tick.Stop()
@@ -38,7 +38,7 @@ func (c *redisConn) flushLoop() {
 		case <-tick.C:
 		}
 		if c.healthy.Load() {
-			c.flush()
+			c.Flush()
 		}
 	}
 }
@@ -57,7 +57,7 @@ func (q queued) empty() bool {
 }
 
 // take empties the queues and returns what they held.
-func (c *redisConn) take() queued {
+func (c *Conn) take() queued {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	q := queued{c.puts, c.ends, c.touches, c.drains, c.upEnds}
@@ -69,7 +69,7 @@ func (c *redisConn) take() queued {
 // requeue puts back what a failed flush did not write, unless something
 // newer was queued meanwhile. Idle timers are dropped: the write-back
 // rewrites every session it queued.
-func (c *redisConn) requeue(q queued) {
+func (c *Conn) requeue(q queued) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for h, dial := range q.puts {
@@ -90,9 +90,9 @@ func (c *redisConn) requeue(q queued) {
 	maps.Copy(c.upEnds, q.upEnds)
 }
 
-// flush writes the queued writes in one pipeline, after reading the
+// Flush writes the queued writes in one pipeline, after reading the
 // sessions of evicted upstreams.
-func (c *redisConn) flush() {
+func (c *Conn) Flush() {
 	q := c.take()
 	if q.empty() {
 		return
@@ -128,7 +128,7 @@ func (c *redisConn) flush() {
 
 // writeEnd queues the removal of an ended session, and its tombstone if
 // it has one, and tells the instances.
-func (c *redisConn) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) {
+func (c *Conn) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) {
 	if e.tomb > 0 {
 		pipe.Set(ctx, c.ks.tomb(h), e.reason.String(), e.tomb)
 	}
@@ -138,7 +138,7 @@ func (c *redisConn) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHas
 }
 
 // writeDrains queues the drain flags and tells the instances.
-func (c *redisConn) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains map[string]bool) {
+func (c *Conn) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains map[string]bool) {
 	now := float64(time.Now().UnixMilli())
 	for dial, on := range drains {
 		flag := "0"
@@ -156,7 +156,7 @@ func (c *redisConn) writeDrains(ctx context.Context, pipe redis.Pipeliner, drain
 // writeUpstreamEnds reads the sessions of each evicted upstream and queues
 // their removal, with their tombstones when they leave one, then tells the
 // instances.
-func (c *redisConn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) error {
+func (c *Conn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) error {
 	for dial, tomb := range dials {
 		members, err := c.client.ZRange(ctx, c.ks.upstream(dial), 0, -1).Result()
 		if err != nil {
@@ -176,7 +176,7 @@ func (c *redisConn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner,
 
 // syncLoop reads the cluster's view every syncEvery while Redis is
 // reachable, and tries to reach it every probeEvery while it is not.
-func (c *redisConn) syncLoop() {
+func (c *Conn) syncLoop() {
 	defer c.wg.Done()
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
@@ -202,7 +202,7 @@ func (c *redisConn) syncLoop() {
 
 // probe tries to reach Redis; when it answers, what was queued meanwhile
 // is written back, all of the table if Redis restarted.
-func (c *redisConn) probe() {
+func (c *Conn) probe() {
 	ctx, cancel := c.call()
 	defer cancel()
 	runID, err := c.serverRunID(ctx)
@@ -218,7 +218,7 @@ func (c *redisConn) probe() {
 
 // serverRunID returns the run_id of the Redis server, which changes when
 // it restarts. A Redis Cluster answers for one of its nodes.
-func (c *redisConn) serverRunID(ctx context.Context) (string, error) {
+func (c *Conn) serverRunID(ctx context.Context) (string, error) {
 	info, err := c.client.Info(ctx, "server").Result()
 	return runIDOf(info), err
 }
@@ -226,7 +226,7 @@ func (c *redisConn) serverRunID(ctx context.Context) (string, error) {
 // restarted records runID and reports whether the table must be written
 // back: runID differs from the last one seen (Redis restarted, and lost
 // what it held unless it persists it), or a write-back failed.
-func (c *redisConn) restarted(runID string) bool {
+func (c *Conn) restarted(runID string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	prev, due := c.runID, c.writeBackDue
@@ -246,7 +246,7 @@ type clusterView struct {
 // their live sessions and draining flags; refreshes this instance's
 // upstream records in Redis; and drops records of upstreams gone from
 // every instance.
-func (c *redisConn) sync() {
+func (c *Conn) sync() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
 	defer cancel()
 	pipe := c.client.Pipeline()
@@ -282,7 +282,7 @@ func runIDOf(info string) string {
 
 // applyDraining sets the local draining flags to Redis's, except those set
 // here and not yet written.
-func (c *redisConn) applyDraining(flags map[string]string) {
+func (c *Conn) applyDraining(flags map[string]string) {
 	c.mu.Lock()
 	pending := maps.Clone(c.drains)
 	c.mu.Unlock()
@@ -302,7 +302,7 @@ func (c *redisConn) applyDraining(flags map[string]string) {
 // knows (dropping expired ones), refreshes the records of upstreams this
 // instance uses, and drops records no instance has used for the table's
 // upstream_ttl and that own no session.
-func (c *redisConn) syncUpstreams(ctx context.Context, records []redis.Z) error {
+func (c *Conn) syncUpstreams(ctx context.Context, records []redis.Z) error {
 	now := time.Now()
 	seen := map[string]int64{}
 	for _, z := range records {
@@ -334,7 +334,7 @@ func (c *redisConn) syncUpstreams(ctx context.Context, records []redis.Z) error 
 // last use by other instances; and drops from Redis the records of
 // upstreams that own no session and that no instance used within the
 // upstream TTL (this instance's janitor then drops its own record).
-func (c *redisConn) applyRecords(ctx context.Context, seen map[string]int64, counts map[string]*redis.IntCmd, now time.Time) error {
+func (c *Conn) applyRecords(ctx context.Context, seen map[string]int64, counts map[string]*redis.IntCmd, now time.Time) error {
 	stale := now.Add(-c.t.UpstreamTTL()).UnixMilli()
 	pipe := c.client.Pipeline()
 	for dial, ms := range seen {
@@ -366,7 +366,7 @@ func (c *redisConn) applyRecords(ctx context.Context, seen map[string]int64, cou
 // writeBackAll writes every session of the table, and its draining flags,
 // to Redis, which lost them: sessions Redis holds already are left as they
 // are. It runs when Redis restarted empty.
-func (c *redisConn) writeBackAll() {
+func (c *Conn) writeBackAll() {
 	sessions := c.t.Snapshot()
 	written := 0
 	for len(sessions) > 0 {
@@ -391,7 +391,7 @@ func (c *redisConn) writeBackAll() {
 }
 
 // writeBatch writes sessions that Redis does not hold.
-func (c *redisConn) writeBatch(batch []session.SessionRecord) error {
+func (c *Conn) writeBatch(batch []session.SessionRecord) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
 	defer cancel()
 	pipe := c.client.Pipeline()
@@ -409,7 +409,7 @@ func (c *redisConn) writeBatch(batch []session.SessionRecord) error {
 // published meanwhile are lost, which is safe: a drain flag is read again
 // by sync, and a session ended elsewhere is still pinned to its own
 // upstream, whose 404 ends it here too.
-func (c *redisConn) subscribe(ctx context.Context) {
+func (c *Conn) subscribe(ctx context.Context) {
 	defer c.wg.Done()
 	ps := c.client.Subscribe(ctx, c.ks.events())
 	defer ps.Close()
@@ -429,7 +429,7 @@ func (c *redisConn) subscribe(ctx context.Context) {
 
 // apply applies one message of another instance (or this one's own, which
 // changes nothing) to the table.
-func (c *redisConn) apply(msg string) {
+func (c *Conn) apply(msg string) {
 	kind, rest, _ := strings.Cut(msg, " ")
 	switch kind {
 	case msgEnded:

@@ -1,4 +1,4 @@
-package caddymodule
+package redisstore
 
 import (
 	"fmt"
@@ -30,7 +30,7 @@ func TestConfirmKeepsItsOwnKey(t *testing.T) {
 				tbl = sharedTable(t, srv.Addr, "confirm/"+t.Name(), time.Second)
 			} else {
 				var err error
-				if tbl, err = NewTable("memory", 10, time.Hour, nil); err != nil {
+				if tbl, err = session.NewTable("memory", 10, time.Hour, nil); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -1,4 +1,4 @@
-package caddymodule
+package redisstore
 
 import (
 	"cmp"
@@ -95,14 +95,14 @@ func recordAD(h keyHash) []byte { return append([]byte{recordVersion}, h[:]...) 
 // WithRecord returns a copy of init that carries its sealed record for
 // session id, as the table keeps it: a touch or a move compares Redis's
 // value with it byte for byte.
-func (c *redisConn) WithRecord(id string, init *session.Init) *session.Init {
+func (c *Conn) WithRecord(id string, init *session.Init) *session.Init {
 	s := *init
 	s.StoreRecord = c.ks.sealRecord(c.ks.hash(id), init)
 	return &s
 }
 
-// parse returns what value v of session id holds.
-func (c *redisConn) parse(id, v string) session.Stored {
+// Parse returns what value v of session id holds.
+func (c *Conn) Parse(id, v string) session.Stored {
 	dial, bound, rec := session.ParseValue(v)
 	s := session.Stored{Dial: dial, Bound: bound, Value: v}
 	if rec != "" {
@@ -113,7 +113,7 @@ func (c *redisConn) parse(id, v string) session.Stored {
 
 // Current reads session id from Redis for a failover: what it holds, and
 // what Redis says of it (storeUnknown when Redis did not answer).
-func (c *redisConn) Current(id string) (session.Stored, session.StoreState) {
+func (c *Conn) Current(id string) (session.Stored, session.StoreState) {
 	if !c.healthy.Load() {
 		return session.Stored{}, session.StoreUnknown
 	}
@@ -121,7 +121,7 @@ func (c *redisConn) Current(id string) (session.Stored, session.StoreState) {
 	defer cancel()
 	s, st, err := c.read(ctx, id, c.ks.hash(id))
 	if err != nil {
-		c.fail(opMove, err)
+		c.fail(OpMove, err)
 	}
 	return s, st
 }
@@ -155,7 +155,7 @@ const movedEnded = " ended "
 // Move is moveValue, with what Redis holds instead parsed: the zero
 // storedSession once Redis holds new, the session another instance moved
 // it to, or only the reason of its tombstone when it ended for good.
-func (c *redisConn) Move(id, old, new string) (session.Stored, error) {
+func (c *Conn) Move(id, old, new string) (session.Stored, error) {
 	cur, err := c.moveValue(id, old, new)
 	if err != nil || cur == "" {
 		return session.Stored{}, err
@@ -163,7 +163,7 @@ func (c *redisConn) Move(id, old, new string) (session.Stored, error) {
 	if reason, ended := strings.CutPrefix(cur, movedEnded); ended {
 		return session.Stored{Ended: cmp.Or(session.ReasonNamed(reason), session.EvictDelete)}, nil
 	}
-	return c.parse(id, cur), nil
+	return c.Parse(id, cur), nil
 }
 
 // moveValue records that session id moved from the value old to the value
@@ -171,10 +171,10 @@ func (c *redisConn) Move(id, old, new string) (session.Stored, error) {
 // instead when another instance moved the session first, or movedEnded
 // when the session ended for good meanwhile; an error when Redis did not
 // answer, and then new is written when it answers again.
-func (c *redisConn) moveValue(id, old, new string) (string, error) {
+func (c *Conn) moveValue(id, old, new string) (string, error) {
 	h := c.ks.hash(id)
 	if !c.healthy.Load() {
-		c.errs[opIndex(opMove)].Add(1) // the outage is logged once already
+		c.errs[opIndex(OpMove)].Add(1) // the outage is logged once already
 		c.queuePut(h, new)
 		return "", errors.New("redis store unreachable")
 	}
@@ -187,7 +187,7 @@ func (c *redisConn) moveValue(id, old, new string) (string, error) {
 	cur, err := moveScript.Run(ctx, c.client, keys, old, new, c.ttl().Milliseconds(), h.String(),
 		now.Add(c.ttl()).UnixMilli(), now.UnixMilli(), to, c.ks.events(), msgMoved+" "+h.String()+" "+new).Text()
 	if err != nil {
-		c.fail(opMove, err)
+		c.fail(OpMove, err)
 		c.queuePut(h, new)
 		return "", err
 	}
@@ -213,7 +213,7 @@ return 1`)
 // writeTouch queues the refresh of session h, whose value is v: as
 // writeSession, or, for a value with a failover record, by touchScript,
 // whose command it returns (nil for the other).
-func (c *redisConn) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string) *redis.Cmd {
+func (c *Conn) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string) *redis.Cmd {
 	dial, _, rec := session.ParseValue(v)
 	if rec == "" {
 		c.writeSession(ctx, pipe, h, v, false)
@@ -227,7 +227,7 @@ func (c *redisConn) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyH
 // followTouched makes the sessions whose touch found another value in
 // Redis follow it: another instance moved them, and this one missed the
 // message; or ended them for good, and then they end here too.
-func (c *redisConn) followTouched(cmds map[string]*redis.Cmd) {
+func (c *Conn) followTouched(cmds map[string]*redis.Cmd) {
 	for id, cmd := range cmds {
 		if n, err := cmd.Int(); err == nil && n == 0 {
 			switch s, st := c.Current(id); st {
@@ -243,7 +243,7 @@ func (c *redisConn) followTouched(cmds map[string]*redis.Cmd) {
 // applyMoved applies another instance's move of the session whose key hash
 // is hs to new: this instance, if it holds the session, sends its requests
 // to the new upstream under the new upstream ID from now on.
-func (c *redisConn) applyMoved(hs, v string) {
+func (c *Conn) applyMoved(hs, v string) {
 	h, ok := parseKeyHash(hs)
 	if !ok {
 		return
@@ -252,6 +252,6 @@ func (c *redisConn) applyMoved(hs, v string) {
 	id := c.byHash[h]
 	c.mu.Unlock()
 	if id != "" {
-		c.t.Follow(id, c.parse(id, v))
+		c.t.Follow(id, c.Parse(id, v))
 	}
 }
