@@ -132,15 +132,6 @@ func (t *Table) SetClientCap(limit int, key string) {
 	t.clientCapped.Store(limit > 0)
 }
 
-// ClientKey returns the template set by [Table.SetClientCap], or "" when
-// there is no cap, so that the handler evaluates nothing.
-func (t *Table) ClientKey() string {
-	if !t.clientCapped.Load() {
-		return ""
-	}
-	return *t.clientKey.Load()
-}
-
 // DefaultClientKey names the client of a request for the cap on
 // unconfirmed sessions per client: its IP address, as Caddy's http server
 // determines it for every request (the `client_ip` request variable, which

@@ -1,19 +1,15 @@
 package session
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"math"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"golang.org/x/sync/singleflight"
 )
 
 // Defaults of the session table. The caddymodule package documents them on its modules.
@@ -343,19 +339,18 @@ func (s *Stats) Requests(era Era) uint64 {
 // see [Table.LearnFrom]. A session with an open GET stream is never evicted
 // to make room.
 type Table struct {
-	name  string
-	now   func() time.Time
-	epoch time.Time
-	// monotonic is true when now is time.Now: clock then reads only the
-	// monotonic clock (time.Since), one clock read per call instead of two.
-	monotonic bool
-	ttl       atomic.Int64 // nanoseconds
-	keys      atomic.Pointer[principalKeys]
-	bind      atomic.Pointer[string] // the bind_principal template
-
-	// clientKey is the client_key template, read when clientCapped.
-	clientKey    atomic.Pointer[string]
-	clientCapped atomic.Bool
+	name string
+	// Registry holds the table's upstream records and its clock.
+	Registry
+	ttl atomic.Int64 // nanoseconds
+	// templates holds the bind_principal and client_key templates.
+	templates
+	// storeLink holds the shared store and the key of principal hashes.
+	storeLink
+	// failoverConfig holds the failover settings and flights.
+	failoverConfig
+	// keyInfo holds what the table's keys are, and its logger.
+	keyInfo
 
 	mu stripedLock // a session's read lock serves lookups that record nothing (lookupRecorded)
 	// unconfirmed holds the sessions not used since they were learned,
@@ -368,37 +363,14 @@ type Table struct {
 	moving      bool        // the callback is for a session moving to confirmed; guarded by mu
 	perClient   clientCap   // guarded by mu
 
-	upMu       sync.RWMutex
-	ups        map[string]*Upstream
-	draining   atomic.Int32 // how many upstreams are draining
-	stuckUntil atomic.Int64 // the latest stuckUntil of its upstreams (cooloff.go)
-	// refusingUntil is the latest refusingUntil of its upstreams (cooloff.go).
-	refusingUntil atomic.Int64
-	upstreamTTL   atomic.Int64 // nanoseconds; see DefaultUpstreamTTL
-
-	// failover holds the failover settings; flights lets one request per
-	// session fail it over while the others wait (tablefailover.go).
-	failover atomic.Pointer[FailoverSettings]
-	flights  singleflight.Group
-	inits    map[string]*Init // by session; guarded by mu; nil until one is kept
+	inits map[string]*Init // by session; guarded by mu; nil until one is kept
 
 	// tombs remembers the sessions that ended, which neither failover nor
 	// a sealed ID brings back (tombstone.go).
 	tombs *tombstones
 
-	// store is the table's connection to a shared store; nil keeps the
-	// sessions in this process only.
-	store atomic.Pointer[sharedRef]
-
 	// Stats are the table's counters.
 	Stats Stats
-
-	// keyKinds tells sealed keys from plain ones, and names keys in logs;
-	// nil until set (see [Table.SetKeyKinds]).
-	keyKinds atomic.Pointer[KeyKinds]
-
-	// logger receives a debug line per eviction; nil until a handler sets it.
-	logger atomic.Pointer[zap.Logger]
 
 	stop  chan struct{}
 	done  chan struct{}
@@ -416,14 +388,14 @@ func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.T
 	if maxSessions < 1 {
 		return nil, fmt.Errorf("session table %q: max_sessions must be at least 1, got %d", name, maxSessions)
 	}
-	t := &Table{name: name, now: now, epoch: now(), monotonic: monotonic, ups: make(map[string]*Upstream), rearm: make(chan struct{}, 1),
-		tombs: newTombstones(maxSessions)}
+	t := &Table{name: name, rearm: make(chan struct{}, 1), tombs: newTombstones(maxSessions)}
+	t.Registry.init(timebase{now: now, epoch: now(), monotonic: monotonic})
 	t.keys.Store(newPrincipalKeys(nil))
 	t.unconfirmed, _ = simplelru.NewLRU(math.MaxInt, t.onEvictUnconfirmed)
 	t.confirmed, _ = simplelru.NewLRU(math.MaxInt, t.onEvict)
 	t.max = maxSessions
 	t.ttl.Store(int64(ttl))
-	t.upstreamTTL.Store(int64(DefaultUpstreamTTL))
+
 	return t, nil
 }
 
@@ -450,34 +422,12 @@ func (t *Table) Configure(maxSessions int, ttl time.Duration) {
 	}
 }
 
-// SetBindPrincipal sets the placeholder template that evaluates to a
-// request's principal (the bind_principal option); "off" turns binding
-// off, for the sessions bound before too.
-func (t *Table) SetBindPrincipal(template string) { t.bind.Store(&template) }
-
-// BindPrincipal returns the template set by [Table.SetBindPrincipal], or
-// [DefaultBindPrincipal].
-func (t *Table) BindPrincipal() string {
-	if p := t.bind.Load(); p != nil {
-		return *p
-	}
-	return DefaultBindPrincipal
-}
-
 // rearmJanitor makes the janitor recompute its interval from the TTLs.
 func (t *Table) rearmJanitor() {
 	select {
 	case t.rearm <- struct{}{}:
 	default:
 	}
-}
-
-// clock returns the current time in nanoseconds since the table's epoch.
-func (t *Table) clock() int64 {
-	if t.monotonic {
-		return int64(time.Since(t.epoch))
-	}
-	return int64(t.now().Sub(t.epoch))
 }
 
 // expired reports whether e has been idle longer than the TTL at time now.
@@ -897,15 +847,6 @@ func (t *Table) addStreams(id string, delta int32) {
 	}
 }
 
-// Flight runs fn for session id unless a call for id is running, and
-// then waits for that call and returns its result: one request per
-// session fails it over while the others wait (golang.org/x/sync's
-// singleflight).
-func (t *Table) Flight(id string, fn func() (any, error)) (any, error) {
-	v, err, _ := t.flights.Do(id, fn)
-	return v, err
-}
-
 // Holds reports whether this process's table holds session id, expired
 // or not, without asking the shared store or counting it as use.
 func (t *Table) Holds(id string) bool {
@@ -954,17 +895,6 @@ func (t *Table) Unconfirmed() int {
 	return t.unconfirmed.Len()
 }
 
-// Upstreams returns the table's upstream records, in no particular order.
-func (t *Table) Upstreams() []*Upstream {
-	t.upMu.RLock()
-	defer t.upMu.RUnlock()
-	ups := make([]*Upstream, 0, len(t.ups))
-	for _, u := range t.ups {
-		ups = append(ups, u)
-	}
-	return ups
-}
-
 // Evictions returns how many sessions left the table for reason since it
 // was created; 0 for an invalid reason.
 func (t *Table) Evictions(reason EvictReason) uint64 {
@@ -972,29 +902,6 @@ func (t *Table) Evictions(reason EvictReason) uint64 {
 		return 0
 	}
 	return t.Stats.evictions[reason].Load()
-}
-
-// upstream returns the record of dial, creating it on first use, and
-// counts the call as use of the upstream.
-func (t *Table) UseUpstream(dial string) *Upstream {
-	u := t.KnownUpstream(dial)
-	if u == nil {
-		t.upMu.Lock()
-		if u = t.ups[dial]; u == nil {
-			u = &Upstream{dial: dial}
-			t.ups[dial] = u
-		}
-		t.upMu.Unlock()
-	}
-	u.lastSeen.Store(t.clock())
-	return u
-}
-
-// knownUpstream returns the record of dial, or nil if the table has none.
-func (t *Table) KnownUpstream(dial string) *Upstream {
-	t.upMu.RLock()
-	defer t.upMu.RUnlock()
-	return t.ups[dial]
 }
 
 // SetDraining starts (on) or ends (!on) draining the upstream dialed at
@@ -1008,22 +915,6 @@ func (t *Table) SetDraining(dial string, on bool) *Upstream {
 	}
 	return u
 }
-
-// drainHere sets u's draining flag in this process's table, without
-// counting it as use of u.
-func (t *Table) DrainHere(u *Upstream, on bool) *Upstream {
-	if u.draining.Swap(on) != on {
-		if on {
-			t.draining.Add(1)
-		} else {
-			t.draining.Add(-1)
-		}
-	}
-	return u
-}
-
-// AnyDraining reports whether any upstream of the table is draining.
-func (t *Table) AnyDraining() bool { return t.draining.Load() > 0 }
 
 // Info returns what the table knows of session id, without counting it as
 // use. With a shared store, a session this table does not hold is looked up
@@ -1054,9 +945,6 @@ func (t *Table) MaxSessions() int {
 
 // TTL returns the table's idle TTL.
 func (t *Table) TTL() time.Duration { return time.Duration(t.ttl.Load()) }
-
-// SetLogger sets the logger that gets a debug line per eviction.
-func (t *Table) SetLogger(l *zap.Logger) { t.logger.Store(l) }
 
 // onEvictUnconfirmed is the unconfirmed list's eviction callback; it runs
 // with t.mu held. A session moving to the confirmed list is not leaving.
@@ -1194,23 +1082,4 @@ type KeyKinds struct {
 	// Fingerprint names key in logs without revealing it: a short hex
 	// string. Nil: the first 6 bytes of the key's SHA-256, in hex.
 	Fingerprint func(key string) string
-}
-
-// SetKeyKinds sets what the table's keys are; the zero KeyKinds treats
-// every key as a plain ID.
-func (t *Table) SetKeyKinds(k KeyKinds) { t.keyKinds.Store(&k) }
-
-// sealedKey reports whether table key key is a sealed session ID's.
-func (t *Table) sealedKey(key string) bool {
-	k := t.keyKinds.Load()
-	return k != nil && k.Sealed != nil && k.Sealed(key)
-}
-
-// fingerprint names table key key in logs.
-func (t *Table) fingerprint(key string) string {
-	if k := t.keyKinds.Load(); k != nil && k.Fingerprint != nil {
-		return k.Fingerprint(key)
-	}
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:6])
 }

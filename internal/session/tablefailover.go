@@ -165,23 +165,6 @@ func (s *Stats) Failovers(cause FailoverCause, ok bool) uint64 {
 	return s.failovers.failed[cause].Load()
 }
 
-// setFailover sets the table's failover mode and max_initialize_size,
-// keeping its failover_max_age.
-func (t *Table) SetFailover(mode string, maxInit int) {
-	if maxInit <= 0 {
-		maxInit = DefaultMaxInitializeSize
-	}
-	t.failover.Store(&FailoverSettings{On: mode == FailoverReinitialize, MaxInit: maxInit, MaxAge: t.Failover().MaxAge})
-}
-
-// setFailoverMaxAge sets the table's failover_max_age; 0 or less makes it
-// the table's session_ttl.
-func (t *Table) SetFailoverMaxAge(d time.Duration) {
-	fs := t.Failover()
-	fs.MaxAge = max(d, 0)
-	t.failover.Store(&fs)
-}
-
 // failoverMaxAge returns the age past which a sealed session ID fails over
 // no more: failover_max_age, or the table's session_ttl.
 func (t *Table) FailoverMaxAge() time.Duration {
@@ -189,14 +172,6 @@ func (t *Table) FailoverMaxAge() time.Duration {
 		return d
 	}
 	return t.TTL()
-}
-
-// failoverSettings returns the table's failover settings; off when unset.
-func (t *Table) Failover() FailoverSettings {
-	if s := t.failover.Load(); s != nil {
-		return *s
-	}
-	return FailoverSettings{MaxInit: DefaultMaxInitializeSize}
 }
 
 // keepInit records the initialize request of session id, which the table
@@ -269,32 +244,6 @@ func (t *Table) moveSession(id string, to *Upstream, init *Init) bool {
 	t.use(id, e, list) // a request of the session moves it
 	t.inits[id] = init
 	return true
-}
-
-// setDrainDeadline sets when the draining of u ends for its remaining
-// sessions, which then fail over; the zero time sets none.
-func (t *Table) SetDrainDeadline(u *Upstream, at time.Time) {
-	if at.IsZero() {
-		u.drainDeadline.Store(0)
-		return
-	}
-	u.drainDeadline.Store(int64(at.Sub(t.epoch)))
-}
-
-// pastDrainDeadline reports whether u is draining and its deadline has passed.
-func (t *Table) PastDrainDeadline(u *Upstream) bool {
-	d := u.drainDeadline.Load()
-	return d != 0 && u.Draining() && t.clock() >= d
-}
-
-// DrainDeadline returns when the draining of u ends for its remaining
-// sessions, and false if it has no deadline.
-func (t *Table) DrainDeadline(u *Upstream) (time.Time, bool) {
-	d := u.drainDeadline.Load()
-	if d == 0 {
-		return time.Time{}, false
-	}
-	return t.epoch.Add(time.Duration(d)), true
 }
 
 // storedSession is a session as a Redis value describes it.

@@ -74,50 +74,6 @@ type Shared interface {
 	Errors(fn func(op string, n uint64))
 }
 
-// sharedRef holds a table's Shared, so that an atomic pointer can swap it.
-type sharedRef struct{ s Shared }
-
-// shared returns the table's shared store; nil keeps sessions in this
-// process only.
-func (t *Table) shared() Shared {
-	if r := t.store.Load(); r != nil {
-		return r.s
-	}
-	return nil
-}
-
-// Store returns the table's shared store; nil when its sessions stay in
-// this process only.
-func (t *Table) Store() Shared { return t.shared() }
-
-// setStore connects the table to a shared store; nil keeps its sessions in
-// this process only. With a store, principals are hashed under a key
-// derived from the store's secret, which every instance shares; sessions
-// bound to a principal before a table changed stores are refused
-// afterwards (their principal's hash was made under another key).
-func (t *Table) SetStore(c Shared) {
-	if c == t.shared() {
-		return
-	}
-	if c == nil {
-		t.store.Store(nil)
-		t.keys.Store(newPrincipalKeys(nil))
-		return
-	}
-	t.store.Store(&sharedRef{c})
-	t.keys.Store(newPrincipalKeys(c.PrincipalKey()))
-}
-
-// Shared reports whether the table shares its sessions through a store.
-func (t *Table) Shared() bool { return t.shared() != nil }
-
-// StoreReachable reports whether the table's shared store answered its last
-// call; true without a shared store.
-func (t *Table) StoreReachable() bool {
-	c := t.shared()
-	return c == nil || c.Reachable()
-}
-
 // ClusterSessions returns the live sessions of u on every instance sharing
 // the table's store, as last read from the store plus what this instance
 // learned since; without a shared store, its live sessions here.
@@ -138,59 +94,12 @@ func (t *Table) infoShared(id string) (SessionInfo, bool) {
 	return SessionInfo{Upstream: dial, Bound: bound != PrincipalSum{}, FromStore: true}, dial != ""
 }
 
-// UpstreamTTL returns how long the table keeps the record of an upstream
-// that no config lists, that owns no session and that nothing used.
-func (t *Table) UpstreamTTL() time.Duration { return time.Duration(t.upstreamTTL.Load()) }
-
 // SetUpstreamTTL sets [Table.UpstreamTTL]; 0 or less leaves it as is.
 func (t *Table) SetUpstreamTTL(d time.Duration) {
 	if d > 0 {
 		t.upstreamTTL.Store(int64(d))
 		t.rearmJanitor()
 	}
-}
-
-// setConfigured marks the upstreams a reverse_proxy of the running config
-// lists, creating their records, and unmarks the others.
-func (t *Table) SetConfigured(dials map[string]bool) {
-	for dial := range dials {
-		t.UseUpstream(dial)
-	}
-	for _, u := range t.Upstreams() {
-		u.configured.Store(dials[u.dial])
-	}
-}
-
-// inUse reports whether this instance uses upstream u: a config lists it,
-// it owns sessions here, or it was used here within the upstream TTL.
-func (t *Table) InUse(u *Upstream) bool {
-	return u.configured.Load() || u.live.Load() > 0 || u.streams.Load() > 0 ||
-		t.clock()-u.lastSeen.Load() < t.upstreamTTL.Load()
-}
-
-// kept reports whether the table keeps the record of u: this instance
-// uses it, or, with a shared store, another instance used it within the
-// upstream TTL or it owns sessions there.
-func (t *Table) kept(u *Upstream) bool {
-	return t.InUse(u) || u.cluster.Load() > 0 || t.clock()-u.seenAway.Load() < t.upstreamTTL.Load()
-}
-
-// storeUpstream returns the record of dial, creating it, as known from the
-// shared store only, if the table has none: its creation is no use here.
-func (t *Table) StoreUpstream(dial string) *Upstream {
-	if u := t.KnownUpstream(dial); u != nil {
-		return u
-	}
-	u := t.UseUpstream(dial)
-	u.lastSeen.CompareAndSwap(u.lastSeen.Load(), 0)
-	return u
-}
-
-// seenElsewhere records that another instance used u at when, as the
-// shared store says, and returns u.
-func (t *Table) SeenElsewhere(u *Upstream, when time.Time) *Upstream {
-	u.seenAway.Store(int64(when.Sub(t.now()) + time.Duration(t.clock())))
-	return u
 }
 
 // sweepUpstreams drops the records of upstreams that no config lists, that
