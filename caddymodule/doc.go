@@ -51,7 +51,8 @@
 //     (the bind_principal digest), tablefailover.go (kept initialize
 //     requests, moves, drain deadlines), tableshare.go (the [session.Shared]
 //     store interface and the table's side of it), tombstone.go,
-//     cooloff.go (stuck and refusing upstreams), methodstats.go.
+//     upstreams.go (the upstream records, [session.Registry]), cooloff.go
+//     (stuck and refusing upstreams), settings.go, methodstats.go.
 //   - internal/redisstore: the redis store's connection (conn.go, sync.go,
 //     keys.go, keycheck.go, record.go: the sealed failover records).
 //

@@ -9,8 +9,9 @@
 // and a janitor, table.go), remembers sessions that ended for good
 // (tombstone.go), keeps each session's initialize for failover
 // (tablefailover.go), and counts what it does ([Stats]; the method
-// counters in methodstats.go). Upstream records carry draining flags,
-// drain deadlines and cool-offs (cooloff.go).
+// counters in methodstats.go). Its [Registry] of upstream records
+// (upstreams.go) carries draining flags, drain deadlines and cool-offs
+// (cooloff.go); its settings live in small embedded types (settings.go).
 //
 // A table can share its sessions with other instances through a [Shared]
 // store (tableshare.go): the table calls the store outside its locks, and
