@@ -1,6 +1,8 @@
 package caddymodule
 
 import (
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
+
 	"sync"
 	"time"
 )
@@ -19,23 +21,23 @@ const (
 // tableCounters is one sample of a table's counters.
 type tableCounters struct {
 	at         time.Time
-	evictions  [len(evictReasons)]uint64 // by evictReasons' order
-	failedOver uint64                    // sessions moved to another upstream, or followed a move
-	failed     uint64                    // failovers that failed or were refused
-	eras       [len(eras)]uint64         // requests, by eras' order
+	evictions  [len(session.EvictReasons)]uint64 // by evictReasons' order
+	failedOver uint64                            // sessions moved to another upstream, or followed a move
+	failed     uint64                            // failovers that failed or were refused
+	eras       [len(session.Eras)]uint64         // requests, by eras' order
 }
 
 // countersOf samples t's counters now.
-func countersOf(t *Table, now time.Time) tableCounters {
+func countersOf(t *session.Table, now time.Time) tableCounters {
 	c := tableCounters{at: now}
-	for i, r := range evictReasons {
+	for i, r := range session.EvictReasons {
 		c.evictions[i] = t.Evictions(r)
 	}
-	for _, cause := range failoverCauses {
+	for _, cause := range session.FailoverCauses {
 		c.failedOver += t.Stats.Failovers(cause, true) + t.Stats.FailoversFollowed(cause)
 		c.failed += t.Stats.Failovers(cause, false) + t.Stats.FailoversRefused(cause)
 	}
-	for i, e := range eras {
+	for i, e := range session.Eras {
 		c.eras[i] = t.Stats.Requests(e)
 	}
 	return c
@@ -64,12 +66,12 @@ func (now tableCounters) since(old tableCounters) Recent {
 		Evictions: map[string]uint64{}, Requests: map[string]uint64{},
 		Failovers: now.failedOver - old.failedOver, FailoversFailed: now.failed - old.failed,
 	}
-	for i, reason := range evictReasons {
+	for i, reason := range session.EvictReasons {
 		if n := now.evictions[i] - old.evictions[i]; n > 0 {
 			r.Evictions[reason.String()] = n
 		}
 	}
-	for i, e := range eras {
+	for i, e := range session.Eras {
 		r.Requests[e.String()] = now.eras[i] - old.eras[i]
 	}
 	return r
@@ -102,7 +104,7 @@ func (a *activity) run() {
 
 // sample records the counters of tables at now, drops samples older than
 // the window and forgets tables that are gone.
-func (a *activity) sample(tables map[string]*Table, now time.Time) {
+func (a *activity) sample(tables map[string]*session.Table, now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for name, t := range tables {
@@ -121,13 +123,13 @@ func (a *activity) sample(tables map[string]*Table, now time.Time) {
 
 // recent returns what happened in t since the oldest sample kept, or,
 // before the first sample, since the table was created.
-func (a *activity) recent(t *Table, now time.Time) Recent {
+func (a *activity) recent(t *session.Table, now time.Time) Recent {
 	cur := countersOf(t, now)
 	a.mu.Lock()
-	s := a.samples[t.name]
+	s := a.samples[t.Name()]
 	a.mu.Unlock()
 	if len(s) == 0 {
-		return cur.since(tableCounters{at: t.epoch})
+		return cur.since(tableCounters{at: t.Created()})
 	}
 	return cur.since(s[0])
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -249,10 +250,10 @@ func listTables() ([]TableStatus, error) {
 	}
 	list := []TableStatus{}
 	for _, t := range app.tables() {
-		for dial := range app.configuredUpstreams(t.name) {
-			t.upstream(dial) // list configured upstreams before any traffic too
+		for dial := range app.configuredUpstreams(t.Name()) {
+			t.UseUpstream(dial) // list configured upstreams before any traffic too
 		}
-		st := TableStatus{Table: t.name, Sessions: t.Len(), MaxSessions: t.MaxSessions(), SessionTTL: t.TTL().String(), Upstreams: []UpstreamStatus{}}
+		st := TableStatus{Table: t.Name(), Sessions: t.Len(), MaxSessions: t.MaxSessions(), SessionTTL: t.TTL().String(), Upstreams: []UpstreamStatus{}}
 		for _, u := range t.Upstreams() {
 			st.Upstreams = append(st.Upstreams, statusOf(t, u))
 		}
@@ -277,14 +278,14 @@ func upstreamStatus(table, dial string, drain *bool) (UpstreamStatus, error) {
 	if dial == "" {
 		return UpstreamStatus{}, apiError(http.StatusBadRequest, "missing upstream: give its dial address as in the config, such as 127.0.0.1:9001")
 	}
-	configured := app.configuredUpstreams(t.name)
-	if t.knownUpstream(dial) == nil && configured[dial] {
-		t.upstream(dial) // configured, but the proxy has not routed to it yet
+	configured := app.configuredUpstreams(t.Name())
+	if t.KnownUpstream(dial) == nil && configured[dial] {
+		t.UseUpstream(dial) // configured, but the proxy has not routed to it yet
 	}
-	if t.knownUpstream(dial) == nil {
+	if t.KnownUpstream(dial) == nil {
 		known := []string{}
 		for _, u := range t.Upstreams() {
-			known = append(known, u.dial)
+			known = append(known, u.Dial())
 		}
 		for d := range configured {
 			known = append(known, d)
@@ -292,9 +293,9 @@ func upstreamStatus(table, dial string, drain *bool) (UpstreamStatus, error) {
 		slices.Sort(known)
 		known = slices.Compact(known)
 		return UpstreamStatus{}, apiError(http.StatusNotFound, "table %q knows no upstream %q; give the dial address exactly as in the config. "+
-			"Known upstreams (configured, or routed to since the table was created): %s", t.name, dial, strings.Join(known, ", "))
+			"Known upstreams (configured, or routed to since the table was created): %s", t.Name(), dial, strings.Join(known, ", "))
 	}
-	u := t.knownUpstream(dial)
+	u := t.KnownUpstream(dial)
 	if drain != nil {
 		u = t.SetDraining(dial, *drain)
 	}
@@ -317,13 +318,13 @@ func drainStatus(req adminRequest, on bool) (UpstreamStatus, error) {
 		return st, err
 	}
 	_, t, _ := findTable(req.Table)
-	u := t.knownUpstream(st.Upstream)
-	t.setDrainDeadline(u, deadline)
+	u := t.KnownUpstream(st.Upstream)
+	t.SetDrainDeadline(u, deadline)
 	return statusOf(t, u), nil
 }
 
-func statusOf(t *Table, u *Upstream) UpstreamStatus {
-	st := UpstreamStatus{Table: t.name, Upstream: u.dial, LiveSessions: u.LiveSessions(), Draining: u.Draining(), Refusals: u.Refusals()}
+func statusOf(t *session.Table, u *session.Upstream) UpstreamStatus {
+	st := UpstreamStatus{Table: t.Name(), Upstream: u.Dial(), LiveSessions: u.LiveSessions(), Draining: u.Draining(), Refusals: u.Refusals()}
 	if at, ok := t.RefusingUntil(u); ok {
 		st.RefusingUntil = at.UTC().Format(time.RFC3339Nano)
 	}
@@ -354,7 +355,7 @@ func evictUpstream(table, dial string) (UpstreamEviction, error) {
 		return UpstreamEviction{}, err
 	}
 	_, t, _ := findTable(st.Table)
-	return UpstreamEviction{Table: st.Table, Upstream: dial, EvictedSessions: t.EvictUpstream(dial, EvictAdmin)}, nil
+	return UpstreamEviction{Table: st.Table, Upstream: dial, EvictedSessions: t.EvictUpstream(dial, session.EvictAdmin)}, nil
 }
 
 // sessionStatus returns a session's status, first evicting it if evict is true.
@@ -369,10 +370,10 @@ func sessionStatus(table, id string, evict bool) (SessionStatus, error) {
 	id = adminKey(t, id)
 	info, ok := t.Info(id)
 	if !ok {
-		return SessionStatus{}, apiError(http.StatusNotFound, "table %q holds no session with fingerprint %s", t.name, fingerprint(id))
+		return SessionStatus{}, apiError(http.StatusNotFound, "table %q holds no session with fingerprint %s", t.Name(), fingerprint(id))
 	}
 	st := SessionStatus{
-		Table: t.name, Fingerprint: fingerprint(id), Upstream: info.Upstream,
+		Table: t.Name(), Fingerprint: fingerprint(id), Upstream: info.Upstream,
 		OpenStreams: info.OpenStreams, PrincipalBound: info.Bound, FromStore: info.FromStore,
 	}
 	if !info.FromStore {
@@ -380,7 +381,7 @@ func sessionStatus(table, id string, evict bool) (SessionStatus, error) {
 		st.AgeSeconds, st.IdleSeconds = &age, &idle
 	}
 	if evict {
-		st.Evicted = t.Evict(id, EvictAdmin)
+		st.Evicted = t.Evict(id, session.EvictAdmin)
 	}
 	return st, nil
 }
@@ -447,9 +448,9 @@ var runningApp = func() (*App, error) {
 
 // findTable returns the running app and its table called name ("default"
 // when empty).
-func findTable(name string) (*App, *Table, error) {
+func findTable(name string) (*App, *session.Table, error) {
 	if name == "" {
-		name = DefaultTableName
+		name = session.DefaultTableName
 	}
 	app, err := runningApp()
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -93,7 +94,7 @@ func init() {
 }
 
 // addToTestApp puts tbl in the running app until the test ends.
-func addToTestApp(t *testing.T, tbl *Table) {
+func addToTestApp(t *testing.T, tbl *session.Table) {
 	testApp.mu.Lock()
 	defer testApp.mu.Unlock()
 	if testApp.uses[tbl.Name()] != nil {
@@ -109,7 +110,7 @@ func addToTestApp(t *testing.T, tbl *Table) {
 
 // adminTable acquires a table with a name unique to the test (and suffix),
 // puts it in the running app, and releases it when the test ends.
-func adminTable(t *testing.T, suffix string, maxSessions int, ttl time.Duration) *Table {
+func adminTable(t *testing.T, suffix string, maxSessions int, ttl time.Duration) *session.Table {
 	t.Helper()
 	name := "admin/" + t.Name() + suffix
 	tbl, err := acquireTable(name, maxSessions, ttl)
@@ -123,7 +124,7 @@ func adminTable(t *testing.T, suffix string, maxSessions int, ttl time.Duration)
 
 // clockTable puts a table reading time from a fake clock in the running
 // app, until the test ends.
-func clockTable(t *testing.T, maxSessions int, ttl time.Duration) (*Table, *fakeClock) {
+func clockTable(t *testing.T, maxSessions int, ttl time.Duration) (*session.Table, *fakeClock) {
 	t.Helper()
 	clk := newFakeClock()
 	tbl, err := NewTable("admin-clock/"+t.Name(), maxSessions, ttl, clk.Now)
@@ -159,7 +160,7 @@ func TestAdminList(t *testing.T) {
 	a.Learn("S2", "10.0.0.1:80")
 	a.Learn("S3", "10.0.0.2:80")
 	a.Learn("S4", "10.0.0.3:80")
-	a.Evict("S4", EvictDelete) // 10.0.0.3:80 stays known with 0 sessions
+	a.Evict("S4", session.EvictDelete) // 10.0.0.3:80 stays known with 0 sessions
 	a.SetDraining("10.0.0.2:80", true)
 	a.SetDraining("10.0.0.9:80", true) // draining before it owns any session
 
@@ -238,7 +239,7 @@ func TestAdminUpstream(t *testing.T) {
 	// like "drain done"; asking does not create a record for it.
 	rec, err := adminDo(t, http.MethodGet, q(tbl.Name(), "10.0.0.7:80"), "")
 	wantAPIError(t, rec, err, http.StatusNotFound, `knows no upstream "10.0.0.7:80"`, "10.0.0.1:80")
-	if tbl.knownUpstream("10.0.0.7:80") != nil {
+	if tbl.KnownUpstream("10.0.0.7:80") != nil {
 		t.Error("a GET created a record for the upstream")
 	}
 
@@ -253,20 +254,20 @@ func TestAdminUpstream(t *testing.T) {
 
 // TestAdminDefaultTable checks that an empty or missing table names "default".
 func TestAdminDefaultTable(t *testing.T) {
-	tbl, err := NewTable(DefaultTableName, DefaultMaxSessions, DefaultSessionTTL, nil)
+	tbl, err := NewTable(session.DefaultTableName, session.DefaultMaxSessions, session.DefaultSessionTTL, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	addToTestApp(t, tbl)
-	tbl.upstream("10.9.9.9:1") // an upstream the proxy has routed to
+	tbl.UseUpstream("10.9.9.9:1") // an upstream the proxy has routed to
 	var st UpstreamStatus
 	adminOK(t, http.MethodGet, "/mcp_sessions/upstream?upstream=10.9.9.9:1", "", &st)
-	if st.Table != DefaultTableName {
-		t.Errorf("table = %q, want %q", st.Table, DefaultTableName)
+	if st.Table != session.DefaultTableName {
+		t.Errorf("table = %q, want %q", st.Table, session.DefaultTableName)
 	}
 	st = UpstreamStatus{}
 	adminOK(t, http.MethodPost, "/mcp_sessions/undrain", `{"upstream":"10.9.9.9:1"}`, &st)
-	if st.Table != DefaultTableName || st.Draining {
+	if st.Table != session.DefaultTableName || st.Draining {
 		t.Errorf("undrain without table = %+v, want the default table, not draining", st)
 	}
 }
@@ -290,7 +291,7 @@ func TestAdminDrainUndrain(t *testing.T) {
 		if raw != string(wantRaw)+"\n" {
 			t.Errorf("%s body = %q, want %q", op, raw, wantRaw)
 		}
-		if u := tbl.knownUpstream("10.0.0.1:80"); u == nil || u.Draining() != wantDraining {
+		if u := tbl.KnownUpstream("10.0.0.1:80"); u == nil || u.Draining() != wantDraining {
 			t.Errorf("after %s the table's record drains: %v, want %v", op, u != nil && u.Draining(), wantDraining)
 		}
 		if tbl.AnyDraining() != wantDraining {
@@ -305,7 +306,7 @@ func TestAdminDrainUndrain(t *testing.T) {
 	post("undrain", false)
 
 	// The other upstream was never touched.
-	if u := tbl.knownUpstream("10.0.0.2:80"); u.Draining() || u.LiveSessions() != 1 {
+	if u := tbl.KnownUpstream("10.0.0.2:80"); u.Draining() || u.LiveSessions() != 1 {
 		t.Errorf("other upstream: draining %v, %d sessions", u.Draining(), u.LiveSessions())
 	}
 
@@ -326,7 +327,7 @@ func TestAdminDrainUndrain(t *testing.T) {
 	// report "drain done" for a typo.
 	rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/drain", postBody(map[string]string{"table": tbl.Name(), "upstream": "10.0.0.5:80"}))
 	wantAPIError(t, rec, err, http.StatusNotFound, `knows no upstream "10.0.0.5:80"`)
-	if tbl.knownUpstream("10.0.0.5:80") != nil {
+	if tbl.KnownUpstream("10.0.0.5:80") != nil {
 		t.Error("a refused drain created a record for the upstream")
 	}
 
@@ -393,7 +394,7 @@ func TestAdminLookupEvict(t *testing.T) {
 	if got := liveSessions(tbl); got["10.0.0.1:80"] != 0 || got["10.0.0.2:80"] != 1 {
 		t.Errorf("live sessions after evict = %v", got)
 	}
-	wantEvictions(t, tbl, map[EvictReason]uint64{EvictAdmin: 1})
+	wantEvictions(t, tbl, map[session.EvictReason]uint64{session.EvictAdmin: 1})
 
 	// Evicting or looking up again: 404 naming the fingerprint, never the ID.
 	for _, op := range []string{"evict", "lookup"} {
@@ -403,7 +404,7 @@ func TestAdminLookupEvict(t *testing.T) {
 			t.Errorf("%s error carries the session ID: %q", op, ae.Message)
 		}
 	}
-	wantEvictions(t, tbl, map[EvictReason]uint64{EvictAdmin: 1})
+	wantEvictions(t, tbl, map[session.EvictReason]uint64{session.EvictAdmin: 1})
 
 	// Missing session_id.
 	rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/lookup", postBody(map[string]string{"table": tbl.Name()}))
@@ -418,7 +419,7 @@ func TestAdminLookupExpired(t *testing.T) {
 	clk.Advance(time.Minute + time.Second)
 	rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/evict", postBody(map[string]string{"table": tbl.Name(), "session_id": testSessionID}))
 	wantAPIError(t, rec, err, http.StatusNotFound, "holds no session")
-	if tbl.Evictions(EvictAdmin) != 0 {
+	if tbl.Evictions(session.EvictAdmin) != 0 {
 		t.Error("an expired session was counted as evicted by the admin")
 	}
 }
@@ -458,8 +459,8 @@ func TestAdminErrors(t *testing.T) {
 		})
 	}
 	// No error changed the table.
-	if tbl.Len() != 1 || tbl.AnyDraining() || tbl.Evictions(EvictAdmin) != 0 {
-		t.Errorf("errors changed the table: Len %d, draining %v, admin evictions %d", tbl.Len(), tbl.AnyDraining(), tbl.Evictions(EvictAdmin))
+	if tbl.Len() != 1 || tbl.AnyDraining() || tbl.Evictions(session.EvictAdmin) != 0 {
+		t.Errorf("errors changed the table: Len %d, draining %v, admin evictions %d", tbl.Len(), tbl.AnyDraining(), tbl.Evictions(session.EvictAdmin))
 	}
 }
 
@@ -500,8 +501,8 @@ func TestAdminEvictUpstream(t *testing.T) {
 	if want := (UpstreamEviction{Table: tbl.Name(), Upstream: "10.0.0.1:80", EvictedSessions: 2}); got != want {
 		t.Errorf("evict upstream = %+v, want %+v", got, want)
 	}
-	if tbl.Len() != 1 || tbl.Evictions(EvictAdmin) != 2 {
-		t.Errorf("after the eviction: %d sessions, %d admin evictions; want 1, 2", tbl.Len(), tbl.Evictions(EvictAdmin))
+	if tbl.Len() != 1 || tbl.Evictions(session.EvictAdmin) != 2 {
+		t.Errorf("after the eviction: %d sessions, %d admin evictions; want 1, 2", tbl.Len(), tbl.Evictions(session.EvictAdmin))
 	}
 	rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/evict", postBody(map[string]string{"table": tbl.Name(), "upstream": "10.0.0.9:80"}))
 	wantAPIError(t, rec, err, http.StatusNotFound, `knows no upstream "10.0.0.9:80"`)
@@ -535,7 +536,7 @@ func TestAdminRefusesFieldsTheEndpointIgnores(t *testing.T) {
 		rec, err := adminDo(t, http.MethodPost, "/mcp_sessions/"+tc.op, postBody(tc.body))
 		wantAPIError(t, rec, err, http.StatusBadRequest, tc.want)
 	}
-	if tbl.Lookup(testSessionID) == nil || tbl.knownUpstream("10.0.0.1:80").Draining() {
+	if tbl.Lookup(testSessionID) == nil || tbl.KnownUpstream("10.0.0.1:80").Draining() {
 		t.Error("a refused call changed the table")
 	}
 }
@@ -547,7 +548,7 @@ func TestAdminRefusesFieldsTheEndpointIgnores(t *testing.T) {
 func TestAdminRefusesAmbiguousInput(t *testing.T) {
 	tbl, _ := clockTable(t, 10, time.Hour)
 	tbl.Learn(testSessionID, "10.0.0.1:80")
-	tbl.upstream("10.0.0.2:80")
+	tbl.UseUpstream("10.0.0.2:80")
 	name := tbl.Name()
 	drain := func(rest string) string { return `{"table":"` + name + `","upstream":"10.0.0.1:80"` + rest + `}` }
 	for _, tc := range []struct {
@@ -583,12 +584,12 @@ func TestAdminRefusesAmbiguousInput(t *testing.T) {
 			}
 		})
 	}
-	if tbl.Lookup(testSessionID) == nil || tbl.AnyDraining() || tbl.Evictions(EvictAdmin) != 0 {
+	if tbl.Lookup(testSessionID) == nil || tbl.AnyDraining() || tbl.Evictions(session.EvictAdmin) != 0 {
 		t.Error("a refused call changed the table")
 	}
 	// The control: the same calls, well formed, act.
 	adminOK(t, "POST", "/mcp_sessions/drain", drain(``), nil)
-	if !tbl.knownUpstream("10.0.0.1:80").Draining() {
+	if !tbl.KnownUpstream("10.0.0.1:80").Draining() {
 		t.Error("a well-formed drain did not drain")
 	}
 	adminOK(t, "GET", "/mcp_sessions/upstream?table="+name+"&upstream=10.0.0.1:80", "", nil)

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -151,7 +152,7 @@ type TableConfig struct {
 type tableUse struct {
 	cfg     TableConfig
 	sources map[string]string // option -> where it was set
-	table   *Table
+	table   *session.Table
 	store   Store // nil: memory
 }
 
@@ -218,14 +219,14 @@ func (a *App) configuredNames() []string {
 // module gives the table (zero fields set nothing); source names the module
 // in errors. It errors when cfg contradicts a setting made elsewhere in the
 // config or is invalid.
-func (a *App) Table(name string, cfg TableConfig, source string) (*Table, error) {
+func (a *App) Table(name string, cfg TableConfig, source string) (*session.Table, error) {
 	if name == "" {
-		name = DefaultTableName
+		name = session.DefaultTableName
 	}
 	return a.use(name, cfg, source)
 }
 
-func (a *App) use(name string, cfg TableConfig, source string) (*Table, error) {
+func (a *App) use(name string, cfg TableConfig, source string) (*session.Table, error) {
 	if err := cfg.validate(name); err != nil {
 		return nil, err
 	}
@@ -255,12 +256,12 @@ func (c TableConfig) validate(name string) error {
 		return fmt.Errorf("session table %q: max_sessions must be positive, got %d", name, c.MaxSessions)
 	case c.MaxUnconfirmedPerClient < 0:
 		return fmt.Errorf("session table %q: max_unconfirmed_per_client must be positive, got %d", name, c.MaxUnconfirmedPerClient)
-	case c.SessionTTL != 0 && time.Duration(c.SessionTTL) < MinSessionTTL:
+	case c.SessionTTL != 0 && time.Duration(c.SessionTTL) < session.MinSessionTTL:
 		return fmt.Errorf("session table %q: session_ttl %s is below the minimum of %s; sessions would be forgotten between a client's requests",
-			name, time.Duration(c.SessionTTL), MinSessionTTL)
-	case c.FailoverMaxAge != 0 && time.Duration(c.FailoverMaxAge) < MinSessionTTL:
+			name, time.Duration(c.SessionTTL), session.MinSessionTTL)
+	case c.FailoverMaxAge != 0 && time.Duration(c.FailoverMaxAge) < session.MinSessionTTL:
 		return fmt.Errorf("session table %q: failover_max_age %s is below the minimum of %s; give a duration such as 1h, or leave it out for session_ttl",
-			name, time.Duration(c.FailoverMaxAge), MinSessionTTL)
+			name, time.Duration(c.FailoverMaxAge), session.MinSessionTTL)
 	case c.BindPrincipal != "":
 		if err := checkBindPrincipal(c.BindPrincipal); err != nil {
 			return fmt.Errorf("session table %q: %w", name, err)
@@ -277,7 +278,7 @@ func (c TableConfig) validate(name string) error {
 // checkBindPrincipal refuses a bind_principal template without a
 // placeholder: every request would have the same principal.
 func checkBindPrincipal(v string) error {
-	if v == BindPrincipalOff {
+	if v == session.BindPrincipalOff {
 		return nil
 	}
 	return checkHasPlaceholder("bind_principal", v, "every request would have the same principal and binding would refuse no one",
@@ -326,21 +327,21 @@ func display(v any) any {
 
 func (u *tableUse) maxSessions() int {
 	if u.cfg.MaxSessions == 0 {
-		return DefaultMaxSessions
+		return session.DefaultMaxSessions
 	}
 	return u.cfg.MaxSessions
 }
 
 func (u *tableUse) bindPrincipal() string {
 	if u.cfg.BindPrincipal == "" {
-		return DefaultBindPrincipal
+		return session.DefaultBindPrincipal
 	}
 	return u.cfg.BindPrincipal
 }
 
 func (u *tableUse) ttl() time.Duration {
 	if u.cfg.SessionTTL == 0 {
-		return DefaultSessionTTL
+		return session.DefaultSessionTTL
 	}
 	return time.Duration(u.cfg.SessionTTL)
 }
@@ -382,27 +383,27 @@ func (a *App) startTables() error {
 // Caddy does not set.
 func (a *App) startTable(name string, u *tableUse) error {
 	warnUnknownPlaceholders(a.logger, name, "client_key", u.cfg.ClientKey)
-	if u.cfg.BindPrincipal != BindPrincipalOff {
+	if u.cfg.BindPrincipal != session.BindPrincipalOff {
 		warnUnknownPlaceholders(a.logger, name, "bind_principal", u.cfg.BindPrincipal)
 	}
 	u.table.Configure(u.maxSessions(), u.ttl())
 	u.table.SetBindPrincipal(u.bindPrincipal())
-	u.table.setFailover(u.cfg.Failover, u.cfg.MaxInitializeSize)
-	u.table.setFailoverMaxAge(time.Duration(u.cfg.FailoverMaxAge))
+	u.table.SetFailover(u.cfg.Failover, u.cfg.MaxInitializeSize)
+	u.table.SetFailoverMaxAge(time.Duration(u.cfg.FailoverMaxAge))
 	u.table.SetClientCap(u.cfg.MaxUnconfirmedPerClient, u.cfg.ClientKey)
 	if cfg := a.Tables[name]; cfg != nil {
 		u.table.SetUpstreamTTL(time.Duration(cfg.UpstreamTTL))
 	}
-	var conn *redisConn
+	var conn session.Shared
 	if u.store != nil {
-		c, err := u.store.connect(u.table)
+		c, err := u.store.Connect(u.table)
 		if err != nil {
 			return fmt.Errorf("session table %q: connecting its store: %v", name, err)
 		}
 		conn = c
 	}
-	u.table.setStore(conn)
-	u.table.setConfigured(a.configuredUpstreams(name))
+	u.table.SetStore(conn)
+	u.table.SetConfigured(a.configuredUpstreams(name))
 	return nil
 }
 
@@ -422,10 +423,10 @@ func (a *App) Cleanup() error {
 }
 
 // tables returns the app's tables by name.
-func (a *App) tables() map[string]*Table {
+func (a *App) tables() map[string]*session.Table {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	m := make(map[string]*Table, len(a.uses))
+	m := make(map[string]*session.Table, len(a.uses))
 	for name, u := range a.uses {
 		m[name] = u.table
 	}
@@ -536,6 +537,84 @@ func checkProxy(rp *reverseproxy.Handler, before []handlerSeen) error {
 	}
 	return fmt.Errorf("the mcp_session handler before a reverse_proxy writes session table %q, but the reverse_proxy's "+
 		"selection policy reads table %q; give both the same table name (mcp_proxy does this for you)", want, got)
+}
+
+// Defaults and values of the table settings, as the module docs name
+// them; the session table (internal/session) defines them.
+const (
+	// DefaultMaxSessions is the default bound of a session table (entries).
+	DefaultMaxSessions = session.DefaultMaxSessions
+	// DefaultSessionTTL is the default idle time after which a session is forgotten.
+	DefaultSessionTTL = session.DefaultSessionTTL
+	// DefaultTableName names the table used when no table is configured.
+	DefaultTableName = session.DefaultTableName
+	// DefaultUpstreamTTL is how long a table keeps the record of an
+	// upstream that no config lists, that owns no session and that
+	// nothing used.
+	DefaultUpstreamTTL = session.DefaultUpstreamTTL
+	// MinSessionTTL is the shortest session TTL accepted.
+	MinSessionTTL = session.MinSessionTTL
+	// DefaultBindPrincipal is the default bind_principal template.
+	DefaultBindPrincipal = session.DefaultBindPrincipal
+	// BindPrincipalOff turns principal binding off.
+	BindPrincipalOff = session.BindPrincipalOff
+	// DefaultClientKey is the default client_key template.
+	DefaultClientKey = session.DefaultClientKey
+	// FailoverOff ends a session whose upstream is gone: its requests get 404.
+	FailoverOff = session.FailoverOff
+	// FailoverReinitialize moves a session whose upstream is gone to
+	// another upstream by replaying the session's initialize request there.
+	FailoverReinitialize = session.FailoverReinitialize
+	// DefaultMaxInitializeSize is the default max_initialize_size, in bytes.
+	DefaultMaxInitializeSize = session.DefaultMaxInitializeSize
+)
+
+// Table is a session table: the sessions of one table name, shared by
+// the handlers and policies that name it, across config reloads.
+type Table = session.Table
+
+// NewTable returns a session table bounded to maxSessions entries with
+// the given idle TTL, reading time from now (time.Now when nil), which
+// knows the plugin's keys: sealed session IDs, and the fingerprints of the
+// debug log, the admin API and {mcp.session_fingerprint}. It errors when
+// maxSessions is not positive. It starts no goroutine; see
+// [Table.StartJanitor].
+func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.Time) (*session.Table, error) {
+	t, err := session.NewTable(name, maxSessions, ttl, now)
+	if err != nil {
+		return nil, err
+	}
+	t.SetKeyKinds(session.KeyKinds{Sealed: isSealedKey, Fingerprint: fingerprint})
+	return t, nil
+}
+
+// isSealedKey reports whether table key key is a sealed ID's (decoded
+// sealed IDs begin with their version byte, which no plain ID can).
+func isSealedKey(key string) bool { return len(key) > 0 && isSealVersion(key[0]) }
+
+// tables holds the session tables by name, across config reloads.
+var tables = caddy.NewUsagePool()
+
+// acquireTable returns the table called name, creating it with the given
+// bounds, and counts a reference to it that [releaseTable] gives back.
+func acquireTable(name string, maxSessions int, ttl time.Duration) (*session.Table, error) {
+	val, _, err := tables.LoadOrNew(name, func() (caddy.Destructor, error) {
+		t, err := NewTable(name, maxSessions, ttl, nil)
+		if err != nil {
+			return nil, err
+		}
+		t.StartJanitor(session.JanitorInterval)
+		return t, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return val.(*session.Table), nil
+}
+
+// releaseTable gives back a reference taken by acquireTable.
+func releaseTable(name string) {
+	_, _ = tables.Delete(name)
 }
 
 // Interface guards

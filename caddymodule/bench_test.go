@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"crypto/rand"
-	"math"
 	mrand "math/rand/v2"
 	"net/http"
 	"runtime"
@@ -12,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -29,10 +29,10 @@ func sessionIDs(ids []string) {
 // benchTable is a table of benchSessions live sessions spread over the
 // three upstreams of pool, built once for all benchmarks. It reads the real
 // clock, as a table in Caddy does (one monotonic clock read per lookup).
-var benchTable = sync.OnceValues(func() (*Table, []string) {
+var benchTable = sync.OnceValues(func() (*session.Table, []string) {
 	ids := make([]string, benchSessions)
 	sessionIDs(ids)
-	tbl, err := NewTable("bench", benchSessions, DefaultSessionTTL, nil)
+	tbl, err := NewTable("bench", benchSessions, session.DefaultSessionTTL, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -50,7 +50,7 @@ var benchTable = sync.OnceValues(func() (*Table, []string) {
 // then holds that state past the end of the interval (1 min at the default
 // TTL): a run that crossed it would see each of a million sessions record
 // its next use, the once-a-minute write of a session in use all at once.
-func inUse(b *testing.B, tbl *Table, ids []string) {
+func inUse(b *testing.B, tbl *session.Table, ids []string) {
 	b.StopTimer()
 	defer b.StartTimer()
 	for range 2 {
@@ -60,13 +60,7 @@ func inUse(b *testing.B, tbl *Table, ids []string) {
 			}
 		}
 	}
-	tbl.mu.Lock()
-	defer tbl.mu.Unlock()
-	for _, id := range ids {
-		e, _ := tbl.confirmed.Peek(id)
-		e.lastUsed = math.MaxInt64 / 2
-		tbl.confirmed.Add(id, e)
-	}
+	tbl.HoldUses(ids)
 }
 
 // benchPolicy returns a provisioned mcp_session policy with the default fallback.
@@ -82,7 +76,7 @@ func benchPolicy(b *testing.B) *SessionSelection {
 // pinnedDecision is what a pinned request costs the plugin before
 // reverse_proxy dials: the handler's table lookup, then the policy's
 // selection of the pinned upstream from the pool.
-func pinnedDecision(tbl *Table, s *SessionSelection, pool reverseproxy.UpstreamPool, r *http.Request, id string) *reverseproxy.Upstream {
+func pinnedDecision(tbl *session.Table, s *SessionSelection, pool reverseproxy.UpstreamPool, r *http.Request, id string) *reverseproxy.Upstream {
 	up := tbl.Lookup(id)
 	if up == nil {
 		return nil
@@ -103,9 +97,9 @@ func BenchmarkPinnedLookup(b *testing.B) {
 	pool := testPool()
 	s := benchPolicy(b)
 	b.Run("map-baseline", func(b *testing.B) {
-		m := make(map[string]*Upstream, len(ids))
+		m := make(map[string]*session.Upstream, len(ids))
 		for _, id := range ids {
-			m[id] = &Upstream{}
+			m[id] = &session.Upstream{}
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -156,11 +150,11 @@ func BenchmarkPinnedLookup(b *testing.B) {
 }
 
 // benchMap is a bare map of the IDs of benchTable, the baseline of the decision.
-var benchMap = sync.OnceValue(func() map[string]*Upstream {
+var benchMap = sync.OnceValue(func() map[string]*session.Upstream {
 	_, ids := benchTable()
-	m := make(map[string]*Upstream, len(ids))
+	m := make(map[string]*session.Upstream, len(ids))
 	for _, id := range ids {
-		m[id] = &Upstream{}
+		m[id] = &session.Upstream{}
 	}
 	return m
 })
@@ -222,7 +216,7 @@ func vsMap(b *testing.B, ids []string, serial bool, newDecide func() func(id str
 
 // lookupsParallel looks up random sessions in use of ids from every
 // goroutine of RunParallel.
-func lookupsParallel(b *testing.B, tbl *Table, ids []string) {
+func lookupsParallel(b *testing.B, tbl *session.Table, ids []string) {
 	inUse(b, tbl, ids)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
@@ -286,7 +280,7 @@ func measureSessionMemory(n int) sessionMemory {
 	sessionIDs(ids)
 	runtime.GC()
 	runtime.ReadMemStats(&m1)
-	tbl, err := NewTable("memory", n, DefaultSessionTTL, nil)
+	tbl, err := NewTable("memory", n, session.DefaultSessionTTL, nil)
 	if err != nil {
 		panic(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -125,8 +126,8 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 			if err != nil || dur <= 0 {
 				return d.Errf("session_ttl: '%s' is not a positive duration such as 30m or 24h", v)
 			}
-			if dur < MinSessionTTL {
-				return d.Errf("session_ttl: '%s' is below the minimum of %s", v, MinSessionTTL)
+			if dur < session.MinSessionTTL {
+				return d.Errf("session_ttl: '%s' is below the minimum of %s", v, session.MinSessionTTL)
 			}
 			h.SessionTTL = caddy.Duration(dur)
 			return nil
@@ -144,8 +145,8 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 		}
 	case "failover":
 		set = func(v string) error {
-			if v != FailoverOff && v != FailoverReinitialize {
-				return d.Errf("failover: '%s' must be '%s' or '%s'", v, FailoverReinitialize, FailoverOff)
+			if v != session.FailoverOff && v != session.FailoverReinitialize {
+				return d.Errf("failover: '%s' must be '%s' or '%s'", v, session.FailoverReinitialize, session.FailoverOff)
 			}
 			h.Failover = v
 			return nil
@@ -158,8 +159,8 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 			if err != nil || dur <= 0 {
 				return d.Errf("failover_max_age: '%s' is not a positive duration such as 1h or 24h", v)
 			}
-			if dur < MinSessionTTL {
-				return d.Errf("failover_max_age: '%s' is below the minimum of %s", v, MinSessionTTL)
+			if dur < session.MinSessionTTL {
+				return d.Errf("failover_max_age: '%s' is below the minimum of %s", v, session.MinSessionTTL)
 			}
 			h.FailoverMaxAge = caddy.Duration(dur)
 			return nil
@@ -713,7 +714,7 @@ func parseAppOption(d *caddyfile.Dispenser, existing any) (any, error) {
 // unmarshalTable parses one mcp_sessions global option into a table of a.
 func (a *App) unmarshalTable(d *caddyfile.Dispenser) error {
 	d.Next() // consume option name
-	name := DefaultTableName
+	name := session.DefaultTableName
 	if d.NextArg() {
 		name = d.Val()
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -56,7 +57,7 @@ func TestHandlerUnmarshalCaddyfile(t *testing.T) {
 		}`, want: Handler{BindPrincipal: "{http.request.header.Authorization}"}},
 		{input: `mcp_session {
 			bind_principal off
-		}`, want: Handler{BindPrincipal: BindPrincipalOff}},
+		}`, want: Handler{BindPrincipal: session.BindPrincipalOff}},
 		{input: `mcp_session {
 			legacy_sse off
 		}`, want: Handler{DisableLegacySSE: true}},

@@ -46,33 +46,46 @@
 //
 // # Where things live
 //
+// This package holds the Caddy modules and everything that touches
+// caddy.Context, caddyhttp or reverseproxy; the domain core lives below it
+// in internal packages that import no Caddy package:
+//   - internal/session: the session table (table.go), admission.go (which
+//     session leaves when the table is full), stripedlock.go, principal.go
+//     (the bind_principal digest), tablefailover.go (kept initialize
+//     requests, moves, drain deadlines), tableshare.go (the [session.Shared]
+//     store interface and the table's side of it), tombstone.go,
+//     upstreams.go (the upstream records, [session.Registry]), cooloff.go
+//     (stuck and refusing upstreams), settings.go, methodstats.go.
+//   - internal/redisstore: the redis store's connection (conn.go, sync.go,
+//     keys.go, keycheck.go, record.go: the sealed failover records).
+//   - internal/mcpwire: the wire facts: the JSON-RPC head scanner and
+//     initialize check, the one JSON-RPC error body and writer, the SSE
+//     event parser, the Mcp-Session-Id checks, protocol versions, method
+//     labels.
+//   - internal/seal: the one AEAD envelope of sealed session IDs and of the
+//     redis store's failover records.
+//
+// Here:
 //   - Caddyfile parsing: caddyfile.go (the matcher's and the upstream
 //     source's next to their modules, in matcher.go and unixsockets.go).
-//   - The app and its tables: app.go; the table itself in table.go, with
-//     admission.go (which session leaves when the table is full),
-//     stripedlock.go, principal.go (bind_principal), tablefailover.go and
-//     tableshare.go (the table's side of the store).
+//   - The app and its tables: app.go (the table registry, NewTable).
 //   - The request path: handler.go (Provision and ServeHTTP), exchange.go
 //     (the facts of one request, parsed once), body.go and jsonrpc.go (the
 //     request body's reads and the proxy's own answers), writer.go (the
 //     response the session is learned from), selection.go, leastsessions.go,
-//     health.go, frozen.go, host.go, reinit.go (a stale initialize),
-//     placeholders.go.
-//   - Failover: failover.go, and sharedfailover.go with the redis store.
+//     health.go, frozen.go, refusal.go, host.go, reinit.go (a stale
+//     initialize), placeholders.go, templates.go (placeholder templates,
+//     the request's principal).
+//   - Failover: failover.go.
 //   - Sealed session IDs: sealed.go, over internal/seal (the envelope of
 //     sealed IDs and of the redis store's failover records).
 //   - Legacy HTTP+SSE: legacysse.go.
-//   - The stores: store.go (memory), redis.go, redisconn.go, rediskeys.go,
-//     redissync.go and keycheck.go (redis).
+//   - The stores: store.go (the Store interface, memory), redis.go (the
+//     redis store's settings, over internal/redisstore).
 //   - Operations: admin.go, metrics.go, methods.go (the method label), the
 //     status page in statuspage.go (its HTML and CSS beside it),
 //     statushandler.go and activity.go (its recent figures).
 //   - transport.go, unixsockets.go and matcher.go: their modules.
 //   - command.go: the `caddy mcp-proxy` subcommand, which runs the
 //     Caddyfile its flags stand for.
-//   - Below the glue, with no Caddy import: internal/mcpwire (the wire
-//     facts: the JSON-RPC head scanner and initialize check, the one
-//     JSON-RPC error body and writer, the SSE event parser, the
-//     Mcp-Session-Id checks, protocol versions, method labels) and
-//     internal/seal.
 package caddymodule

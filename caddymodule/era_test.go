@@ -2,36 +2,13 @@ package caddymodule
 
 import (
 	"cmp"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
-)
 
-// TestInvalidEra: an Era that is none of the constants counts nothing and
-// names itself, and never indexes out of range.
-func TestInvalidEra(t *testing.T) {
-	var s Stats
-	s.eras[EraModern].Add(1)
-	for _, e := range []Era{0, Era(len(eraNames)), 255} {
-		if e.Valid() || s.Requests(e) != 0 {
-			t.Errorf("Era(%d): Valid %v, Requests %d; want false, 0", e, e.Valid(), s.Requests(e))
-		}
-		if want := fmt.Sprintf("Era(%d)", e); e.String() != want {
-			t.Errorf("String = %q, want %q", e.String(), want)
-		}
-	}
-	labels := map[Era]string{EraLegacySession: "legacy_session", EraModern: "modern_sessionless", EraOther: "other_sessionless"}
-	for _, e := range eras {
-		if !e.Valid() || e.String() != labels[e] {
-			t.Errorf("%d: Valid %v, String %q; want true, %q", e, e.Valid(), e.String(), labels[e])
-		}
-	}
-	if s.Requests(EraModern) != 1 {
-		t.Errorf("Requests(EraModern) = %d, want 1", s.Requests(EraModern))
-	}
-}
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
+)
 
 func TestEraOf(t *testing.T) {
 	for _, tc := range []struct {
@@ -39,43 +16,43 @@ func TestEraOf(t *testing.T) {
 		headers map[string][]string // set with Header.Add, so keys are canonicalised as a server would
 		method  string              // POST unless set
 		query   string              // the URL's query
-		want    Era
+		want    session.Era
 	}{
-		{name: "nothing", want: EraOther},
-		{name: "session", headers: map[string][]string{"Mcp-Session-Id": {testSessionID}}, want: EraLegacySession},
-		{name: "session, lower case", headers: map[string][]string{"mcp-session-id": {testSessionID}}, want: EraLegacySession},
-		{name: "session and Mcp-Method", headers: map[string][]string{"Mcp-Session-Id": {testSessionID}, "Mcp-Method": {"tools/call"}}, want: EraLegacySession},
-		{name: "session and modern version", headers: map[string][]string{"Mcp-Session-Id": {testSessionID}, "MCP-Protocol-Version": {"2026-07-28"}}, want: EraLegacySession},
-		{name: "session sent twice", headers: map[string][]string{"Mcp-Session-Id": {"a", "b"}}, want: EraLegacySession},
-		{name: "empty session", headers: map[string][]string{"Mcp-Session-Id": {""}}, want: EraLegacySession},
-		{name: "Mcp-Method", headers: map[string][]string{"Mcp-Method": {"tools/list"}}, want: EraModern},
-		{name: "MCP-METHOD", headers: map[string][]string{"MCP-METHOD": {"initialize"}}, want: EraModern},
-		{name: "Mcp-Method with an old version", headers: map[string][]string{"Mcp-Method": {"tools/list"}, "MCP-Protocol-Version": {"2025-06-18"}}, want: EraModern},
-		{name: "version 2026-07-28", headers: map[string][]string{"MCP-Protocol-Version": {"2026-07-28"}}, want: EraModern},
-		{name: "version 2026-07-29", headers: map[string][]string{"MCP-Protocol-Version": {"2026-07-29"}}, want: EraModern},
-		{name: "version 2027-01-15", headers: map[string][]string{"MCP-Protocol-Version": {"2027-01-15"}}, want: EraModern},
-		{name: "version lower case", headers: map[string][]string{"mcp-protocol-version": {"2026-07-28"}}, want: EraModern},
-		{name: "version 2026-07-27", headers: map[string][]string{"MCP-Protocol-Version": {"2026-07-27"}}, want: EraOther},
-		{name: "version 2025-11-25", headers: map[string][]string{"MCP-Protocol-Version": {"2025-11-25"}}, want: EraOther},
-		{name: "version not a date", headers: map[string][]string{"MCP-Protocol-Version": {"DRAFT-2026-v1"}}, want: EraOther},
-		{name: "version date-like garbage", headers: map[string][]string{"MCP-Protocol-Version": {"2026-07-2x"}}, want: EraOther},
-		{name: "version later date", headers: map[string][]string{"MCP-Protocol-Version": {"2027-01-15"}}, want: EraModern},
-		{name: "version 2025-06-18", headers: map[string][]string{"MCP-Protocol-Version": {"2025-06-18"}}, want: EraOther},
-		{name: "version 2025-03-26", headers: map[string][]string{"MCP-Protocol-Version": {"2025-03-26"}}, want: EraOther},
-		{name: "version 2024-11-05", headers: map[string][]string{"MCP-Protocol-Version": {"2024-11-05"}}, want: EraOther},
-		{name: "empty version", headers: map[string][]string{"MCP-Protocol-Version": {""}}, want: EraOther},
-		{name: "first version counts", headers: map[string][]string{"MCP-Protocol-Version": {"2025-11-25", "2026-07-28"}}, want: EraOther},
-		{name: "unrelated headers", headers: map[string][]string{"Accept": {"application/json, text/event-stream"}, "X-Mcp-Method": {"x"}}, want: EraOther},
-		{name: "legacy SSE POST, sessionId", query: "sessionId=A", want: EraLegacySession},
-		{name: "legacy SSE POST, session_id", query: "x=1&session_id=A", want: EraLegacySession},
-		{name: "legacy SSE POST, sessionid", query: "sessionid=", want: EraLegacySession},
-		{name: "legacy SSE POST and Mcp-Method", query: "sessionid=A", headers: map[string][]string{"Mcp-Method": {"tools/list"}}, want: EraLegacySession},
-		{name: "other query", query: "session=A&id=B", want: EraOther},
-		{name: "legacy SSE session in a GET's query", method: http.MethodGet, query: "sessionId=A", want: EraLegacySession},
-		{name: "legacy SSE session in a PUT's query", method: http.MethodPut, query: "session_id=A", want: EraLegacySession},
-		{name: "CORS preflight of a legacy SSE POST", method: http.MethodOptions, query: "sessionId=A", want: EraOther},
-		{name: "session named in brackets", query: "sessionId[]=A", want: EraLegacySession},
-		{name: "session past 10000 pairs", query: "sessionId=A" + strings.Repeat("&", 10000), want: EraLegacySession},
+		{name: "nothing", want: session.EraOther},
+		{name: "session", headers: map[string][]string{"Mcp-Session-Id": {testSessionID}}, want: session.EraLegacySession},
+		{name: "session, lower case", headers: map[string][]string{"mcp-session-id": {testSessionID}}, want: session.EraLegacySession},
+		{name: "session and Mcp-Method", headers: map[string][]string{"Mcp-Session-Id": {testSessionID}, "Mcp-Method": {"tools/call"}}, want: session.EraLegacySession},
+		{name: "session and modern version", headers: map[string][]string{"Mcp-Session-Id": {testSessionID}, "MCP-Protocol-Version": {"2026-07-28"}}, want: session.EraLegacySession},
+		{name: "session sent twice", headers: map[string][]string{"Mcp-Session-Id": {"a", "b"}}, want: session.EraLegacySession},
+		{name: "empty session", headers: map[string][]string{"Mcp-Session-Id": {""}}, want: session.EraLegacySession},
+		{name: "Mcp-Method", headers: map[string][]string{"Mcp-Method": {"tools/list"}}, want: session.EraModern},
+		{name: "MCP-METHOD", headers: map[string][]string{"MCP-METHOD": {"initialize"}}, want: session.EraModern},
+		{name: "Mcp-Method with an old version", headers: map[string][]string{"Mcp-Method": {"tools/list"}, "MCP-Protocol-Version": {"2025-06-18"}}, want: session.EraModern},
+		{name: "version 2026-07-28", headers: map[string][]string{"MCP-Protocol-Version": {"2026-07-28"}}, want: session.EraModern},
+		{name: "version 2026-07-29", headers: map[string][]string{"MCP-Protocol-Version": {"2026-07-29"}}, want: session.EraModern},
+		{name: "version 2027-01-15", headers: map[string][]string{"MCP-Protocol-Version": {"2027-01-15"}}, want: session.EraModern},
+		{name: "version lower case", headers: map[string][]string{"mcp-protocol-version": {"2026-07-28"}}, want: session.EraModern},
+		{name: "version 2026-07-27", headers: map[string][]string{"MCP-Protocol-Version": {"2026-07-27"}}, want: session.EraOther},
+		{name: "version 2025-11-25", headers: map[string][]string{"MCP-Protocol-Version": {"2025-11-25"}}, want: session.EraOther},
+		{name: "version not a date", headers: map[string][]string{"MCP-Protocol-Version": {"DRAFT-2026-v1"}}, want: session.EraOther},
+		{name: "version date-like garbage", headers: map[string][]string{"MCP-Protocol-Version": {"2026-07-2x"}}, want: session.EraOther},
+		{name: "version later date", headers: map[string][]string{"MCP-Protocol-Version": {"2027-01-15"}}, want: session.EraModern},
+		{name: "version 2025-06-18", headers: map[string][]string{"MCP-Protocol-Version": {"2025-06-18"}}, want: session.EraOther},
+		{name: "version 2025-03-26", headers: map[string][]string{"MCP-Protocol-Version": {"2025-03-26"}}, want: session.EraOther},
+		{name: "version 2024-11-05", headers: map[string][]string{"MCP-Protocol-Version": {"2024-11-05"}}, want: session.EraOther},
+		{name: "empty version", headers: map[string][]string{"MCP-Protocol-Version": {""}}, want: session.EraOther},
+		{name: "first version counts", headers: map[string][]string{"MCP-Protocol-Version": {"2025-11-25", "2026-07-28"}}, want: session.EraOther},
+		{name: "unrelated headers", headers: map[string][]string{"Accept": {"application/json, text/event-stream"}, "X-Mcp-Method": {"x"}}, want: session.EraOther},
+		{name: "legacy SSE POST, sessionId", query: "sessionId=A", want: session.EraLegacySession},
+		{name: "legacy SSE POST, session_id", query: "x=1&session_id=A", want: session.EraLegacySession},
+		{name: "legacy SSE POST, sessionid", query: "sessionid=", want: session.EraLegacySession},
+		{name: "legacy SSE POST and Mcp-Method", query: "sessionid=A", headers: map[string][]string{"Mcp-Method": {"tools/list"}}, want: session.EraLegacySession},
+		{name: "other query", query: "session=A&id=B", want: session.EraOther},
+		{name: "legacy SSE session in a GET's query", method: http.MethodGet, query: "sessionId=A", want: session.EraLegacySession},
+		{name: "legacy SSE session in a PUT's query", method: http.MethodPut, query: "session_id=A", want: session.EraLegacySession},
+		{name: "CORS preflight of a legacy SSE POST", method: http.MethodOptions, query: "sessionId=A", want: session.EraOther},
+		{name: "session named in brackets", query: "sessionId[]=A", want: session.EraLegacySession},
+		{name: "session past 10000 pairs", query: "sessionId=A" + strings.Repeat("&", 10000), want: session.EraLegacySession},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := httptest.NewRequest(cmp.Or(tc.method, http.MethodPost), "/mcp?"+tc.query, nil)
@@ -119,9 +96,9 @@ func TestServeHTTPCountsEras(t *testing.T) {
 	send(nil, testSessionID) // legacy: pinned (countingNext does not proxy)
 
 	for _, tc := range []struct {
-		era  Era
+		era  session.Era
 		want uint64
-	}{{EraLegacySession, 5}, {EraModern, 3}, {EraOther, 2}} {
+	}{{session.EraLegacySession, 5}, {session.EraModern, 3}, {session.EraOther, 2}} {
 		if got := h.table.Stats.Requests(tc.era); got != tc.want {
 			t.Errorf("Requests(%s) = %d, want %d", tc.era, got, tc.want)
 		}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -42,7 +43,7 @@ const varExchange = "mcp_session.exchange"
 type exchange struct {
 	caddyhttp.ResponseWriterWrapper // set while a handler serves the request
 
-	era         Era
+	era         session.Era
 	sessionID   string // the single Mcp-Session-Id, "" if none or several
 	version     string // the single MCP-Protocol-Version, "" if none or several
 	hdrMethod   string // the single Mcp-Method
@@ -68,7 +69,7 @@ type exchange struct {
 
 	// owner is the upstream that owns the request's session, which the
 	// selection policy must pick; nil for a request without a known session.
-	owner *Upstream
+	owner *session.Upstream
 	// selected is the upstream the selection policy picked last, nil before.
 	selected *reverseproxy.Upstream
 	// failedBy holds the dial addresses of the upstreams the policy picked
@@ -113,9 +114,9 @@ func exchangeOf(r *http.Request) *exchange {
 
 // pin records that r's session is pinned to up: the selection policy
 // picks it, and the {mcp.*} placeholders name it.
-func pin(r *http.Request, up *Upstream) {
+func pin(r *http.Request, up *session.Upstream) {
 	ex := exchangeOf(r)
-	ex.owner, ex.decision, ex.pinned = up, decisionPinned, up.dial
+	ex.owner, ex.decision, ex.pinned = up, decisionPinned, up.Dial()
 }
 
 // clearSelection forgets what the handler and the selection policy decided

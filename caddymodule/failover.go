@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
@@ -38,43 +39,27 @@ const varFailedOver = "mcp_session.failed_over"
 // errNoFailover is why a replayed initialize was refused.
 var errNoFailover = errors.New("no upstream took the replayed initialize")
 
-// failoverRefusal is why a session may not fail over: one of the refused
-// constants, which say it to the client after "Session not found: ".
-type failoverRefusal string
-
-func (f failoverRefusal) Error() string { return "failover refused: " + string(f) }
-
-// Why a session may not fail over (tombstone.go): replaying its initialize
-// would bring back a session that ended, as a fresh upstream session.
-const (
-	refusedEnded      failoverRefusal = "the session was ended (DELETE, or evicted by an operator), so it does not fail over"
-	refusedExpired    failoverRefusal = "the session expired (session_ttl), so it does not fail over"
-	refusedGone       failoverRefusal = "the shared store holds the session no more: it ended or expired, so it does not fail over"
-	refusedTooOld     failoverRefusal = "its sealed session ID is older than failover_max_age, so it does not fail over"
-	refusedUnknownAge failoverRefusal = "its sealed session ID was issued by a version that did not seal its issue time, so it does not fail over"
-)
-
 // captureInit reads the body of a POST without a session, when the table
 // fails sessions over, and returns what the table keeps of it if it is an
 // initialize request within max_initialize_size; nil otherwise. The body
 // passes on unchanged.
-func (h *Handler) captureInit(r *http.Request) *sessionInit {
-	fs := h.table.failoverSettings()
-	if !fs.on || r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || r.ContentLength > int64(fs.maxInit) {
+func (h *Handler) captureInit(r *http.Request) *session.Init {
+	fs := h.table.Failover()
+	if !fs.On || r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || r.ContentLength > int64(fs.MaxInit) {
 		return nil
 	}
 	if m := r.Header.Get(HeaderMethod); m != "" && m != "initialize" {
 		return nil
 	}
-	buf, whole, err := exchangeOf(r).readHead(r, int64(fs.maxInit))
+	buf, whole, err := exchangeOf(r).readHead(r, int64(fs.MaxInit))
 	if err != nil || !whole || !isInitialize(buf, false) {
 		return nil
 	}
-	return &sessionInit{
-		body:        bytes.Clone(buf),
-		accept:      r.Header.Get("Accept"),
-		contentType: r.Header.Get("Content-Type"),
-		version:     r.Header.Get(HeaderProtocolVersion),
+	return &session.Init{
+		Body:        bytes.Clone(buf),
+		Accept:      r.Header.Get("Accept"),
+		ContentType: r.Header.Get("Content-Type"),
+		Version:     r.Header.Get(HeaderProtocolVersion),
 	}
 }
 
@@ -87,7 +72,7 @@ func isInitialize(body []byte, batch bool) bool { return mcpwire.IsInitialize(bo
 // carries: the session's kept initialize, the ID its upstream knows it by,
 // and the request's body, kept to send it again after an upstream 404.
 type pinnedFailover struct {
-	init   *sessionInit
+	init   *session.Init
 	again  bool   // the request may fail over: it has not yet
 	sent   string // the Mcp-Session-Id sent to the upstream
 	body   []byte // the whole body of a POST; nil if none or too large to keep
@@ -100,19 +85,19 @@ type pinnedFailover struct {
 // over, or "" if it may: it ended or expired here (a tombstone), or its
 // sealed ID is older than failover_max_age or does not say its age. The
 // shared store's word comes later, in failOver.
-func (h *Handler) failoverRefused(r *http.Request, id string) failoverRefusal {
-	switch h.table.buried(id) {
-	case tombEnded:
-		return refusedEnded
-	case tombExpired:
-		return refusedExpired
+func (h *Handler) failoverRefused(r *http.Request, id string) session.Refusal {
+	switch h.table.Buried(id) {
+	case session.TombEnded:
+		return session.RefusedEnded
+	case session.TombExpired:
+		return session.RefusedExpired
 	}
 	if ex := exchangeOf(r); ex.sealed {
 		if ex.issued == 0 {
-			return refusedUnknownAge
+			return session.RefusedUnknownAge
 		}
-		if time.Since(time.Unix(ex.issued, 0)) > h.table.failoverMaxAge() {
-			return refusedTooOld
+		if time.Since(time.Unix(ex.issued, 0)) > h.table.FailoverMaxAge() {
+			return session.RefusedTooOld
 		}
 	}
 	return ""
@@ -123,15 +108,15 @@ func (h *Handler) failoverRefused(r *http.Request, id string) failoverRefusal {
 // nil when the table does not fail sessions over or the session has no kept
 // initialize. A request that failed over once may not again.
 func (h *Handler) failoverFor(w http.ResponseWriter, r *http.Request, id string) *pinnedFailover {
-	if !h.table.failoverSettings().on {
+	if !h.table.Failover().On {
 		return nil
 	}
-	_, init := h.table.initOf(id)
+	_, init := h.table.InitOf(id)
 	if init == nil {
 		return nil
 	}
-	if init.upstreamID != "" {
-		r.Header[HeaderSessionID] = []string{init.upstreamID}
+	if init.UpstreamID != "" {
+		r.Header[HeaderSessionID] = []string{init.UpstreamID}
 	}
 	done, _ := caddyhttp.GetVar(r.Context(), varFailedOver).(bool)
 	pf := &pinnedFailover{init: init, again: !done, sent: r.Header.Get(HeaderSessionID)}
@@ -170,22 +155,22 @@ func (pf *pinnedFailover) keepBody(r *http.Request) {
 // up has served a session's GET stream before: an upstream without a GET
 // route answers every GET 404 (see evictAfter), which must not move its
 // sessions away.
-func (pf *pinnedFailover) holds404(r *http.Request, up *Upstream, status int) bool {
+func (pf *pinnedFailover) holds404(r *http.Request, up *session.Upstream, status int) bool {
 	if pf == nil || !pf.again || status != http.StatusNotFound {
 		return false
 	}
-	return r.Method == http.MethodPost || r.Method == http.MethodGet && up.servedStream.Load()
+	return r.Method == http.MethodPost || r.Method == http.MethodGet && up.ServedStream()
 }
 
 // cause returns why the request must fail over after the upstream
 // answered, or reverse_proxy returned err, with nothing written; 0 when it
 // must not: it reached an upstream, or its upstream is only unavailable.
-func (pf *pinnedFailover) cause(r *http.Request, err error, wrote bool, dial string) FailoverCause {
+func (pf *pinnedFailover) cause(r *http.Request, err error, wrote bool, dial string) session.FailoverCause {
 	switch {
 	case pf == nil || !pf.again || r.Method == http.MethodDelete:
 		return 0 // a DELETE of a gone session ends it: nothing to move
 	case pf.held:
-		return FailoverUpstream404
+		return session.FailoverUpstream404
 	case err == nil || wrote:
 		return 0
 	}
@@ -193,36 +178,27 @@ func (pf *pinnedFailover) cause(r *http.Request, err error, wrote bool, dial str
 		return 0
 	}
 	if gone, _ := caddyhttp.GetVar(r.Context(), varGone).(bool); gone {
-		return FailoverGone
+		return session.FailoverGone
 	}
 	if upstreamGone(r, err, dial) {
-		return FailoverRefused
+		return session.FailoverRefused
 	}
 	return 0
-}
-
-// failoverResult is where a session went.
-type failoverResult struct {
-	up   *Upstream
-	init *sessionInit
-	// followed: another instance had moved the session, as the shared
-	// store says, and the session followed that move.
-	followed bool
 }
 
 // failOver moves session id, which the request found on upstream from
 // under the ID pf.sent, to another upstream for cause, and prepares r to
 // be sent there. Concurrent requests of the session share one failover; a
 // request that finds the session moved already follows it.
-func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, from *Upstream, pf *pinnedFailover, cause FailoverCause) (*Upstream, error) {
-	v, err, _ := h.table.flights.Do(id, func() (any, error) {
+func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, from *session.Upstream, pf *pinnedFailover, cause session.FailoverCause) (*session.Upstream, error) {
+	v, err := h.table.Flight(id, func() (any, error) {
 		// Moved by a request before this one: the kept record changed, or,
 		// when this request looked the session up before that move and read
 		// its record after (servePinned does the two apart), the upstream
 		// did. Failing over again would open a second upstream session and
 		// orphan the first.
-		if up, init := h.table.initOf(id); up != nil && init != nil && (init != pf.init || up != from) {
-			return failoverResult{up: up, init: init}, nil
+		if up, init := h.table.InitOf(id); up != nil && init != nil && (init != pf.init || up != from) {
+			return session.FailoverResult{Up: up, Init: init}, nil
 		}
 		// A DELETE may have ended the session while this request was on
 		// its way, here or, as the store says, on another instance.
@@ -230,25 +206,25 @@ func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhtt
 		if why := h.failoverRefused(r, id); why != "" {
 			err = why
 		}
-		var res failoverResult
+		var res session.FailoverResult
 		if err == nil {
 			var moved, ended bool
-			if res, moved, ended = h.table.movedInStore(id, from, pf.init); ended {
-				err = refusedGone
+			if res, moved, ended = h.table.MovedInStore(id, from, pf.init); ended {
+				err = session.RefusedGone
 			} else if !moved {
-				res, err = h.reinitialize(r, next, id, from, pf.init, cause != FailoverUpstream404)
+				res, err = h.reinitialize(r, next, id, from, pf.init, cause != session.FailoverUpstream404)
 			}
 		}
-		h.table.Stats.failovers.count(cause, failoverOutcome(res, err))
+		h.table.Stats.CountFailover(cause, session.FailoverOutcome(res, err))
 		h.logFailover(id, from, res, cause, err)
 		return res, err
 	})
 	if err != nil {
 		return nil, err
 	}
-	res := v.(failoverResult)
-	h.prepareRetry(w, r, pf, res.init.upstreamID)
-	return res.up, nil
+	res := v.(session.FailoverResult)
+	h.prepareRetry(w, r, pf, res.Init.UpstreamID)
+	return res.Up, nil
 }
 
 // reinitialize replays the session's initialize on an upstream the
@@ -256,9 +232,9 @@ func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhtt
 // draining, not just restarted: it did not answer 404), then sends
 // notifications/initialized there, and records the new upstream and its
 // session ID.
-func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id string, from *Upstream, init *sessionInit, leaving bool) (failoverResult, error) {
+func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id string, from *session.Upstream, init *session.Init, leaving bool) (session.FailoverResult, error) {
 	want := r.Header.Get(HeaderProtocolVersion)
-	body := atVersion(init.body, want)
+	body := atVersion(init.Body, want)
 	asked := requestedVersion(body)
 	ir := subrequest(r, body)
 	setInitHeaders(ir.Header, init)
@@ -272,17 +248,17 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 		to, newID, version, err := h.replayOnce(r, next, ir, body)
 		switch {
 		case err != nil && len(skipped) > 0:
-			return failoverResult{}, fmt.Errorf("%w: %s; every other upstream that answered negotiated another protocol version than the session's %s (%s)",
+			return session.FailoverResult{}, fmt.Errorf("%w: %s; every other upstream that answered negotiated another protocol version than the session's %s (%s)",
 				errNoFailover, err, sessionVersion(want), strings.Join(skipped, ", "))
 		case err != nil:
-			return failoverResult{}, err
+			return session.FailoverResult{}, err
 		case !sameVersion(want, asked, version):
 			// The client keeps sending its negotiated MCP-Protocol-Version:
 			// an upstream of another version would refuse every request.
 			h.endOrphan(r, next, to, newID, version)
 			skip := to.Dial() + " negotiated " + version
 			if slices.Contains(skipped, skip) { // the policy has nothing else
-				return failoverResult{}, fmt.Errorf("%w: every upstream that answered negotiated another protocol version than the session's %s (%s)",
+				return session.FailoverResult{}, fmt.Errorf("%w: every upstream that answered negotiated another protocol version than the session's %s (%s)",
 					errNoFailover, sessionVersion(want), strings.Join(skipped, ", "))
 			}
 			skipped = append(skipped, skip)
@@ -292,10 +268,10 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 		}
 		if err := h.notifyInitialized(r, next, to, newID, version); err != nil {
 			h.endOrphan(r, next, to, newID, version)
-			return failoverResult{}, err
+			return session.FailoverResult{}, err
 		}
-		res, err := h.table.recordMove(id, from, init, to, init.movedTo(newID))
-		if err != nil || res.followed { // no client will use the new upstream session
+		res, err := h.table.RecordMove(id, from, init, to, init.MovedTo(newID))
+		if err != nil || res.Followed { // no client will use the new upstream session
 			h.endOrphan(r, next, to, newID, version)
 		}
 		return res, err
@@ -306,7 +282,7 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 // (see sendReplay) and returns the upstream, the session ID it opened, and
 // the protocol version it negotiated. An upstream session that opened but
 // cannot be used is ended at once (endOrphan).
-func (h *Handler) replayOnce(r *http.Request, next caddyhttp.Handler, ir *http.Request, body []byte) (to *Upstream, newID, version string, err error) {
+func (h *Handler) replayOnce(r *http.Request, next caddyhttp.Handler, ir *http.Request, body []byte) (to *session.Upstream, newID, version string, err error) {
 	ans, err := sendReplay(next, ir, body)
 	if err != nil || !ans.ok() {
 		return nil, "", "", fmt.Errorf("%w: status %d, error %v", errNoFailover, ans.status, err)
@@ -315,7 +291,7 @@ func (h *Handler) replayOnce(r *http.Request, next caddyhttp.Handler, ir *http.R
 	if sel == nil || len(ans.header[HeaderSessionID]) != 1 || mcpwire.CheckSessionID(newID, h.MaxSessionIDLength) != "" {
 		return nil, "", "", fmt.Errorf("%w: the answer carried no usable Mcp-Session-Id", errNoFailover)
 	}
-	to = h.table.upstream(sel.Dial)
+	to = h.table.UseUpstream(sel.Dial)
 	if version, err = ans.initializeResult(); err != nil {
 		h.endOrphan(r, next, to, newID, "")
 		return nil, "", "", fmt.Errorf("%w: %s", errNoFailover, err)
@@ -409,7 +385,7 @@ func unsent(err error) bool {
 // and that no client uses, because another instance moved the session
 // first: it sends DELETE, and ignores the answer (a server that does not
 // support it forgets the session when its own timeout runs out).
-func (h *Handler) endOrphan(r *http.Request, next caddyhttp.Handler, to *Upstream, newID, version string) {
+func (h *Handler) endOrphan(r *http.Request, next caddyhttp.Handler, to *session.Upstream, newID, version string) {
 	dr := subrequest(r, nil)
 	dr.Method, dr.Body, dr.ContentLength = http.MethodDelete, http.NoBody, 0
 	dr.Header.Set(HeaderSessionID, newID)
@@ -422,7 +398,7 @@ func (h *Handler) endOrphan(r *http.Request, next caddyhttp.Handler, to *Upstrea
 
 // notifyInitialized sends notifications/initialized of session newID,
 // negotiated at version, to upstream to.
-func (h *Handler) notifyInitialized(r *http.Request, next caddyhttp.Handler, to *Upstream, newID, version string) error {
+func (h *Handler) notifyInitialized(r *http.Request, next caddyhttp.Handler, to *session.Upstream, newID, version string) error {
 	nr := subrequest(r, []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`))
 	nr.Header.Set("Accept", "application/json, text/event-stream")
 	nr.Header.Set("Content-Type", "application/json")
@@ -465,8 +441,8 @@ func subrequest(r *http.Request, body []byte) *http.Request {
 }
 
 // setInitHeaders sets the headers of the kept initialize on h.
-func setInitHeaders(h http.Header, init *sessionInit) {
-	for k, v := range map[string]string{"Accept": init.accept, "Content-Type": init.contentType, HeaderProtocolVersion: init.version} {
+func setInitHeaders(h http.Header, init *session.Init) {
+	for k, v := range map[string]string{"Accept": init.Accept, "Content-Type": init.ContentType, HeaderProtocolVersion: init.Version} {
 		if v == "" {
 			h.Del(k)
 		} else {
@@ -495,9 +471,9 @@ func (h *Handler) prepareRetry(w http.ResponseWriter, r *http.Request, pf *pinne
 // upstream from gone, and sends the request to the new upstream. When no
 // upstream takes the session, the client gets the 404 it would get
 // without failover, and the session ends.
-func (h *Handler) serveFailover(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, from *Upstream, pf *pinnedFailover, cause FailoverCause) error {
+func (h *Handler) serveFailover(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, from *session.Upstream, pf *pinnedFailover, cause session.FailoverCause) error {
 	if pf.held && !pf.kept {
-		h.table.Evict(id, EvictUpstream404)
+		h.table.Evict(id, session.EvictUpstream404)
 		return writeSessionNotFound(w, "Session not found")
 	}
 	to, err := h.failOver(w, r, next, id, from, pf, cause)
@@ -513,20 +489,20 @@ func (h *Handler) serveFailover(w http.ResponseWriter, r *http.Request, next cad
 // over, or that may not fail over (err is then a failoverRefusal), with the
 // 404 the client would get without failover, and ends the session.
 func (h *Handler) serveFailoverFailed(w http.ResponseWriter, r *http.Request, id string, pf *pinnedFailover, err error) error {
-	var refused failoverRefusal // "" unless err is one
+	var refused session.Refusal // "" unless err is one
 	_ = errors.As(err, &refused)
 	if pf.held {
 		clear(w.Header())
 		maps.Copy(w.Header(), pf.header)
-		h.table.Evict(id, EvictUpstream404)
+		h.table.Evict(id, session.EvictUpstream404)
 		if refused != "" {
 			return writeSessionNotFound(w, "Session not found: "+string(refused))
 		}
 		return writeSessionNotFound(w, "Session not found")
 	}
-	h.table.Stats.gone.Add(1)
+	h.table.Stats.CountGone()
 	decide(r, decisionGone, "")
-	h.table.Evict(id, EvictUpstreamGone)
+	h.table.Evict(id, session.EvictUpstreamGone)
 	if refused != "" {
 		return writeSessionNotFound(w, "Session not found: its upstream is gone, and "+string(refused))
 	}
@@ -536,18 +512,18 @@ func (h *Handler) serveFailoverFailed(w http.ResponseWriter, r *http.Request, id
 // logFailover logs a failover at info level, its failure at warn level,
 // and a refused one at debug level (a client with a leaked or ended ID
 // controls how often).
-func (h *Handler) logFailover(id string, from *Upstream, res failoverResult, cause FailoverCause, err error) {
+func (h *Handler) logFailover(id string, from *session.Upstream, res session.FailoverResult, cause session.FailoverCause, err error) {
 	fields := []zap.Field{zap.String("session", fingerprint(id)), zap.String("from", from.Dial()), zap.Stringer("cause", cause)}
-	var refused failoverRefusal
+	var refused session.Refusal
 	switch {
 	case errors.As(err, &refused):
 		h.debug("failover_refused", id, from.Dial(), zap.Stringer("cause", cause), zap.String("why", string(refused)))
 	case err != nil:
 		h.logger.Warn("failover failed; the session ends", append(fields, zap.Error(err))...)
-	case res.followed:
-		h.logger.Info("failover: followed the move another instance recorded in the store", append(fields, zap.String("to", res.up.Dial()))...)
+	case res.Followed:
+		h.logger.Info("failover: followed the move another instance recorded in the store", append(fields, zap.String("to", res.Up.Dial()))...)
 	default:
-		h.logger.Info("failover", append(fields, zap.String("to", res.up.Dial()))...)
+		h.logger.Info("failover", append(fields, zap.String("to", res.Up.Dial()))...)
 	}
 }
 

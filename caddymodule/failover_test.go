@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
@@ -68,7 +69,7 @@ func lostSessionUpstream(ids ...string) (func(http.ResponseWriter, *http.Request
 func TestFailoverOnUpstream404(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		f := newAffinityFixture(t)
-		f.h.table.setFailover(map[bool]string{true: FailoverReinitialize, false: FailoverOff}[on], 0)
+		f.h.table.SetFailover(map[bool]string{true: session.FailoverReinitialize, false: session.FailoverOff}[on], 0)
 		f.proxy.pool = f.proxy.pool[:1]
 		up, minted := lostSessionUpstream("OLD", "NEW")
 		f.serve(t, bodyRequest(testInitBody, ""), up)
@@ -86,8 +87,8 @@ func TestFailoverOnUpstream404(t *testing.T) {
 			rec.Header().Values(HeaderSessionID)[0] != "OLD" || len(rec.Header().Values("Content-Type")) != 1 {
 			t.Fatalf("failover on: %d %v %q; want 200 answered in the new session, the client's ID, one Content-Type", rec.Code, rec.Header(), body)
 		}
-		if f.h.table.Lookup("OLD") == nil || f.h.table.Stats.Failovers(FailoverUpstream404, true) != 1 {
-			t.Fatalf("the session is not held, or the failover not counted: %d", f.h.table.Stats.Failovers(FailoverUpstream404, true))
+		if f.h.table.Lookup("OLD") == nil || f.h.table.Stats.Failovers(session.FailoverUpstream404, true) != 1 {
+			t.Fatalf("the session is not held, or the failover not counted: %d", f.h.table.Stats.Failovers(session.FailoverUpstream404, true))
 		}
 		rec = f.serve(t, bodyRequest(`{"jsonrpc":"2.0","id":3,"method":"ping"}`, "OLD"), up)
 		if !strings.HasPrefix(rec.Body.String(), "answered in NEW") {
@@ -121,7 +122,7 @@ func TestFailoverOnGET404(t *testing.T) {
 // route (streamed) or none.
 func get404FailsOver(t *testing.T, streamed bool) {
 	f := newAffinityFixture(t)
-	f.h.table.setFailover(FailoverReinitialize, 0)
+	f.h.table.SetFailover(session.FailoverReinitialize, 0)
 	f.proxy.pool = f.proxy.pool[:1]
 	up, minted := lostSessionUpstream("OLD", "NEW")
 	if !streamed { // no GET route: every GET gets the router's 404
@@ -140,7 +141,7 @@ func get404FailsOver(t *testing.T, streamed bool) {
 	}
 	delete(minted, "OLD") // the upstream restarts and forgets it
 	rec := f.serve(t, getRequest("OLD"), up)
-	moves := f.h.table.Stats.Failovers(FailoverUpstream404, true)
+	moves := f.h.table.Stats.Failovers(session.FailoverUpstream404, true)
 	if !streamed {
 		if rec.Code != http.StatusNotFound || moves != 0 || f.h.table.Lookup("OLD") == nil {
 			t.Fatalf("no GET route: %d, %d moves, session held %v; want the 404 passed, nothing moved, the session kept",
@@ -164,10 +165,10 @@ func BenchmarkServePinnedFailover(b *testing.B) {
 	for _, on := range []bool{false, true} {
 		b.Run(map[bool]string{false: "off", true: "reinitialize"}[on], func(b *testing.B) {
 			f := newAffinityFixture(b)
-			f.h.table.setFailover(map[bool]string{true: FailoverReinitialize, false: FailoverOff}[on], 0)
+			f.h.table.SetFailover(map[bool]string{true: session.FailoverReinitialize, false: session.FailoverOff}[on], 0)
 			up, _ := lostSessionUpstream("S1")
 			f.serve(b, bodyRequest(testInitBody, ""), up)
-			if _, init := f.h.table.initOf("S1"); (init != nil) != on {
+			if _, init := f.h.table.InitOf("S1"); (init != nil) != on {
 				b.Fatalf("initialize kept: %v, want %v", init != nil, on)
 			}
 			f.h.logger = zap.NewNop()
@@ -191,7 +192,7 @@ func BenchmarkServePinnedFailover(b *testing.B) {
 // is meaningless and suppressed.
 func BenchmarkInitializeMemory(b *testing.B) {
 	const n = 100_000
-	tbl, err := NewTable("initmemory", n, DefaultSessionTTL, nil)
+	tbl, err := NewTable("initmemory", n, session.DefaultSessionTTL, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -205,7 +206,7 @@ func BenchmarkInitializeMemory(b *testing.B) {
 	runtime.GC()
 	runtime.ReadMemStats(&m0)
 	for _, id := range ids {
-		tbl.keepInit(id, &sessionInit{body: []byte(testInitBody), accept: r.Header.Get("Accept"), contentType: r.Header.Get("Content-Type")})
+		tbl.KeepInit(id, &session.Init{Body: []byte(testInitBody), Accept: r.Header.Get("Accept"), ContentType: r.Header.Get("Content-Type")})
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&m1)
@@ -258,36 +259,36 @@ func TestUpstreamGoneClosedUnread(t *testing.T) {
 // end-to-end failover tests saw such a session failed over twice.)
 func TestFailoverAfterAMoveSeenHalfway(t *testing.T) {
 	f := newAffinityFixture(t)
-	f.h.table.setFailover(FailoverReinitialize, 0)
+	f.h.table.SetFailover(session.FailoverReinitialize, 0)
 	f.proxy.pool = f.proxy.pool[:2]
 	up, minted := lostSessionUpstream("OLD", "NEW", "NEWER")
 	f.serve(t, bodyRequest(testInitBody, ""), up)
 	f.serve(t, bodyRequest(`{"jsonrpc":"2.0","method":"notifications/initialized"}`, "OLD"), up)
-	from, _ := f.h.table.initOf("OLD") // where the late request looked the session up
+	from, _ := f.h.table.InitOf("OLD") // where the late request looked the session up
 	delete(minted, "OLD")              // A loses it: the next request moves it to B
 	f.serve(t, bodyRequest(`{"jsonrpc":"2.0","id":2,"method":"tools/call"}`, "OLD"), up)
-	to, _ := f.h.table.initOf("OLD")
-	dial := func(u *Upstream) string {
+	to, _ := f.h.table.InitOf("OLD")
+	dial := func(u *session.Upstream) string {
 		if u == nil {
 			return "none"
 		}
 		return u.Dial()
 	}
-	if to == nil || to == from || f.h.table.Stats.Failovers(FailoverUpstream404, true) != 1 {
+	if to == nil || to == from || f.h.table.Stats.Failovers(session.FailoverUpstream404, true) != 1 {
 		t.Fatalf("setup: the session is on %s (was on %s), %d failovers; want it moved once to another upstream",
-			dial(to), dial(from), f.h.table.Stats.Failovers(FailoverUpstream404, true))
+			dial(to), dial(from), f.h.table.Stats.Failovers(session.FailoverUpstream404, true))
 	}
 
 	r := bodyRequest(`{"jsonrpc":"2.0","id":3,"method":"ping"}`, "OLD")
 	w := httptest.NewRecorder()
 	pf := f.h.failoverFor(w, r, "OLD") // the record after the move
 	f.proxy.respond = up
-	got, err := f.h.failOver(w, r, f.proxy, "OLD", from, pf, FailoverRefused)
+	got, err := f.h.failOver(w, r, f.proxy, "OLD", from, pf, session.FailoverRefused)
 	if err != nil || got != to || r.Header.Get(HeaderSessionID) != "NEW" {
 		t.Fatalf("failover of the late request: to %s, Mcp-Session-Id %q, error %v; want %s and NEW, where the session is",
 			dial(got), r.Header.Get(HeaderSessionID), err, dial(to))
 	}
-	if minted["NEWER"] || f.h.table.Stats.Failovers(FailoverRefused, true) != 0 {
+	if minted["NEWER"] || f.h.table.Stats.Failovers(session.FailoverRefused, true) != 0 {
 		t.Fatalf("the late request failed the session over again (a new upstream session: %v)", minted["NEWER"])
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 )
@@ -28,10 +29,6 @@ const DefaultInitializeTimeout = 5 * time.Second
 // maxOpenAttempts is the most upstreams one request that opens a session
 // is sent to.
 const maxOpenAttempts = 3
-
-// stuckCooloff is how long an upstream that let a request wait past its
-// bound gets no new sessions, unless it answers a request meanwhile.
-const stuckCooloff = 30 * time.Second
 
 // CodeUpstreamTimeout answers a request whose upstream sent no response
 // headers within the proxy's bound (HTTP 504), in the implementation-defined
@@ -237,7 +234,7 @@ func (h *Handler) opening(r *http.Request) (body []byte, opens bool, f *fault) {
 		}
 		return ex.raw, ex.fromHeaders() || ex.body.Method == "initialize", nil
 	}
-	limit := int64(max(openingHead, h.table.failoverSettings().maxInit))
+	limit := int64(max(openingHead, h.table.Failover().MaxInit))
 	if r.ContentLength > limit {
 		return nil, ex.fromHeaders(), nil
 	}
@@ -258,7 +255,7 @@ func (h *Handler) opening(r *http.Request) (body []byte, opens bool, f *fault) {
 
 // writePinnedTimeout answers a request of session id whose upstream sent no
 // response headers within pinned_timeout: 504, the session kept.
-func (h *Handler) writePinnedTimeout(w http.ResponseWriter, r *http.Request, id string, up *Upstream) error {
+func (h *Handler) writePinnedTimeout(w http.ResponseWriter, r *http.Request, id string, up *session.Upstream) error {
 	h.leftStuck(r)
 	h.debug("upstream_timeout", id, up.Dial())
 	return h.writeTimeout(w, r, fmt.Sprintf("the session's upstream sent no response headers within %s (pinned_timeout); "+
@@ -284,7 +281,7 @@ func (h *Handler) leftStuck(r *http.Request) string {
 	if sel == nil {
 		return ""
 	}
-	h.table.markStuck(sel.Dial)
+	h.table.MarkStuck(sel.Dial)
 	tried, _ := caddyhttp.GetVar(r.Context(), varTried).([]string)
 	caddyhttp.SetVar(r.Context(), varTried, append(tried, sel.Dial))
 	return sel.Dial
@@ -302,44 +299,16 @@ func triedBy(r *http.Request, dial string) bool {
 	return false
 }
 
-// markStuck records that the upstream dialed at dial let a request wait
-// past its bound: it gets no new sessions for stuckCooloff, unless it
-// answers a request meanwhile.
-func (t *Table) markStuck(dial string) {
-	until := t.clock() + int64(stuckCooloff)
-	t.upstream(dial).stuckUntil.Store(until)
-	for {
-		last := t.stuckUntil.Load()
-		if last >= until || t.stuckUntil.CompareAndSwap(last, until) {
-			return
-		}
-	}
-}
-
-// anyStuck reports whether an upstream of the table may be stuck.
-func (t *Table) anyStuck() bool { return t.clock() < t.stuckUntil.Load() }
-
-// stuck reports whether u let a request wait past its bound within the
-// last stuckCooloff, and has answered no request since.
-func (t *Table) stuck(u *Upstream) bool { return t.clock() < u.stuckUntil.Load() }
-
-// answered records that u sent response headers: it is not stuck.
-func (u *Upstream) answered() {
-	if u.stuckUntil.Load() != 0 {
-		u.stuckUntil.Store(0)
-	}
-}
-
 // answered records that the upstream of r sent response headers: up, the
 // session's, or the one selected for a request without a session.
-func (h *Handler) answered(r *http.Request, up *Upstream) {
-	if up == nil && h.table.anyStuck() {
+func (h *Handler) answered(r *http.Request, up *session.Upstream) {
+	if up == nil && h.table.AnyStuck() {
 		if sel := selectedUpstream(r); sel != nil {
-			up = h.table.knownUpstream(sel.Dial)
+			up = h.table.KnownUpstream(sel.Dial)
 		}
 	}
 	if up != nil {
-		up.answered()
+		up.Answered()
 	}
 }
 

@@ -76,7 +76,7 @@ func TestInitializeTimeoutRetries(t *testing.T) {
 	if up := h.table.Lookup("S-" + pool[1].Dial); up == nil || up.Dial() != pool[1].Dial {
 		t.Errorf("session learned on %v, want %s", up, pool[1].Dial)
 	}
-	if !h.table.stuck(h.table.knownUpstream(pool[0].Dial)) || h.table.stuck(h.table.knownUpstream(pool[1].Dial)) {
+	if !h.table.Stuck(h.table.KnownUpstream(pool[0].Dial)) || h.table.Stuck(h.table.KnownUpstream(pool[1].Dial)) {
 		t.Error("the frozen upstream is not stuck, or the one that answered is")
 	}
 
@@ -143,7 +143,7 @@ func TestPinnedTimeout(t *testing.T) {
 		if h.table.Lookup(testSessionID) == nil {
 			t.Error("the session was dropped")
 		}
-		if !h.table.stuck(h.table.knownUpstream(pool[0].Dial)) {
+		if !h.table.Stuck(h.table.KnownUpstream(pool[0].Dial)) {
 			t.Error("the frozen upstream is not stuck")
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -303,7 +304,7 @@ type Handler struct {
 	// TypeScript SDK and mcp-go, the Python SDK, the Go SDK).
 	LegacySSEParams []string `json:"legacy_sse_params,omitempty"`
 
-	table          *Table
+	table          *session.Table
 	app            *App         // the config's mcp_sessions app, which configures table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
 	warnedInitSize *atomic.Bool // the warning of an initialize too large to seal was logged
@@ -330,7 +331,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	if h.Table == "" {
-		h.Table = DefaultTableName
+		h.Table = session.DefaultTableName
 	}
 	if h.MaxSessionIDLength == 0 {
 		h.MaxSessionIDLength = DefaultMaxSessionIDLength
@@ -372,22 +373,22 @@ func (h *Handler) Validate() error {
 	switch {
 	case h.MaxSessions < 0:
 		return fmt.Errorf("max_sessions must be positive, got %d", h.MaxSessions)
-	case h.SessionTTL != 0 && time.Duration(h.SessionTTL) < MinSessionTTL:
+	case h.SessionTTL != 0 && time.Duration(h.SessionTTL) < session.MinSessionTTL:
 		return fmt.Errorf("session_ttl %s is below the minimum of %s; sessions would be forgotten between a client's requests",
-			time.Duration(h.SessionTTL), MinSessionTTL)
+			time.Duration(h.SessionTTL), session.MinSessionTTL)
 	case h.PinnedTimeout < 0:
 		return fmt.Errorf("pinned_timeout must be positive, got %s", time.Duration(h.PinnedTimeout))
 	case h.MaxSessionIDLength < 0:
 		return fmt.Errorf("max_session_id_length must be positive, got %d", h.MaxSessionIDLength)
 	case h.UnknownSession != "" && h.UnknownSession != UnknownSessionReject && h.UnknownSession != UnknownSessionForward:
 		return fmt.Errorf("unknown_session must be %q or %q, got %q", UnknownSessionReject, UnknownSessionForward, h.UnknownSession)
-	case h.Failover != "" && h.Failover != FailoverOff && h.Failover != FailoverReinitialize:
-		return fmt.Errorf("failover must be %q or %q, got %q", FailoverOff, FailoverReinitialize, h.Failover)
+	case h.Failover != "" && h.Failover != session.FailoverOff && h.Failover != session.FailoverReinitialize:
+		return fmt.Errorf("failover must be %q or %q, got %q", session.FailoverOff, session.FailoverReinitialize, h.Failover)
 	case h.MaxInitializeSize < 0:
 		return fmt.Errorf("max_initialize_size must be positive, got %d", h.MaxInitializeSize)
-	case h.FailoverMaxAge != 0 && time.Duration(h.FailoverMaxAge) < MinSessionTTL:
+	case h.FailoverMaxAge != 0 && time.Duration(h.FailoverMaxAge) < session.MinSessionTTL:
 		return fmt.Errorf("failover_max_age %s is below the minimum of %s; give a duration such as 1h, or leave it out for session_ttl",
-			time.Duration(h.FailoverMaxAge), MinSessionTTL)
+			time.Duration(h.FailoverMaxAge), session.MinSessionTTL)
 	case slices.ContainsFunc(h.LegacySSEParams, badQueryName):
 		return fmt.Errorf("legacy_sse_params %q has an empty name or one with '?', '&', '=', '#' or a space; list query parameter names such as %q", h.LegacySSEParams, DefaultLegacySSEParams)
 	}
@@ -442,7 +443,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if len(ids) == 0 {
 		return h.serveWithoutHeader(w, r, next, legacy, problem)
 	}
-	h.table.Stats.eras[eraOf(r, len(ids))].Add(1)
+	h.table.Stats.CountRequest(eraOf(r, len(ids)))
 	id, problem := h.headerSession(r, legacy, problem)
 	if problem != "" {
 		decide(r, decisionRejected, "")
@@ -508,9 +509,9 @@ func (h *Handler) serveKnown(w http.ResponseWriter, r *http.Request, next caddyh
 func (h *Handler) serveWithoutHeader(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id, problem string) error {
 	era := eraOf(r, 0)
 	if id != "" || problem != "" {
-		era = EraLegacySession // with legacy_sse naming other parameters too
+		era = session.EraLegacySession // with legacy_sse naming other parameters too
 	}
-	h.table.Stats.eras[era].Add(1)
+	h.table.Stats.CountRequest(era)
 	switch {
 	case problem != "":
 		decide(r, decisionRejected, "")
@@ -538,7 +539,7 @@ func (h *Handler) serveUnknown(w http.ResponseWriter, r *http.Request, next cadd
 	} else if stale {
 		return h.serveAsNew(w, r, next, id, nil)
 	}
-	h.table.Stats.unknown.Add(1)
+	h.table.Stats.CountUnknown()
 	decide(r, decisionUnknown, "")
 	h.debug("unknown", id, "")
 	if h.UnknownSession == UnknownSessionForward {
@@ -554,7 +555,7 @@ func (h *Handler) serveUnknown(w http.ResponseWriter, r *http.Request, next cadd
 // would serve it. Its decision is `unknown` too; the principal mismatch
 // metric and the debug log tell the two apart.
 func (h *Handler) serveMismatch(w http.ResponseWriter, r *http.Request, id string) error {
-	h.table.Stats.mismatch.Add(1)
+	h.table.Stats.CountMismatch()
 	decide(r, decisionUnknown, "")
 	h.debug("principal_mismatch", id, "")
 	return writeSessionNotFound(w, "Session not found")
@@ -562,21 +563,21 @@ func (h *Handler) serveMismatch(w http.ResponseWriter, r *http.Request, id strin
 
 // servePinned proxies a request of a known session to its upstream and
 // applies the upstream's answer to the table.
-func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, up *Upstream) error {
+func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, up *session.Upstream) error {
 	pin(r, up)
-	h.table.Stats.pinned.Add(1)
+	h.table.Stats.CountPinned()
 	h.debug("pinned", id, up.Dial())
 	if r.Method == http.MethodGet {
 		h.table.StreamOpened(id)
-		up.streams.Add(1)
+		up.AddStreams(1)
 		defer func() {
-			up.streams.Add(-1)
+			up.AddStreams(-1)
 			h.table.StreamClosed(id)
 		}()
 	}
 	pw := newSessionWriter(w, h, r, id, up)
-	if pw.fo = h.failoverFor(w, r, id); pw.fo != nil && pw.fo.again && h.table.pastDrainDeadline(up) && h.failoverRefused(r, id) == "" {
-		return h.serveFailover(w, r, next, id, up, pw.fo, FailoverDrainDeadline)
+	if pw.fo = h.failoverFor(w, r, id); pw.fo != nil && pw.fo.again && h.table.PastDrainDeadline(up) && h.failoverRefused(r, id) == "" {
+		return h.serveFailover(w, r, next, id, up, pw.fo, session.FailoverDrainDeadline)
 	}
 	expired, _, err := h.forward(pw, next, time.Duration(h.PinnedTimeout), false)
 	if expired {
@@ -600,7 +601,7 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 // before any response: 503 while its upstream is unavailable (failing
 // active health checks within the grace, but not refusing connections),
 // 404 once it is gone, which ends the session; any other error as it is.
-func (h *Handler) serveFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, err error, id string, up *Upstream) error {
+func (h *Handler) serveFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, err error, id string, up *session.Upstream) error {
 	if retryAfter, ok := caddyhttp.GetVar(r.Context(), varUnavailable).(int); ok && !refused(r, up.Dial()) {
 		return h.writeUnavailable(w, id, up, retryAfter)
 	}
@@ -612,12 +613,12 @@ func (h *Handler) serveFailed(w http.ResponseWriter, r *http.Request, next caddy
 	} else if stale {
 		return h.serveAsNew(w, r, next, id, nil)
 	}
-	h.table.Stats.gone.Add(1)
+	h.table.Stats.CountGone()
 	decide(r, decisionGone, "")
 	if r.Method == http.MethodDelete { // the client ended it: failover must not bring it back
-		h.table.endByClient(id, EvictUpstreamGone)
+		h.table.EndByClient(id, session.EvictUpstreamGone)
 	} else {
-		h.table.Evict(id, EvictUpstreamGone)
+		h.table.Evict(id, session.EvictUpstreamGone)
 	}
 	h.debug("upstream_gone", id, up.Dial())
 	return writeSessionNotFound(w, "Session not found: its upstream is gone")
@@ -625,8 +626,8 @@ func (h *Handler) serveFailed(w http.ResponseWriter, r *http.Request, next caddy
 
 // writeUnavailable answers a request whose session's upstream fails active
 // health checks, within the grace: 503 with Retry-After, the session kept.
-func (h *Handler) writeUnavailable(w http.ResponseWriter, id string, up *Upstream, retryAfter int) error {
-	h.table.Stats.unavailable.Add(1)
+func (h *Handler) writeUnavailable(w http.ResponseWriter, id string, up *session.Upstream, retryAfter int) error {
+	h.table.Stats.CountUnavailable()
 	h.debug("upstream_unavailable", id, up.Dial())
 	w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 	return mcpwire.WriteError(w, http.StatusServiceUnavailable, nil, CodeUpstreamUnavailable,
@@ -706,9 +707,9 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 		}
 		return
 	}
-	origin := Origin{Principal: principalOf(r, h.table.BindPrincipal()), Client: placeholderValue(r, h.table.ClientKey())}
-	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*sessionInit)
-	if key := h.tableKey(ids[0]); h.table.learnInit(key, sel.Dial, origin, init) {
+	origin := session.Origin{Principal: principalOf(r, h.table.BindPrincipal()), Client: placeholderValue(r, h.table.ClientKey())}
+	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*session.Init)
+	if key := h.tableKey(ids[0]); h.table.LearnInit(key, sel.Dial, origin, init) {
 		decide(r, decisionLearned, sel.Dial)
 		h.debug("learned", key, sel.Dial)
 	}
@@ -736,11 +737,11 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 func (h *Handler) evictAfter(r *http.Request, id string, status int) {
 	switch { // the table logs the eviction
 	case status == http.StatusNotFound && r.Method == http.MethodDelete:
-		h.table.endByClient(id, EvictUpstream404)
+		h.table.EndByClient(id, session.EvictUpstream404)
 	case status == http.StatusNotFound && r.Method == http.MethodPost:
-		h.table.Evict(id, EvictUpstream404)
+		h.table.Evict(id, session.EvictUpstream404)
 	case r.Method == http.MethodDelete && status >= 200 && status < 300:
-		h.table.endByClient(id, EvictDelete)
+		h.table.EndByClient(id, session.EvictDelete)
 	}
 }
 
@@ -802,19 +803,19 @@ func isLoopbackHost(host string) bool {
 // eraOf returns the request's protocol era. A request naming a legacy
 // HTTP+SSE session in one of the default query parameters (see
 // readsQuerySession) is of a legacy session too.
-func eraOf(r *http.Request, sessionFields int) Era {
+func eraOf(r *http.Request, sessionFields int) session.Era {
 	switch {
 	case sessionFields > 0:
-		return EraLegacySession
+		return session.EraLegacySession
 	case readsQuerySession(r) && hasLegacySession(r.URL.RawQuery):
-		return EraLegacySession
+		return session.EraLegacySession
 	case len(r.Header["Mcp-Method"]) > 0:
-		return EraModern
+		return session.EraModern
 	}
 	if v := r.Header["Mcp-Protocol-Version"]; len(v) > 0 && mcpwire.AtLeast(v[0], ModernProtocolVersion) {
-		return EraModern
+		return session.EraModern
 	}
-	return EraOther
+	return session.EraOther
 }
 
 // ModernProtocolVersion is the first MCP protocol version without sessions.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -213,15 +214,15 @@ func TestHandlerProvisionDefaults(t *testing.T) {
 	if h.Table != "test/"+t.Name() || h.MaxSessionIDLength != DefaultMaxSessionIDLength || h.UnknownSession != UnknownSessionReject {
 		t.Errorf("defaults not applied: %+v", h)
 	}
-	if h.table.MaxSessions() != DefaultMaxSessions || h.table.TTL() != DefaultSessionTTL {
+	if h.table.MaxSessions() != session.DefaultMaxSessions || h.table.TTL() != session.DefaultSessionTTL {
 		t.Errorf("table bounds %d, %s; want the defaults", h.table.MaxSessions(), h.table.TTL())
 	}
 	var d Handler
 	if err := d.Provision(newContext(t)); err != nil {
 		t.Fatal(err)
 	}
-	if d.Table != DefaultTableName || d.table == nil {
-		t.Errorf("Table = %q, want %q", d.Table, DefaultTableName)
+	if d.Table != session.DefaultTableName || d.table == nil {
+		t.Errorf("Table = %q, want %q", d.Table, session.DefaultTableName)
 	}
 }
 
@@ -603,17 +604,17 @@ func TestPinnedResponses(t *testing.T) {
 	for _, tc := range []struct {
 		method  string
 		respond func(http.ResponseWriter, *http.Request, *reverseproxy.Upstream)
-		evicted EvictReason // 0 (no reason) if the session stays
+		evicted session.EvictReason // 0 (no reason) if the session stays
 	}{
 		{method: "POST", respond: answer(200)},
 		{method: "POST", respond: answer(202)},
 		{method: "GET", respond: answer(200)},
-		{method: "POST", respond: answer(404), evicted: EvictUpstream404},
+		{method: "POST", respond: answer(404), evicted: session.EvictUpstream404},
 		{method: "GET", respond: answer(404)}, // no GET route: not "session unknown"
-		{method: "DELETE", respond: answer(404), evicted: EvictUpstream404},
-		{method: "DELETE", respond: answer(200), evicted: EvictDelete},
-		{method: "DELETE", respond: answer(202), evicted: EvictDelete},
-		{method: "DELETE", respond: answer(204), evicted: EvictDelete},
+		{method: "DELETE", respond: answer(404), evicted: session.EvictUpstream404},
+		{method: "DELETE", respond: answer(200), evicted: session.EvictDelete},
+		{method: "DELETE", respond: answer(202), evicted: session.EvictDelete},
+		{method: "DELETE", respond: answer(204), evicted: session.EvictDelete},
 		{method: "DELETE", respond: answer(405)},
 		{method: "DELETE", respond: answer(400)},
 		{method: "DELETE", respond: answer(500)},
@@ -627,7 +628,7 @@ func TestPinnedResponses(t *testing.T) {
 		{method: "POST", respond: func(w http.ResponseWriter, r *http.Request, up *reverseproxy.Upstream) {
 			w.WriteHeader(http.StatusEarlyHints)
 			answer(404)(w, r, up)
-		}, evicted: EvictUpstream404},
+		}, evicted: session.EvictUpstream404},
 	} {
 		rec := httptest.NewRecorder()
 		tc.respond(rec, nil, &reverseproxy.Upstream{})
@@ -643,7 +644,7 @@ func TestPinnedResponses(t *testing.T) {
 				t.Errorf("body = %q, want %q", rec.Body, want)
 			}
 			got := lookupDial(f.h.table, testSessionID)
-			live := f.h.table.knownUpstream(up.Dial).LiveSessions()
+			live := f.h.table.KnownUpstream(up.Dial).LiveSessions()
 			if tc.evicted == 0 {
 				if got != up.Dial || live != 1 {
 					t.Errorf("session mapped to %q with %d live, want it kept on %q", got, live, up.Dial)
@@ -654,7 +655,7 @@ func TestPinnedResponses(t *testing.T) {
 			if got != "" || live != 0 {
 				t.Errorf("session mapped to %q with %d live, want it evicted", got, live)
 			}
-			wantEvictions(t, f.h.table, map[EvictReason]uint64{tc.evicted: 1})
+			wantEvictions(t, f.h.table, map[session.EvictReason]uint64{tc.evicted: 1})
 			// The next request of the session is unknown: 404.
 			rec = f.serve(t, newRequest(http.MethodPost, testSessionID), answer(200))
 			checkRPCError(t, rec, 404, CodeSessionNotFound, "Session not found")
@@ -720,7 +721,7 @@ func TestPinnedUpstreamGone(t *testing.T) {
 	if f.h.table.Len() != 0 {
 		t.Errorf("Len() = %d, want 0", f.h.table.Len())
 	}
-	wantEvictions(t, f.h.table, map[EvictReason]uint64{EvictUpstreamGone: 1})
+	wantEvictions(t, f.h.table, map[session.EvictReason]uint64{session.EvictUpstreamGone: 1})
 	for _, u := range f.h.table.Upstreams() {
 		if u.LiveSessions() != 0 {
 			t.Errorf("LiveSessions of %s = %d, want 0", u.Dial(), u.LiveSessions())
@@ -765,11 +766,9 @@ func TestPinnedErrors(t *testing.T) {
 }
 
 // streamsOf returns the count of open streams the table holds for id.
-func streamsOf(tbl *Table, id string) int32 {
-	tbl.mu.Lock()
-	defer tbl.mu.Unlock()
-	e, _, _ := tbl.peek(id)
-	return e.streams
+func streamsOf(tbl *session.Table, id string) int32 {
+	info, _ := tbl.Info(id)
+	return int32(info.OpenStreams)
 }
 
 // TestGetStreamOpen checks that a GET of a session counts as an open stream

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
@@ -74,7 +75,7 @@ func TestPinnedUpstreamUnavailable(t *testing.T) {
 			}
 			if tc.gone {
 				checkRPCError(t, rec, http.StatusNotFound, CodeSessionNotFound, "its upstream is gone")
-				wantEvictions(t, h.table, map[EvictReason]uint64{EvictUpstreamGone: 1})
+				wantEvictions(t, h.table, map[session.EvictReason]uint64{session.EvictUpstreamGone: 1})
 				return
 			}
 			checkRPCError(t, rec, http.StatusServiceUnavailable, CodeUpstreamUnavailable, "failing health checks")

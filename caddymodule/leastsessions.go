@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -34,7 +35,7 @@ type LeastSessionsSelection struct {
 	// otherwise `default`.
 	Table string `json:"table,omitempty"`
 
-	table *Table
+	table *session.Table
 }
 
 // CaddyModule returns the Caddy module information.
@@ -49,7 +50,7 @@ func (LeastSessionsSelection) CaddyModule() caddy.ModuleInfo {
 // returns the error of loading the app.
 func (s *LeastSessionsSelection) Provision(ctx caddy.Context) error {
 	if s.Table == "" {
-		s.Table = DefaultTableName
+		s.Table = session.DefaultTableName
 	}
 	app, err := sessionsApp(ctx)
 	if err != nil {
@@ -70,14 +71,14 @@ func (s *LeastSessionsSelection) Select(pool reverseproxy.UpstreamPool, _ *http.
 			continue
 		}
 		load := int64(u.Host.NumRequests())
-		if rec := s.table.knownUpstream(u.Dial); rec != nil {
+		if rec := s.table.KnownUpstream(u.Dial); rec != nil {
 			if rec.Draining() {
 				continue
 			}
 			// A session's open GET stream is a request in flight too:
 			// count the session once, not twice.
 			// With a shared store, sessions count on every instance.
-			load += s.table.ClusterSessions(rec) - min(rec.streams.Load(), load)
+			load += s.table.ClusterSessions(rec) - min(rec.OpenStreams(), load)
 		}
 		switch {
 		case best == nil || load < bestLoad:

@@ -6,12 +6,11 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 	"unsafe"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -67,7 +66,7 @@ func setUnhealthy(t *testing.T, u *reverseproxy.Upstream, unhealthy bool) {
 
 // learnN teaches tbl n sessions on dial, with IDs dial/k/0 to dial/k/n-1,
 // where k is the number of sessions the table learned before.
-func learnN(tbl *Table, dial string, n int) {
+func learnN(tbl *session.Table, dial string, n int) {
 	k := tbl.Stats.Learned()
 	for i := range n {
 		tbl.Learn(fmt.Sprintf("%s/%d/%d", dial, k, i), dial)
@@ -115,8 +114,8 @@ func TestLeastSessionsPicksFewest(t *testing.T) {
 		t.Errorf("Select = %v, want %v", up, pool[2])
 	}
 	// Evicting too.
-	s.table.Evict(pool[0].Dial+"/0/0", EvictDelete) // 2, 3, 2 -> tie between 0 and 2
-	s.table.Evict(pool[0].Dial+"/0/1", EvictDelete) // 1, 3, 2
+	s.table.Evict(pool[0].Dial+"/0/0", session.EvictDelete) // 2, 3, 2 -> tie between 0 and 2
+	s.table.Evict(pool[0].Dial+"/0/1", session.EvictDelete) // 1, 3, 2
 	if up := s.Select(pool, newRequest(http.MethodPost), nil); up != pool[0] {
 		t.Errorf("after evictions Select = %v, want %v; live: %v", up, pool[0], liveSessions(s.table))
 	}
@@ -125,7 +124,7 @@ func TestLeastSessionsPicksFewest(t *testing.T) {
 	if up := s.Select(append(pool, fresh), newRequest(http.MethodPost), nil); up != fresh {
 		t.Errorf("Select = %v, want the new upstream %v", up, fresh)
 	}
-	if s.table.knownUpstream(fresh.Dial) != nil {
+	if s.table.KnownUpstream(fresh.Dial) != nil {
 		t.Error("Select created a record for the new upstream")
 	}
 }
@@ -197,7 +196,7 @@ func TestLeastSessionsSkips(t *testing.T) {
 	}
 	// A drained upstream whose sessions are all gone still gets nothing.
 	s.table.SetDraining(pool[0].Dial, true)
-	s.table.Evict(pool[0].Dial+"/0/0", EvictDelete)
+	s.table.Evict(pool[0].Dial+"/0/0", session.EvictDelete)
 	if up := s.Select(pool, newRequest(http.MethodPost), nil); up != pool[1] {
 		t.Errorf("Select = %v, want %v: a drained upstream with 0 sessions is still draining", up, pool[1])
 	}
@@ -254,7 +253,7 @@ func TestLeastSessionsProvision(t *testing.T) {
 	if err := d.Provision(newContext(t)); err != nil {
 		t.Fatal(err)
 	}
-	if d.Table != DefaultTableName || d.table == nil || d.table.Name() != DefaultTableName {
+	if d.Table != session.DefaultTableName || d.table == nil || d.table.Name() != session.DefaultTableName {
 		t.Errorf("Table = %q, table %p; want the default table", d.Table, d.table)
 	}
 
@@ -533,38 +532,6 @@ func TestSessionSelectionDraining(t *testing.T) {
 	}
 }
 
-// TestDrainingCountConcurrent toggles draining from many goroutines and
-// checks that the table's count of draining upstreams matches its records.
-func TestDrainingCountConcurrent(t *testing.T) {
-	tbl, _ := newTestTable(t, 10, time.Hour)
-	dials := []string{"a:1", "b:1", "c:1"}
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Go(func() {
-			for i := range 2000 {
-				tbl.SetDraining(dials[(g+i)%len(dials)], (g*7+i*13)%3 == 0)
-				tbl.AnyDraining()
-			}
-		})
-	}
-	wg.Wait()
-	want := 0
-	for _, u := range tbl.Upstreams() {
-		if u.Draining() {
-			want++
-		}
-	}
-	if got := tbl.draining.Load(); got != int32(want) {
-		t.Errorf("draining count = %d, records draining = %d", got, want)
-	}
-	for _, d := range dials {
-		tbl.SetDraining(d, false)
-	}
-	if tbl.AnyDraining() || tbl.draining.Load() != 0 {
-		t.Errorf("after undraining all: AnyDraining %v, count %d", tbl.AnyDraining(), tbl.draining.Load())
-	}
-}
-
 // TestCandidates checks the pool filter of new sessions directly:
 // draining upstreams are left out, stuck ones too unless no other one is
 // available, and those a request already waited for in vain always.
@@ -584,11 +551,11 @@ func TestCandidates(t *testing.T) {
 	if got := s.candidates(nil, r); len(got) != 0 {
 		t.Errorf("candidates(nil) = %v", got)
 	}
-	s.table.markStuck(pool[0].Dial)
+	s.table.MarkStuck(pool[0].Dial)
 	if got := s.candidates(pool, r); len(got) != 1 || got[0] != pool[2] {
 		t.Errorf("with %s stuck: candidates = %v, want [%v]", pool[0].Dial, got, pool[2])
 	}
-	s.table.markStuck(pool[2].Dial)
+	s.table.MarkStuck(pool[2].Dial)
 	if got := s.candidates(pool, r); len(got) != 2 {
 		t.Errorf("with every undrained upstream stuck: candidates = %v, want both stuck ones", got)
 	}
@@ -596,8 +563,8 @@ func TestCandidates(t *testing.T) {
 	if got := s.candidates(pool, r); len(got) != 1 || got[0] != pool[2] {
 		t.Errorf("after waiting for %s in vain: candidates = %v, want [%v]", pool[0].Dial, got, pool[2])
 	}
-	s.table.knownUpstream(pool[2].Dial).answered()
-	if s.table.stuck(s.table.knownUpstream(pool[2].Dial)) {
+	s.table.KnownUpstream(pool[2].Dial).Answered()
+	if s.table.Stuck(s.table.KnownUpstream(pool[2].Dial)) {
 		t.Error("an upstream that answered is still stuck")
 	}
 	var unprovisioned SessionSelection
@@ -622,7 +589,7 @@ func TestLeastSessionsCountsStreamsOnce(t *testing.T) {
 	for i := range 3 {
 		s.table.Learn(fmt.Sprintf("b%d", i), pool[1].Dial)
 	}
-	s.table.knownUpstream(pool[0].Dial).streams.Store(2)
+	s.table.KnownUpstream(pool[0].Dial).AddStreams(2)
 	setInFlight(t, pool[0], 2)
 	for range 10 {
 		if got := s.Select(pool, newRequest(http.MethodPost), nil); got != pool[0] {

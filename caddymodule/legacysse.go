@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -39,7 +40,7 @@ type legacyStream struct {
 	held     []byte // bytes of the first event not passed on yet
 	watching bool   // the first event has not ended yet
 	id       string // the session the endpoint event announced; "" if none
-	up       *Upstream
+	up       *session.Upstream
 }
 
 // legacyParams returns the query parameters that carry legacy sessions, or
@@ -289,13 +290,13 @@ func (h *Handler) learnEndpoint(sw *sessionWriter, raw string) string {
 	if id == "" || sel == nil {
 		return ""
 	}
-	if h.table.LearnFrom(id, sel.Dial, Origin{Principal: principalOf(sw.r, h.table.BindPrincipal())}) {
+	if h.table.LearnFrom(id, sel.Dial, session.Origin{Principal: principalOf(sw.r, h.table.BindPrincipal())}) {
 		decide(sw.r, decisionLearned, sel.Dial)
 		h.debug("learned_legacy_sse", id, sel.Dial)
 	}
 	h.table.StreamOpened(id)
-	sw.sse.id, sw.sse.up = id, h.table.upstream(sel.Dial)
-	sw.sse.up.streams.Add(1)
+	sw.sse.id, sw.sse.up = id, h.table.UseUpstream(sel.Dial)
+	sw.sse.up.AddStreams(1)
 	return clientEndpoint(sw.r, u, sel.Dial)
 }
 
@@ -314,8 +315,8 @@ func (sw *sessionWriter) finishLegacyStream() {
 	if ls.id == "" {
 		return
 	}
-	ls.up.streams.Add(-1)
-	sw.h.table.Evict(ls.id, EvictStreamClosed)
+	ls.up.AddStreams(-1)
+	sw.h.table.Evict(ls.id, session.EvictStreamClosed)
 	sw.h.debug("legacy_sse_stream_closed", ls.id, ls.up.Dial())
 }
 

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -86,8 +87,8 @@ func TestLegacySSESession(t *testing.T) {
 	if during != streamUp.Dial || postUp != streamUp {
 		t.Errorf("while the stream was open: session on %q, POST sent to %v; want both on the stream's upstream %s", during, postUp, streamUp.Dial)
 	}
-	if up := f.h.table.Lookup("A"); up != nil || f.h.table.Evictions(EvictStreamClosed) != 1 {
-		t.Errorf("after the stream closed: session on %v, %d stream_closed evictions; want it gone", up, f.h.table.Evictions(EvictStreamClosed))
+	if up := f.h.table.Lookup("A"); up != nil || f.h.table.Evictions(session.EvictStreamClosed) != 1 {
+		t.Errorf("after the stream closed: session on %v, %d stream_closed evictions; want it gone", up, f.h.table.Evictions(session.EvictStreamClosed))
 	}
 }
 
@@ -211,8 +212,8 @@ func TestLegacySSEStreamAborted(t *testing.T) {
 		}()
 		_ = f.h.ServeHTTP(httptest.NewRecorder(), legacyGet("/sse", "/sse"), f.proxy)
 	}()
-	if f.h.table.Len() != 0 || f.h.table.Evictions(EvictStreamClosed) != 1 {
-		t.Errorf("after an aborted stream: %d sessions, %d stream_closed evictions; want 0, 1", f.h.table.Len(), f.h.table.Evictions(EvictStreamClosed))
+	if f.h.table.Len() != 0 || f.h.table.Evictions(session.EvictStreamClosed) != 1 {
+		t.Errorf("after an aborted stream: %d sessions, %d stream_closed evictions; want 0, 1", f.h.table.Len(), f.h.table.Evictions(session.EvictStreamClosed))
 	}
 }
 
@@ -252,8 +253,8 @@ func TestEverySessionNamedIsChecked(t *testing.T) {
 	const alice, bob = "ALICELEGACYSESSION", "BOBLEGACYSESSION"
 	h, _ := provisionHandler(t, &Handler{SealSessionIDs: &SealedSessionIDs{Keys: []string{base64.StdEncoding.EncodeToString(newKey(t))}}})
 	h.table.SetBindPrincipal("{http.request.header.Authorization}")
-	h.table.LearnFrom(alice, "a:1", Origin{Principal: "Bearer alice"})
-	h.table.LearnFrom(bob, "a:1", Origin{Principal: "Bearer bob"})
+	h.table.LearnFrom(alice, "a:1", session.Origin{Principal: "Bearer alice"})
+	h.table.LearnFrom(bob, "a:1", session.Origin{Principal: "Bearer bob"})
 	bobSealed := h.sealer.seal(seal.Session{Dial: "a:1", Bound: principalDigest("Bearer bob"), ID: "BOBSTREAMABLE"})
 	for _, tc := range []struct {
 		name, method, query string

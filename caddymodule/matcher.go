@@ -9,6 +9,7 @@ import (
 
 	"cel.dev/cel-go/cel"
 	"cel.dev/cel-go/common/types/ref"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -126,7 +127,7 @@ func (m *MatchMCP) Provision(ctx caddy.Context) error {
 	if err := m.Validate(); err != nil {
 		return err
 	}
-	m.sessions = slices.Contains(m.Eras, EraLegacySession.String())
+	m.sessions = slices.Contains(m.Eras, session.EraLegacySession.String())
 	if m.sessions && (len(m.Methods) > 0 || len(m.Names) > 0) {
 		ctx.Logger().Warn("mcp matcher selects requests of legacy sessions by method or name; " +
 			"a route that sends them to upstreams other than their session's ends those sessions (docs/behaviour.md#routing-by-tool)")
@@ -137,8 +138,8 @@ func (m *MatchMCP) Provision(ctx caddy.Context) error {
 // Validate checks the conditions.
 func (m *MatchMCP) Validate() error {
 	for _, e := range m.Eras {
-		if e == "" || !slices.Contains(eraNames[:], e) {
-			return fmt.Errorf("mcp matcher: era %q is not one of %s, %s, %s", e, EraLegacySession, EraModern, EraOther)
+		if e == "" || !slices.Contains(session.EraNames[:], e) {
+			return fmt.Errorf("mcp matcher: era %q is not one of %s, %s, %s", e, session.EraLegacySession, session.EraModern, session.EraOther)
 		}
 	}
 	for _, list := range [][]string{m.Methods, m.Names} {
@@ -191,7 +192,7 @@ func (m *MatchMCP) match(ex *exchange, r *http.Request) (bool, *fault) {
 		return false, ex.fault
 	case ex.headerFault != nil:
 		return false, ex.headerFault
-	case ex.era == EraLegacySession && !m.sessions:
+	case ex.era == session.EraLegacySession && !m.sessions:
 		return false, nil
 	case len(m.Eras) > 0 && !slices.Contains(m.Eras, ex.era.String()):
 		return false, nil

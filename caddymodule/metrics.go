@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"errors"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -90,12 +91,12 @@ func (tableCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBodyMemory, prometheus.GaugeValue, float64(bodyMemory.Held()))
 	ch <- prometheus.MustNewConstMetric(descBodyRefused, prometheus.CounterValue, float64(bodyMemory.Refused()))
 	tables.Range(func(_, v any) bool {
-		collectTable(ch, v.(*Table))
+		collectTable(ch, v.(*session.Table))
 		return true
 	})
 }
 
-func collectTable(ch chan<- prometheus.Metric, t *Table) {
+func collectTable(ch chan<- prometheus.Metric, t *session.Table) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
@@ -103,63 +104,63 @@ func collectTable(ch chan<- prometheus.Metric, t *Table) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
 	for _, u := range t.Upstreams() {
-		gauge(descLive, float64(u.LiveSessions()), t.name, u.dial)
+		gauge(descLive, float64(u.LiveSessions()), t.Name(), u.Dial())
 		draining := 0.0
 		if u.Draining() {
 			draining = 1
 		}
-		gauge(descDraining, draining, t.name, u.dial)
+		gauge(descDraining, draining, t.Name(), u.Dial())
 		refusing := 0.0
-		if t.refusing(u) {
+		if t.Refusing(u) {
 			refusing = 1
 		}
-		gauge(descRefusing, refusing, t.name, u.dial)
-		counter(descRefusals, u.Refusals(), t.name, u.dial)
+		gauge(descRefusing, refusing, t.Name(), u.Dial())
+		counter(descRefusals, u.Refusals(), t.Name(), u.Dial())
 	}
-	gauge(descUnconfirmed, float64(t.Unconfirmed()), t.name)
-	gauge(descMax, float64(t.MaxSessions()), t.name)
+	gauge(descUnconfirmed, float64(t.Unconfirmed()), t.Name())
+	gauge(descMax, float64(t.MaxSessions()), t.Name())
 	s := &t.Stats
-	counter(descLearned, s.Learned(), t.name)
-	counter(descAdopted, s.Adopted(), t.name)
-	counter(descPinned, s.Pinned(), t.name)
-	counter(descUnknown, s.Unknown(), t.name)
-	counter(descGone, s.Gone(), t.name)
-	counter(descMismatch, s.PrincipalMismatches(), t.name)
-	counter(descUnavailable, s.Unavailable(), t.name)
-	for _, r := range evictReasons {
-		counter(descEvicted, t.Evictions(r), t.name, r.String())
+	counter(descLearned, s.Learned(), t.Name())
+	counter(descAdopted, s.Adopted(), t.Name())
+	counter(descPinned, s.Pinned(), t.Name())
+	counter(descUnknown, s.Unknown(), t.Name())
+	counter(descGone, s.Gone(), t.Name())
+	counter(descMismatch, s.PrincipalMismatches(), t.Name())
+	counter(descUnavailable, s.Unavailable(), t.Name())
+	for _, r := range session.EvictReasons {
+		counter(descEvicted, t.Evictions(r), t.Name(), r.String())
 	}
-	for _, e := range eras {
-		counter(descRequests, s.Requests(e), t.name, e.String())
+	for _, e := range session.Eras {
+		counter(descRequests, s.Requests(e), t.Name(), e.String())
 	}
-	for _, c := range failoverCauses {
-		counter(descFailovers, s.Failovers(c, true), t.name, c.String(), failoverMoved)
-		counter(descFailovers, s.FailoversFollowed(c), t.name, c.String(), failoverFollowed)
-		counter(descFailovers, s.Failovers(c, false), t.name, c.String(), failoverFailed)
-		counter(descFailovers, s.FailoversRefused(c), t.name, c.String(), failoverRefused)
+	for _, c := range session.FailoverCauses {
+		counter(descFailovers, s.Failovers(c, true), t.Name(), c.String(), session.ResultMoved)
+		counter(descFailovers, s.FailoversFollowed(c), t.Name(), c.String(), session.ResultFollowed)
+		counter(descFailovers, s.Failovers(c, false), t.Name(), c.String(), session.ResultFailed)
+		counter(descFailovers, s.FailoversRefused(c), t.Name(), c.String(), session.ResultRefused)
 	}
 	collectMethods(ch, t)
 	collectStore(ch, t)
 }
 
 // collectStore sends the series of a table's shared store, if it has one.
-func collectStore(ch chan<- prometheus.Metric, t *Table) {
-	c := t.store.Load()
+func collectStore(ch chan<- prometheus.Metric, t *session.Table) {
+	c := t.Store()
 	if c == nil {
 		return
 	}
 	for _, u := range t.Upstreams() {
-		ch <- prometheus.MustNewConstMetric(descClusterLive, prometheus.GaugeValue, float64(t.ClusterSessions(u)), t.name, u.dial)
+		ch <- prometheus.MustNewConstMetric(descClusterLive, prometheus.GaugeValue, float64(t.ClusterSessions(u)), t.Name(), u.Dial())
 	}
-	ch <- prometheus.MustNewConstMetric(descShared, prometheus.CounterValue, float64(t.Stats.Shared()), t.name)
+	ch <- prometheus.MustNewConstMetric(descShared, prometheus.CounterValue, float64(t.Stats.Shared()), t.Name())
 	up := 0.0
-	if c.reachable() {
+	if c.Reachable() {
 		up = 1
 	}
-	ch <- prometheus.MustNewConstMetric(descStoreUp, prometheus.GaugeValue, up, t.name)
-	for _, op := range storeOps {
-		ch <- prometheus.MustNewConstMetric(descStoreErrors, prometheus.CounterValue, float64(c.errors(op)), t.name, op)
-	}
+	ch <- prometheus.MustNewConstMetric(descStoreUp, prometheus.GaugeValue, up, t.Name())
+	c.Errors(func(op string, n uint64) {
+		ch <- prometheus.MustNewConstMetric(descStoreErrors, prometheus.CounterValue, float64(n), t.Name(), op)
+	})
 }
 
 // Interface guards

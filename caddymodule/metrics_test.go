@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
@@ -129,13 +130,13 @@ func tableSeries(name string, maxSessions int) gathered {
 	for _, n := range []string{"caddy_mcp_sessions_learned_total", "caddy_mcp_sessions_adopted_total", "caddy_mcp_requests_pinned_total", "caddy_mcp_unknown_session_total", "caddy_mcp_upstream_gone_total", "caddy_mcp_principal_mismatch_total", "caddy_mcp_upstream_unavailable_total"} {
 		g[n+"{"+l+"}"] = 0
 	}
-	for _, r := range evictReasons {
+	for _, r := range session.EvictReasons {
 		g[fmt.Sprintf("caddy_mcp_sessions_evicted_total{reason=%q,%s}", r, l)] = 0
 	}
-	for _, e := range eras {
+	for _, e := range session.Eras {
 		g[fmt.Sprintf("caddy_mcp_requests_total{era=%q,%s}", e, l)] = 0
 	}
-	for _, c := range failoverCauses {
+	for _, c := range session.FailoverCauses {
 		for _, res := range []string{"moved", "followed", "failed", "refused"} {
 			g[fmt.Sprintf("caddy_mcp_failovers_total{cause=%q,result=%q,%s}", c, res, l)] = 0
 		}
@@ -359,7 +360,7 @@ func exposition(t *testing.T, c prometheus.Collector, names ...string) string {
 
 // oneTable collects a single table, for exact comparisons that other
 // tests' tables in the package pool would disturb.
-type oneTable struct{ t *Table }
+type oneTable struct{ t *session.Table }
 
 func (oneTable) Describe(ch chan<- *prometheus.Desc)   { collector.Describe(ch) }
 func (c oneTable) Collect(ch chan<- prometheus.Metric) { collectTable(ch, c.t) }

@@ -92,11 +92,11 @@ func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp
 	h.liftWriteLimits(ex, r)
 	defer ex.limits.putBack(w)
 	if r.Method == http.MethodPost && ex.method() == "subscriptions/listen" {
-		h.table.Stats.methods.listens.Add(1)
-		defer h.table.Stats.methods.listens.Add(-1)
+		h.table.Stats.Methods().AddListens(1)
+		defer h.table.Stats.Methods().AddListens(-1)
 	}
 	err := h.serveChecked(ex, r, next)
-	h.table.Stats.methods.count(ex.method(), answeredStatus(ex.status, err))
+	h.table.Stats.Methods().Count(ex.method(), answeredStatus(ex.status, err))
 	return err
 }
 

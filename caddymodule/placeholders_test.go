@@ -123,7 +123,7 @@ func TestMethodMetrics(t *testing.T) {
 		return err
 	})
 	got := map[string]uint64{}
-	h.table.Stats.methods.each(func(method string, status int, n uint64) {
+	h.table.Stats.Methods().Each(func(method string, status int, n uint64) {
 		got[method+" "+http.StatusText(status)] = n
 	})
 	want := map[string]uint64{"tools/call OK": 2, "other Not Found": 1, "unknown OK": 1, "tools/list OK": 1}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redisstore"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -263,19 +265,19 @@ var quietClient sync.Once
 // connection, its subscription and what it has queued for Redis.
 var connections = caddy.NewUsagePool()
 
-// connect returns the connection of table t to Redis, opening it unless a
+// Connect returns the connection of table t to Redis, opening it unless a
 // running config already has it open.
-func (s *RedisStore) connect(t *Table) (*redisConn, error) {
+func (s *RedisStore) Connect(t *session.Table) (session.Shared, error) {
 	quietClient.Do(func() { redis.SetLogger(clientLog{s.logger}) })
 	key := t.Name() + "\x00" + s.fingerprint
 	v, _, err := connections.LoadOrNew(key, func() (caddy.Destructor, error) {
-		return newRedisConn(t, s.opts, newKeyspace(s.KeyPrefix, t.Name(), s.hashKey), s.timeout, s.logger), nil
+		return redisstore.New(t, s.opts, s.KeyPrefix, t.Name(), s.hashKey, s.timeout, s.logger), nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	s.acquired = append(s.acquired, key)
-	return v.(*redisConn), nil
+	return v.(*redisstore.Conn), nil
 }
 
 // Cleanup releases the connections the store opened.

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 )
 
 // BenchmarkStoreDecision is the pinned-request lookup of a session this
@@ -62,10 +63,7 @@ func BenchmarkFirstRequestElsewhere(b *testing.B) {
 	for i := range b.N {
 		if i > 0 && i%len(ids) == 0 { // every session seen: forget them here, not in Redis
 			b.StopTimer()
-			other.mu.Lock()
-			other.unconfirmed.Purge()
-			other.confirmed.Purge()
-			other.mu.Unlock()
+			other.Purge()
 			b.StartTimer()
 		}
 		start := time.Now()
@@ -89,14 +87,14 @@ func BenchmarkRedisBytesPerSession(b *testing.B) { benchRedisBytes(b, nil) }
 // for a table with failover reinitialize: each session's value carries its
 // failover record, here the go-sdk client's 190-byte initialize.
 func BenchmarkRedisBytesPerSessionFailover(b *testing.B) {
-	benchRedisBytes(b, &sessionInit{body: []byte(testInitBody), accept: "application/json, text/event-stream", contentType: "application/json"})
+	benchRedisBytes(b, &session.Init{Body: []byte(testInitBody), Accept: "application/json, text/event-stream", ContentType: "application/json"})
 }
 
-func benchRedisBytes(b *testing.B, init *sessionInit) {
+func benchRedisBytes(b *testing.B, init *session.Init) {
 	srv := redistest.Start(b)
 	tbl := sharedTable(b, srv.Addr, "default", time.Second)
 	if init != nil {
-		tbl.setFailover(FailoverReinitialize, 0)
+		tbl.SetFailover(session.FailoverReinitialize, 0)
 	}
 	before := usedMemory(b, srv.Addr)
 	const n = 20_000
@@ -105,7 +103,7 @@ func benchRedisBytes(b *testing.B, init *sessionInit) {
 	pool := testPool()
 	b.ResetTimer()
 	for i, id := range ids {
-		tbl.learnInit(id, pool[i%len(pool)].Dial, Origin{}, init)
+		tbl.LearnInit(id, pool[i%len(pool)].Dial, session.Origin{}, init)
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(usedMemory(b, srv.Addr)-before)/n, "B/session")

@@ -91,46 +91,10 @@ func (h *Handler) leftRefusing(r *http.Request, a *heldAnswer) string {
 		return ""
 	}
 	cooloff := refusalCooloff(a.header, time.Now())
-	h.table.markRefusing(sel.Dial, cooloff)
+	h.table.MarkRefusing(sel.Dial, cooloff)
 	tried, _ := caddyhttp.GetVar(r.Context(), varTried).([]string)
 	caddyhttp.SetVar(r.Context(), varTried, append(tried, sel.Dial))
 	h.logger.Warn("upstream refused a new session; it gets no new sessions for a while, and the request goes to another upstream",
 		zap.String("upstream", sel.Dial), zap.Int("status", a.status), zap.Duration("cooloff", cooloff))
 	return sel.Dial
 }
-
-// markRefusing records that the upstream dialed at dial refused a new
-// session: it gets none for d, and the refusal is counted.
-func (t *Table) markRefusing(dial string, d time.Duration) {
-	u := t.upstream(dial)
-	until := t.clock() + int64(d)
-	u.refusingUntil.Store(until)
-	u.refusals.Add(1)
-	for {
-		last := t.refusingUntil.Load()
-		if last >= until || t.refusingUntil.CompareAndSwap(last, until) {
-			return
-		}
-	}
-}
-
-// anyRefusing reports whether an upstream of the table may be refusing new
-// sessions.
-func (t *Table) anyRefusing() bool { return t.clock() < t.refusingUntil.Load() }
-
-// refusing reports whether u refused a new session within its cooloff.
-func (t *Table) refusing(u *Upstream) bool { return t.clock() < u.refusingUntil.Load() }
-
-// RefusingUntil returns when u takes new sessions again after refusing one,
-// and whether it is refusing now.
-func (t *Table) RefusingUntil(u *Upstream) (time.Time, bool) {
-	until := u.refusingUntil.Load()
-	if t.clock() >= until {
-		return time.Time{}, false
-	}
-	return t.epoch.Add(time.Duration(until)), true
-}
-
-// Refusals returns how many new sessions u refused (429, or 5xx without a
-// session) that the proxy sent to another upstream.
-func (u *Upstream) Refusals() uint64 { return u.refusals.Load() }

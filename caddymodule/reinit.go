@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
@@ -45,7 +46,7 @@ func staleInitialize(r *http.Request, pf *pinnedFailover) (stale bool, f *fault)
 // request without a session: the header is dropped and the request
 // balanced, and the old session, if the table holds it, ends.
 func (h *Handler) serveAsNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, pf *pinnedFailover) error {
-	h.table.Evict(id, EvictUpstreamGone)
+	h.table.Evict(id, session.EvictUpstreamGone)
 	h.debug("reinitialize_stale_session", id, "")
 	clearSelection(r)
 	delete(r.Header, HeaderSessionID)

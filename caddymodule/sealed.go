@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -210,25 +211,25 @@ func redactKey(k string) string {
 func (h *Handler) serveSealed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string, ss seal.Session) error {
 	bind := h.table.BindPrincipal()
 	principal := principalOf(r, bind)
-	if ss.Bound != "" && bind != BindPrincipalOff && ss.Bound != principalDigest(principal) {
+	if ss.Bound != "" && bind != session.BindPrincipalOff && ss.Bound != principalDigest(principal) {
 		return h.serveMismatch(w, r, key)
 	}
 	ex := exchangeOf(r)
 	ex.sealed, ex.issued = true, ss.Issued
-	up, mismatch, ended := h.table.lookup(key, principal)
+	up, mismatch, ended := h.table.LookupEnded(key, principal)
 	if mismatch {
 		return h.serveMismatch(w, r, key)
 	}
 	if up == nil && !ended {
-		origin := Origin{}
+		origin := session.Origin{}
 		if ss.Bound != "" {
 			origin.Principal = principal
 		}
 		key = strings.Clone(key) // not the buffer that holds the plaintext too
 		if up = h.table.Adopt(key, ss.Dial, origin); up != nil {
 			h.debug("adopted", key, ss.Dial)
-			if init := sessionInitOf(ss.Init); init != nil && h.table.failoverSettings().on {
-				h.table.adoptInit(key, init)
+			if init := sessionInitOf(ss.Init); init != nil && h.table.Failover().On {
+				h.table.AdoptInit(key, init)
 			}
 		}
 	}
@@ -282,7 +283,7 @@ func clientID(key string) string {
 // ID is sealed with the pinned upstream. Without a session, IDs are sealed
 // with the upstream the policy selected; with none selected, they are
 // removed.
-func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, up *Upstream) {
+func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, up *session.Upstream) {
 	vals := header[HeaderSessionID]
 	if len(vals) == 0 {
 		return
@@ -322,11 +323,11 @@ func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, 
 // max_session_id_length, which the proxy would refuse. Such a session fails
 // over only on the replica that learned it.
 func (h *Handler) initToSeal(r *http.Request, ss seal.Session) seal.Init {
-	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*sessionInit)
+	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*session.Init)
 	if init == nil {
 		return seal.Init{}
 	}
-	ss.Init = seal.Init{Accept: init.accept, ContentType: init.contentType, Version: init.version, Body: string(init.body)}
+	ss.Init = seal.Init{Accept: init.Accept, ContentType: init.ContentType, Version: init.Version, Body: string(init.Body)}
 	if n := sealedLength(ss); n > h.MaxSessionIDLength {
 		if h.warnedInitSize.CompareAndSwap(false, true) { // once per handler: it is a matter of config
 			h.logger.Warn("an initialize request is too large to seal into the session ID: such sessions fail over "+
@@ -341,19 +342,19 @@ func (h *Handler) initToSeal(r *http.Request, ss seal.Session) seal.Init {
 // sessionInitOf returns the initialize request si carries, for the table;
 // nil if none. Its strings are copied: si's share the opened value's
 // buffer.
-func sessionInitOf(si seal.Init) *sessionInit {
+func sessionInitOf(si seal.Init) *session.Init {
 	if si.Body == "" {
 		return nil
 	}
-	return &sessionInit{body: []byte(si.Body), accept: strings.Clone(si.Accept),
-		contentType: strings.Clone(si.ContentType), version: strings.Clone(si.Version)}
+	return &session.Init{Body: []byte(si.Body), Accept: strings.Clone(si.Accept),
+		ContentType: strings.Clone(si.ContentType), Version: strings.Clone(si.Version)}
 }
 
 // sealDial returns the dial address to seal a response's session IDs with,
 // and the session ID the request carried to the upstream, if pinned.
-func (h *Handler) sealDial(r *http.Request, up *Upstream) (dial, sent string) {
+func (h *Handler) sealDial(r *http.Request, up *session.Upstream) (dial, sent string) {
 	if up != nil {
-		return up.dial, r.Header.Get(HeaderSessionID)
+		return up.Dial(), r.Header.Get(HeaderSessionID)
 	}
 	if sel := selectedUpstream(r); sel != nil {
 		return sel.Dial, ""
@@ -369,7 +370,7 @@ func selectedUpstream(r *http.Request) *reverseproxy.Upstream {
 
 // adminKey returns the table key of a session ID given to the admin API:
 // the ID itself if the table holds it, else a sealed ID's decoded bytes.
-func adminKey(t *Table, id string) string {
+func adminKey(t *session.Table, id string) string {
 	if _, ok := t.Info(id); ok {
 		return id
 	}

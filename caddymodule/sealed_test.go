@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -203,7 +204,7 @@ func TestSealedSessionLifecycle(t *testing.T) {
 	// adopted again, so its next request gets the proxy's 404 without
 	// reaching the upstream, even one that would answer it.
 	f.serve(t, newRequest(http.MethodDelete, sealed), up.answer(204))
-	wantEvictions(t, f.h.table, map[EvictReason]uint64{EvictDelete: 1})
+	wantEvictions(t, f.h.table, map[session.EvictReason]uint64{session.EvictDelete: 1})
 	reached := len(up.ids)
 	rec = f.serve(t, newRequest(http.MethodPost, sealed), up.answer(200, testSessionID))
 	if rec.Code != 404 || !strings.Contains(rec.Body.String(), `"code":-32001`) || len(up.ids) != reached || f.h.table.Stats.Adopted() != 0 {
@@ -234,7 +235,7 @@ func TestSealedOnAnotherReplica(t *testing.T) {
 	if len(up.ids) != 3 || up.ids[2][0] != testSessionID {
 		t.Errorf("upstream saw %q", up.ids)
 	}
-	if b.h.table.Stats.Adopted() != 1 || b.h.table.Len() != 1 || b.h.table.knownUpstream(owner.Dial).LiveSessions() != 1 {
+	if b.h.table.Stats.Adopted() != 1 || b.h.table.Len() != 1 || b.h.table.KnownUpstream(owner.Dial).LiveSessions() != 1 {
 		t.Errorf("replica b: adopted %d, Len %d; want the session recorded once", b.h.table.Stats.Adopted(), b.h.table.Len())
 	}
 }
@@ -436,7 +437,7 @@ func BenchmarkServePinned(b *testing.B) {
 			if kind == "sealed, init 190 B" && versionOf(b, id) != sealVersionInit {
 				b.Fatalf("%s: the value is version %d", kind, versionOf(b, id))
 			}
-			f.h.table.setFailover(FailoverOff, 0)
+			f.h.table.SetFailover(session.FailoverOff, 0)
 			f.h.logger = zap.NewNop() // as in production: no debug logging
 			f.h.table.SetLogger(f.h.logger)
 			f.proxy.respond = func(w http.ResponseWriter, r *http.Request, _ *reverseproxy.Upstream) {

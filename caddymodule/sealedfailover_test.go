@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/seal"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 )
 
 // The initialize requests of three clients, as docs/replicas.md's Length table
@@ -31,7 +32,7 @@ func testSealedInit(body string) seal.Init {
 func newSealedFailoverFixture(t testing.TB, table string, key []byte, maxLen int) *affinityFixture {
 	t.Helper()
 	cfg := &SealedSessionIDs{Keys: []string{base64.StdEncoding.EncodeToString(key)}}
-	h, logs := provisionHandler(t, &Handler{Table: table, SealSessionIDs: cfg, Failover: FailoverReinitialize, MaxSessionIDLength: maxLen})
+	h, logs := provisionHandler(t, &Handler{Table: table, SealSessionIDs: cfg, Failover: session.FailoverReinitialize, MaxSessionIDLength: maxLen})
 	policy := provisionPolicy(t, &SessionSelection{Table: h.Table})
 	return &affinityFixture{h: h, logs: logs, proxy: &fakeProxy{policy: policy, pool: testPool()}}
 }
@@ -119,7 +120,7 @@ func TestSealedFailoverOnEveryReplica(t *testing.T) {
 					c.f.h.Table, i+1, rec.Code, body, rec.Header().Values(HeaderSessionID), c.new)
 			}
 		}
-		if n := c.f.h.table.Stats.Failovers(FailoverUpstream404, true); n != 1 {
+		if n := c.f.h.table.Stats.Failovers(session.FailoverUpstream404, true); n != 1 {
 			t.Errorf("%s failed the session over %d times, want once", c.f.h.Table, n)
 		}
 	}
@@ -132,9 +133,9 @@ func TestSealedFailoverOnEveryReplica(t *testing.T) {
 	}
 	delete(minted, "OLD")
 	rec := b.serve(t, bodyRequest(`{"jsonrpc":"2.0","id":4,"method":"ping"}`, old), up)
-	if rec.Code != http.StatusNotFound || b.h.table.Stats.Failovers(FailoverUpstream404, true) != 1 || b.h.table.Stats.Failovers(FailoverUpstream404, false) != 0 {
+	if rec.Code != http.StatusNotFound || b.h.table.Stats.Failovers(session.FailoverUpstream404, true) != 1 || b.h.table.Stats.Failovers(session.FailoverUpstream404, false) != 0 {
 		t.Fatalf("a version 3 value whose upstream lost it, on b: %d %q, failovers %d; want the upstream's 404 and no failover",
-			rec.Code, rec.Body, b.h.table.Stats.Failovers(FailoverUpstream404, true))
+			rec.Code, rec.Body, b.h.table.Stats.Failovers(session.FailoverUpstream404, true))
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -76,7 +77,7 @@ type SessionSelection struct {
 	UnhealthyGrace caddy.Duration `json:"unhealthy_grace,omitempty"`
 
 	fallback  reverseproxy.Selector
-	table     *Table
+	table     *session.Table
 	lastPool  *atomic.Pointer[*reverseproxy.Upstream] // the first element of the last pool noted
 	proxy     *reverseproxy.Handler                   // the reverse_proxy the policy serves; nil outside one
 	unhealthy *unhealthyClock
@@ -96,7 +97,7 @@ func (SessionSelection) CaddyModule() caddy.ModuleInfo {
 // mcp_sessions app cannot be loaded.
 func (s *SessionSelection) Provision(ctx caddy.Context) error {
 	if s.Table == "" {
-		s.Table = DefaultTableName
+		s.Table = session.DefaultTableName
 	}
 	if s.FallbackRaw == nil {
 		s.FallbackRaw = caddyconfig.JSONModuleObject(LeastSessionsSelection{}, "policy", DefaultFallbackPolicy, nil)
@@ -154,7 +155,7 @@ func (s *SessionSelection) Select(pool reverseproxy.UpstreamPool, r *http.Reques
 	ex := exchangeOf(r)
 	var up *reverseproxy.Upstream
 	if ex.owner != nil {
-		up = s.selectPinned(pool, r, ex.owner.dial)
+		up = s.selectPinned(pool, r, ex.owner.Dial())
 	} else {
 		s.notePool(pool)
 		if ex.selected != nil { // sent again: the upstream picked last failed it
@@ -176,7 +177,7 @@ func (s *SessionSelection) notePool(pool reverseproxy.UpstreamPool) {
 		return
 	}
 	for _, u := range pool {
-		s.table.upstream(u.Dial)
+		s.table.UseUpstream(u.Dial)
 	}
 	s.lastPool.Store(&pool[0])
 }
@@ -190,16 +191,16 @@ func (s *SessionSelection) notePool(pool reverseproxy.UpstreamPool) {
 func (s *SessionSelection) candidates(pool reverseproxy.UpstreamPool, r *http.Request) reverseproxy.UpstreamPool {
 	ex := exchangeOf(r)
 	avoid := ex.replay && len(ex.failedBy) > 0
-	if s.table == nil || !avoid && !s.table.AnyDraining() && !s.table.anyStuck() && !s.table.anyRefusing() && caddyhttp.GetVar(r.Context(), varTried) == nil {
+	if s.table == nil || !avoid && !s.table.AnyDraining() && !s.table.AnyStuck() && !s.table.AnyRefusing() && caddyhttp.GetVar(r.Context(), varTried) == nil {
 		return pool
 	}
 	kept := make(reverseproxy.UpstreamPool, 0, len(pool))
 	var stuck reverseproxy.UpstreamPool
 	for _, u := range pool {
-		rec := s.table.knownUpstream(u.Dial)
+		rec := s.table.KnownUpstream(u.Dial)
 		switch {
 		case triedBy(r, u.Dial) || avoid && ex.failed(u.Dial) || rec != nil && rec.Draining():
-		case rec != nil && (s.table.stuck(rec) || s.table.refusing(rec)):
+		case rec != nil && (s.table.Stuck(rec) || s.table.Refusing(rec)):
 			stuck = append(stuck, u)
 		default:
 			kept = append(kept, u)

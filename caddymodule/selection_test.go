@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -19,7 +20,7 @@ import (
 // pinnedRequest returns a request whose session the handler found pinned to dial.
 func pinnedRequest(dial string) *http.Request {
 	r := newRequest(http.MethodPost, testSessionID)
-	exchangeOf(r).owner = &Upstream{dial: dial}
+	exchangeOf(r).owner = session.NewUpstream(dial)
 	return r
 }
 
@@ -232,7 +233,7 @@ func TestLastResortOrder(t *testing.T) {
 	for i, d := range dials { // pinned requests, refused: i+1 failures each
 		for range i + 1 {
 			r := caddyhttp.PrepareRequest(httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader("{}")), caddy.NewReplacer(), nil, &caddyhttp.Server{})
-			exchangeOf(r).owner = &Upstream{dial: d}
+			exchangeOf(r).owner = session.NewUpstream(d)
 			if err := rp.ServeHTTP(httptest.NewRecorder(), r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err == nil {
 				t.Fatalf("a request to %s, where nothing listens, succeeded", d)
 			}

@@ -13,23 +13,25 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redisstore"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 )
 
 // failoverTables returns n tables of one name sharing the Redis at addr,
 // each with failover reinitialize, as n Caddy instances have them.
-func failoverTables(t *testing.T, addr string, n int) []*Table {
+func failoverTables(t *testing.T, addr string, n int) []*session.Table {
 	t.Helper()
-	out := make([]*Table, n)
+	out := make([]*session.Table, n)
 	for i := range out {
 		out[i] = sharedTable(t, addr, "fo/"+t.Name(), time.Second)
-		out[i].setFailover(FailoverReinitialize, 0)
+		out[i].SetFailover(session.FailoverReinitialize, 0)
 	}
 	// Moves published before an instance subscribed are lost to it, as
 	// after a lost connection: wait until every instance listens.
 	rc := redis.NewClient(&redis.Options{Addr: addr})
 	defer rc.Close()
-	events := out[0].store.Load().ks.events()
+	events := storeOf(out[0]).Events()
 	if !eventually(5*time.Second, func() bool { return rc.PubSubNumSub(context.Background(), events).Val()[events] >= int64(n) }) {
 		t.Fatal("the instances did not subscribe to the table's events within 5 s")
 	}
@@ -37,30 +39,30 @@ func failoverTables(t *testing.T, addr string, n int) []*Table {
 }
 
 // testInit is a kept initialize as the handler captures it.
-func testInit() *sessionInit {
-	return &sessionInit{
-		body:   []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","clientInfo":{"name":"SECRETCLIENT"}}}`),
-		accept: "application/json, text/event-stream", contentType: "application/json",
+func testInit() *session.Init {
+	return &session.Init{
+		Body:   []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","clientInfo":{"name":"SECRETCLIENT"}}}`),
+		Accept: "application/json, text/event-stream", ContentType: "application/json",
 	}
 }
 
 // where returns the session's upstream and upstream ID in tbl, "" when
 // the table does not hold it or has no record.
-func where(tbl *Table, id string) (string, string) {
-	up, init := tbl.initOf(id)
+func where(tbl *session.Table, id string) (string, string) {
+	up, init := tbl.InitOf(id)
 	if up == nil || init == nil {
 		return "", ""
 	}
-	return up.Dial(), init.upstreamID
+	return up.Dial(), init.UpstreamID
 }
 
 // storedValue returns the value of session id in the Redis at addr.
-func storedValue(t *testing.T, addr string, tbl *Table, id string) string {
+func storedValue(t *testing.T, addr string, tbl *session.Table, id string) string {
 	t.Helper()
 	rc := redis.NewClient(&redis.Options{Addr: addr})
 	defer rc.Close()
-	c := tbl.store.Load()
-	v, _ := rc.Get(context.Background(), c.ks.session(c.ks.hash(id))).Result()
+	c := storeOf(tbl)
+	v, _ := rc.Get(context.Background(), c.SessionKey(id)).Result()
 	return v
 }
 
@@ -74,18 +76,18 @@ func TestFailoverRecordShared(t *testing.T) {
 	srv := redistest.Start(t)
 	ts := failoverTables(t, srv.Addr, 3)
 	a, b, c := ts[0], ts[1], ts[2]
-	a.learnInit(testSessionID, "10.0.0.1:80", Origin{}, testInit())
+	a.LearnInit(testSessionID, "10.0.0.1:80", session.Origin{}, testInit())
 	if up := b.Lookup(testSessionID); up == nil || up.Dial() != "10.0.0.1:80" {
 		t.Fatalf("b.Lookup = %v, want 10.0.0.1:80", up)
 	}
-	if _, init := b.initOf(testSessionID); init == nil || string(init.body) != string(testInit().body) || init.accept != testInit().accept || init.upstreamID != "" {
+	if _, init := b.InitOf(testSessionID); init == nil || string(init.Body) != string(testInit().Body) || init.Accept != testInit().Accept || init.UpstreamID != "" {
 		t.Fatalf("b adopted the session with record %+v, want the initialize a kept", init)
 	}
 	stale := storedValue(t, srv.Addr, a, testSessionID)
 
-	from, init := a.initOf(testSessionID)
-	res, err := a.recordMove(testSessionID, from, init, a.upstream("10.0.0.2:80"), init.movedTo("UPSTREAM-ID-2"))
-	if err != nil || res.followed || res.up.Dial() != "10.0.0.2:80" {
+	from, init := a.InitOf(testSessionID)
+	res, err := a.RecordMove(testSessionID, from, init, a.UseUpstream("10.0.0.2:80"), init.MovedTo("UPSTREAM-ID-2"))
+	if err != nil || res.Followed || res.Up.Dial() != "10.0.0.2:80" {
 		t.Fatalf("recordMove = %+v, %v; want moved to 10.0.0.2:80", res, err)
 	}
 	if !eventually(5*time.Second, func() bool { d, u := where(b, testSessionID); return d == "10.0.0.2:80" && u == "UPSTREAM-ID-2" }) {
@@ -103,23 +105,23 @@ func TestFailoverRecordShared(t *testing.T) {
 	// A touch of the old value, queued by an instance that has not heard of
 	// the move, leaves the move in place.
 	moved := storedValue(t, srv.Addr, a, testSessionID)
-	conn := b.store.Load()
-	conn.touch(testSessionID, stale)
-	conn.flush()
+	conn := storeOf(b)
+	conn.Touch(testSessionID, stale)
+	conn.Flush()
 	if got := storedValue(t, srv.Addr, a, testSessionID); got != moved {
 		t.Fatalf("a stale touch changed the value from %q to %q", moved, got)
 	}
 	// An instance that missed the move's message follows it at its touch.
 	d := failoverTables(t, srv.Addr, 1)[0]
-	d.adoptShared(testSessionID, d.store.Load().parse(testSessionID, stale), principalSum{})
-	d.store.Load().touch(testSessionID, stale)
-	d.store.Load().flush()
+	d.AdoptShared(testSessionID, storeOf(d).Parse(testSessionID, stale), session.PrincipalSum{})
+	storeOf(d).Touch(testSessionID, stale)
+	storeOf(d).Flush()
 	if dial, u := where(d, testSessionID); dial != "10.0.0.2:80" || u != "UPSTREAM-ID-2" {
 		t.Fatalf("an instance holding the old upstream touched the session and kept %s %q, want the move", dial, u)
 	}
 	// A record moved under another session's key does not open.
-	dial, bound, rec := parseValue(moved)
-	if s := conn.parse("another-session", value(dial, bound, rec)); s.init != nil {
+	dial, bound, rec := session.ParseValue(moved)
+	if s := conn.Parse("another-session", session.EncodeValue(dial, bound, rec)); s.Init != nil {
 		t.Fatal("a failover record opened under another session's key")
 	}
 }
@@ -131,28 +133,28 @@ func TestFailoverRecordShared(t *testing.T) {
 func TestFailoverConcurrentMoves(t *testing.T) {
 	srv := redistest.Start(t)
 	ts := failoverTables(t, srv.Addr, 3)
-	ts[0].learnInit(testSessionID, "10.0.0.1:80", Origin{}, testInit())
+	ts[0].LearnInit(testSessionID, "10.0.0.1:80", session.Origin{}, testInit())
 	for _, tbl := range ts[1:] {
 		tbl.Lookup(testSessionID)
 	}
-	results := make([]failoverResult, 2)
+	results := make([]session.FailoverResult, 2)
 	var wg sync.WaitGroup
 	for i, to := range []string{"10.0.0.2:80", "10.0.0.3:80"} {
 		wg.Go(func() {
 			tbl := ts[i]
-			from, init := tbl.initOf(testSessionID)
-			results[i], _ = tbl.recordMove(testSessionID, from, init, tbl.upstream(to), init.movedTo("ID-ON-"+to))
+			from, init := tbl.InitOf(testSessionID)
+			results[i], _ = tbl.RecordMove(testSessionID, from, init, tbl.UseUpstream(to), init.MovedTo("ID-ON-"+to))
 		})
 	}
 	wg.Wait()
-	if results[0].followed == results[1].followed {
-		t.Fatalf("followed: %v and %v; want exactly one instance to follow the other's move", results[0].followed, results[1].followed)
+	if results[0].Followed == results[1].Followed {
+		t.Fatalf("followed: %v and %v; want exactly one instance to follow the other's move", results[0].Followed, results[1].Followed)
 	}
 	winner := results[0]
-	if winner.followed {
+	if winner.Followed {
 		winner = results[1]
 	}
-	want := winner.up.Dial()
+	want := winner.Up.Dial()
 	ok := eventually(5*time.Second, func() bool {
 		for _, tbl := range ts {
 			if d, u := where(tbl, testSessionID); d != want || u != "ID-ON-"+want {
@@ -176,19 +178,19 @@ func TestFailoverConcurrentMoves(t *testing.T) {
 func TestFailoverStoreDown(t *testing.T) {
 	srv := redistest.Start(t)
 	a := failoverTables(t, srv.Addr, 1)[0]
-	a.learnInit(testSessionID, "10.0.0.1:80", Origin{}, testInit())
+	a.LearnInit(testSessionID, "10.0.0.1:80", session.Origin{}, testInit())
 	srv.Stop()
-	from, init := a.initOf(testSessionID)
-	res, err := a.recordMove(testSessionID, from, init, a.upstream("10.0.0.2:80"), init.movedTo("ID-2"))
-	if err != nil || res.followed || res.up.Dial() != "10.0.0.2:80" {
+	from, init := a.InitOf(testSessionID)
+	res, err := a.RecordMove(testSessionID, from, init, a.UseUpstream("10.0.0.2:80"), init.MovedTo("ID-2"))
+	if err != nil || res.Followed || res.Up.Dial() != "10.0.0.2:80" {
 		t.Fatalf("recordMove with Redis down = %+v, %v; want moved here", res, err)
 	}
-	if d, u := where(a, testSessionID); d != "10.0.0.2:80" || u != "ID-2" || a.store.Load().errors(opMove) == 0 {
-		t.Fatalf("with Redis down: %s %q, %d move errors; want 10.0.0.2:80, ID-2, at least 1", d, u, a.store.Load().errors(opMove))
+	if d, u := where(a, testSessionID); d != "10.0.0.2:80" || u != "ID-2" || storeOf(a).ErrorCount(redisstore.OpMove) == 0 {
+		t.Fatalf("with Redis down: %s %q, %d move errors; want 10.0.0.2:80, ID-2, at least 1", d, u, storeOf(a).ErrorCount(redisstore.OpMove))
 	}
 	srv.Restart()
 	if !eventually(5*time.Second, func() bool {
-		d, _, _ := parseValue(storedValue(t, srv.Addr, a, testSessionID))
+		d, _, _ := session.ParseValue(storedValue(t, srv.Addr, a, testSessionID))
 		return d == "10.0.0.2:80"
 	}) {
 		t.Fatalf("Redis holds %q 5 s after it came back, want the move", storedValue(t, srv.Addr, a, testSessionID))
@@ -257,7 +259,7 @@ func TestFailoverLoserFollows(t *testing.T) {
 	for i := range fs {
 		h, logs := provisionHandler(t, &Handler{Table: fmt.Sprintf("fo/%s/%d", t.Name(), i)})
 		attachStore(t, h.table, srv.Addr, "shared", testHashKey, time.Second)
-		h.table.setFailover(FailoverReinitialize, 0)
+		h.table.SetFailover(session.FailoverReinitialize, 0)
 		policy := provisionPolicy(t, &SessionSelection{Table: h.Table})
 		fs[i] = &affinityFixture{h: h, logs: logs, proxy: &fakeProxy{policy: policy, pool: testPool()[:1]}}
 	}
@@ -276,14 +278,14 @@ func TestFailoverLoserFollows(t *testing.T) {
 	bBody := b.serve(t, bodyRequest(`{"jsonrpc":"2.0","id":4,"method":"ping"}`, "NEW1"), up.respond).Body.String()
 	next := b.serve(t, bodyRequest(`{"jsonrpc":"2.0","id":5,"method":"ping"}`, "NEW1"), up.respond).Body.String()
 	t.Logf("a: %q, b: %q then %q; the server holds %v, ended %v; a moved %d, b followed %d",
-		aBody, bBody, next, up.live, up.deleted, a.h.table.Stats.Failovers(FailoverUpstream404, true), b.h.table.Stats.FailoversFollowed(FailoverUpstream404))
+		aBody, bBody, next, up.live, up.deleted, a.h.table.Stats.Failovers(session.FailoverUpstream404, true), b.h.table.Stats.FailoversFollowed(session.FailoverUpstream404))
 	if aBody != "answered in NEW2" || bBody != "answered in NEW2" || next != "answered in NEW2" {
 		t.Fatal("want both instances to answer in the session the first failover opened")
 	}
 	if len(up.live) != 1 || len(up.deleted) != 1 || up.deleted[0] != "NEW3" {
 		t.Fatal("want the server to hold one session, the loser's ended with DELETE")
 	}
-	if a.h.table.Stats.Failovers(FailoverUpstream404, true) != 1 || b.h.table.Stats.FailoversFollowed(FailoverUpstream404) != 1 {
+	if a.h.table.Stats.Failovers(session.FailoverUpstream404, true) != 1 || b.h.table.Stats.FailoversFollowed(session.FailoverUpstream404) != 1 {
 		t.Fatal("want one move on a, one followed on b")
 	}
 }

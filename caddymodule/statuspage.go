@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -125,18 +126,18 @@ func buildStatus(now time.Time) statusView {
 }
 
 // tableViewOf reads one table and its upstreams.
-func tableViewOf(app *App, t *Table, now time.Time) tableView {
-	hosts := app.configuredHosts(t.name)
+func tableViewOf(app *App, t *session.Table, now time.Time) tableView {
+	hosts := app.configuredHosts(t.Name())
 	for dial := range hosts {
-		t.upstream(dial) // list configured upstreams before any traffic
+		t.UseUpstream(dial) // list configured upstreams before any traffic
 	}
-	tv := tableView{Name: t.name, Sessions: t.Len(), MaxSessions: t.MaxSessions(), Unconfirmed: t.Unconfirmed(),
+	tv := tableView{Name: t.Name(), Sessions: t.Len(), MaxSessions: t.MaxSessions(), Unconfirmed: t.Unconfirmed(),
 		TTL: t.TTL().String(), Store: "memory", Recent: recentActivity.recent(t, now)}
 	if t.Shared() {
 		tv.Store, tv.StoreDown = "redis", !t.StoreReachable()
 	}
 	for _, u := range t.Upstreams() {
-		uv := upstreamView{UpstreamStatus: statusOf(t, u), Health: healthOf(t, u, hosts[u.dial])}
+		uv := upstreamView{UpstreamStatus: statusOf(t, u), Health: healthOf(t, u, hosts[u.Dial()])}
 		uv.DrainDeadline, uv.RefusingUntil = toSeconds(uv.DrainDeadline), toSeconds(uv.RefusingUntil)
 		tv.Upstreams = append(tv.Upstreams, uv)
 		tv.Live += uv.LiveSessions
@@ -158,7 +159,7 @@ func tableViewOf(app *App, t *Table, now time.Time) tableView {
 	for _, n := range tv.Recent.Requests {
 		all += n
 	}
-	for _, e := range eras {
+	for _, e := range session.Eras {
 		n := tv.Recent.Requests[e.String()]
 		share := eraShare{Label: e.String(), Count: n}
 		if all > 0 {
@@ -181,13 +182,13 @@ func toSeconds(rfc3339 string) string {
 // healthOf says how an upstream is doing: Caddy's health checks of the
 // configured upstream host (nil for a dynamic one) first, then the
 // table's own view.
-func healthOf(t *Table, u *Upstream, host *reverseproxy.Upstream) string {
+func healthOf(t *session.Table, u *session.Upstream, host *reverseproxy.Upstream) string {
 	switch {
 	case host != nil && host.Host != nil && !host.Healthy():
 		return healthUnavailable
-	case t.stuck(u):
+	case t.Stuck(u):
 		return healthStuck
-	case t.refusing(u):
+	case t.Refusing(u):
 		return healthFull
 	}
 	return healthHealthy

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 )
 
@@ -11,9 +12,10 @@ func init() {
 // Store is a module of the `mcp_sessions.stores` namespace: where a session
 // table keeps its sessions besides this process's memory.
 type Store interface {
-	// connect returns what table t shares its sessions
-	// through, or nil to keep them in this process's memory only.
-	connect(t *Table) (*redisConn, error)
+	// Connect returns what table t shares its sessions through, or nil to
+	// keep them in this process's memory only. It must not wait for the
+	// store: an unreachable store never stops Caddy from starting.
+	Connect(t *session.Table) (session.Shared, error)
 }
 
 // MemoryStore keeps a table's sessions in this Caddy process's memory only:
@@ -29,7 +31,8 @@ func (MemoryStore) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-func (MemoryStore) connect(*Table) (*redisConn, error) { return nil, nil }
+// Connect returns nil: the table keeps its sessions in memory only.
+func (MemoryStore) Connect(*session.Table) (session.Shared, error) { return nil, nil }
 
 // Interface guards
 var _ Store = (*MemoryStore)(nil)

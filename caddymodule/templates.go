@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
@@ -29,8 +30,8 @@ import (
 // (bind_principal's when Caddy authenticates the request).
 func DefaultTemplates() map[string]string {
 	return map[string]string{
-		"client_key":               DefaultClientKey,
-		"bind_principal":           DefaultBindPrincipal,
+		"client_key":               session.DefaultClientKey,
+		"bind_principal":           session.DefaultBindPrincipal,
 		"mcp_proxy header_up Host": proxyHostHeader,
 	}
 }
@@ -196,3 +197,26 @@ func (probeWriter) WriteHeader(int)             {}
 
 // Interface guards
 var _ http.ResponseWriter = probeWriter{}
+
+// principalOf evaluates the placeholder template bind for request r: the
+// principal a session it opens is bound to, or that must match the
+// session's. Placeholders that have no value become empty; "" means none.
+func principalOf(r *http.Request, bind string) string {
+	if bind == session.BindPrincipalOff {
+		return ""
+	}
+	return placeholderValue(r, bind)
+}
+
+// placeholderValue evaluates the placeholder template for request r;
+// placeholders without a value become empty, and so does an empty template.
+func placeholderValue(r *http.Request, template string) string {
+	if template == "" {
+		return ""
+	}
+	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if !ok {
+		return ""
+	}
+	return repl.ReplaceAll(template, "")
+}

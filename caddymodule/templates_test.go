@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -104,8 +105,8 @@ func TestDefaultTemplatesExpand(t *testing.T) {
 	}
 	servedReplacer(t, func(r *http.Request, _ *caddy.Replacer) {
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
-		if got := placeholderValue(r, DefaultClientKey); got != host {
-			t.Errorf("default client_key %s expands to %q for a request from %s; want the client's IP address", DefaultClientKey, got, r.RemoteAddr)
+		if got := placeholderValue(r, session.DefaultClientKey); got != host {
+			t.Errorf("default client_key %s expands to %q for a request from %s; want the client's IP address", session.DefaultClientKey, got, r.RemoteAddr)
 		}
 	})
 }
@@ -123,7 +124,7 @@ func TestUnknownPlaceholderWarning(t *testing.T) {
 		base + "mapped":    {ClientKey: "ip={my_map_output}"},
 		base + "known": {MaxUnconfirmedPerClient: 5, ClientKey: "{http.request.header.X-Client}/{mcp.method}/{http.vars.client_ip}",
 			BindPrincipal: "{http.auth.user.id}{http.request.tls.client.fingerprint}"},
-		base + "off":     {BindPrincipal: BindPrincipalOff},
+		base + "off":     {BindPrincipal: session.BindPrincipalOff},
 		base + "default": {},
 	}}
 	ctx := newContext(t)

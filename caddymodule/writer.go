@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
@@ -21,7 +22,7 @@ type sessionWriter struct {
 	// id and up are the request's session and its upstream; empty and nil
 	// for a request without a session, whose response may teach one.
 	id          string
-	up          *Upstream
+	up          *session.Upstream
 	wroteHeader bool
 	// fo is set for a session that can fail over (failover.go).
 	fo *pinnedFailover
@@ -30,7 +31,7 @@ type sessionWriter struct {
 	sse *legacyStream
 }
 
-func newSessionWriter(w http.ResponseWriter, h *Handler, r *http.Request, id string, up *Upstream) *sessionWriter {
+func newSessionWriter(w http.ResponseWriter, h *Handler, r *http.Request, id string, up *session.Upstream) *sessionWriter {
 	return &sessionWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, h: h, r: r, id: id, up: up}
 }
 
@@ -64,8 +65,8 @@ func (sw *sessionWriter) observe(status int) {
 	switch {
 	case sw.up != nil:
 		sw.h.evictAfter(sw.r, sw.id, status)
-		if status == http.StatusOK && sw.r.Method == http.MethodGet && !sw.up.servedStream.Load() {
-			sw.up.servedStream.Store(true)
+		if status == http.StatusOK && sw.r.Method == http.MethodGet {
+			sw.up.MarkServedStream()
 		}
 	case status >= 200 && status < 300:
 		sw.h.learn(sw.r, sw.Header())

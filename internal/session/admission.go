@@ -1,4 +1,4 @@
-package caddymodule
+package session
 
 import (
 	"slices"
@@ -50,7 +50,7 @@ func (t *Table) use(id string, e entry, list *simplelru.LRU[string, entry]) (con
 // carries its initialize). So the table keeps a copy of id, and keys the
 // session's kept initialize with the same copy, so that it holds one key;
 // it returns the copy, which the shared store's index of sessions may take
-// too (see [redisConn.rekey]).
+// too (see [Shared.Rekey]).
 func (t *Table) confirm(id string, e entry) string {
 	id = strings.Clone(id)
 	t.moving = true
@@ -112,7 +112,7 @@ func (t *Table) refuse(id string, up *Upstream) {
 	if l := t.logger.Load(); l != nil {
 		if c := l.Check(zapcore.WarnLevel, "session table full of sessions with open GET streams; new session not pinned"); c != nil {
 			c.Write(zap.String("table", t.name), zap.Int("max_sessions", t.max),
-				zap.String("session", fingerprint(id)), zap.String("upstream", up.dial))
+				zap.String("session", t.fingerprint(id)), zap.String("upstream", up.dial))
 		}
 	}
 }
@@ -130,15 +130,6 @@ func (t *Table) SetClientCap(limit int, key string) {
 	t.perClient.setLimit(limit)
 	t.clientKey.Store(&key)
 	t.clientCapped.Store(limit > 0)
-}
-
-// ClientKey returns the template set by [Table.SetClientCap], or "" when
-// there is no cap, so that the handler evaluates nothing.
-func (t *Table) ClientKey() string {
-	if !t.clientCapped.Load() {
-		return ""
-	}
-	return *t.clientKey.Load()
 }
 
 // DefaultClientKey names the client of a request for the cap on

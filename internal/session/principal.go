@@ -1,14 +1,11 @@
-package caddymodule
+package session
 
 import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"hash"
-	"net/http"
 	"sync"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
 // DefaultBindPrincipal is the principal a session is bound to unless
@@ -29,7 +26,7 @@ const BindPrincipalOff = "off"
 // request per guess. (Any sum moves a session's golang-lru list element
 // from Go's 96-byte to its 112-byte size class; 8 bytes would cost as much.)
 // The zero value means "no principal": the session is unbound.
-type principalSum [16]byte
+type PrincipalSum [16]byte
 
 // principalKeys hashes principals under one key. Without a shared store,
 // the key is random, made when the table is created: sums are only ever
@@ -52,8 +49,8 @@ func newPrincipalKeys(key []byte) *principalKeys {
 }
 
 // sum returns the keyed hash of principal; the zero sum for "".
-func (k *principalKeys) sum(principal string) principalSum {
-	var s principalSum
+func (k *principalKeys) sum(principal string) PrincipalSum {
+	var s PrincipalSum
 	if principal == "" {
 		return s
 	}
@@ -63,31 +60,8 @@ func (k *principalKeys) sum(principal string) principalSum {
 	var full [sha256.Size]byte
 	copy(s[:], mac.Sum(full[:0]))
 	k.macs.Put(mac)
-	if s == (principalSum{}) {
+	if s == (PrincipalSum{}) {
 		s[0] = 1 // keep the zero sum for "unbound" (probability 2^-128)
 	}
 	return s
-}
-
-// principalOf evaluates the placeholder template bind for request r: the
-// principal a session it opens is bound to, or that must match the
-// session's. Placeholders that have no value become empty; "" means none.
-func principalOf(r *http.Request, bind string) string {
-	if bind == BindPrincipalOff {
-		return ""
-	}
-	return placeholderValue(r, bind)
-}
-
-// placeholderValue evaluates the placeholder template for request r;
-// placeholders without a value become empty, and so does an empty template.
-func placeholderValue(r *http.Request, template string) string {
-	if template == "" {
-		return ""
-	}
-	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if !ok {
-		return ""
-	}
-	return repl.ReplaceAll(template, "")
 }

@@ -1,21 +1,18 @@
-package caddymodule
+package session
 
 import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"golang.org/x/sync/singleflight"
 )
 
-// Defaults of the session table. They are documented on [Handler].
+// Defaults of the session table. The caddymodule package documents them on its modules.
 const (
 	// DefaultMaxSessions is the default bound of a session table (entries).
 	DefaultMaxSessions = 100_000
@@ -75,7 +72,7 @@ const (
 var evictReasonNames = [...]string{"", "ttl", "lru", "delete", "upstream_404", "upstream_gone", "admin", "relearned", "unconfirmed", "client_cap", "stream_closed"}
 
 // evictReasons lists every valid EvictReason.
-var evictReasons = [...]EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstream404, EvictUpstreamGone, EvictAdmin, EvictRelearned, EvictUnconfirmed, EvictClientCap, EvictStreamClosed}
+var EvictReasons = [...]EvictReason{EvictTTL, EvictLRU, EvictDelete, EvictUpstream404, EvictUpstreamGone, EvictAdmin, EvictRelearned, EvictUnconfirmed, EvictClientCap, EvictStreamClosed}
 
 // Valid reports whether r is one of the Evict constants.
 func (r EvictReason) Valid() bool { return r > 0 && int(r) < len(evictReasonNames) }
@@ -122,13 +119,13 @@ const (
 
 // eraNames holds the label of each Era at its value's index; index 0, the
 // zero value, is no era.
-var eraNames = [...]string{"", "legacy_session", "modern_sessionless", "other_sessionless"}
+var EraNames = [...]string{"", "legacy_session", "modern_sessionless", "other_sessionless"}
 
 // eras lists every valid Era.
-var eras = [...]Era{EraLegacySession, EraModern, EraOther}
+var Eras = [...]Era{EraLegacySession, EraModern, EraOther}
 
 // Valid reports whether e is one of the Era constants.
-func (e Era) Valid() bool { return e > 0 && int(e) < len(eraNames) }
+func (e Era) Valid() bool { return e > 0 && int(e) < len(EraNames) }
 
 // String returns the era's metric label, e.g. "legacy_session", or
 // "Era(<n>)" for an invalid value.
@@ -136,7 +133,7 @@ func (e Era) String() string {
 	if !e.Valid() {
 		return fmt.Sprintf("Era(%d)", e)
 	}
-	return eraNames[e]
+	return EraNames[e]
 }
 
 // Upstream is the table's record of one upstream that owns sessions. It is
@@ -157,10 +154,14 @@ type Upstream struct {
 	// drainDeadline is when draining ends for the remaining sessions, which
 	// then fail over, in nanoseconds since the table's epoch; 0 for none.
 	drainDeadline atomic.Int64
-	stuckUntil    atomic.Int64 // it gets no new sessions until then (frozen.go); same unit as lastSeen
-	refusingUntil atomic.Int64 // it refused a new session and gets none until then (refusal.go); same unit
+	stuckUntil    atomic.Int64 // it gets no new sessions until then (see [Table.MarkStuck]); same unit as lastSeen
+	refusingUntil atomic.Int64 // it refused a new session and gets none until then (see [Table.MarkRefusing]); same unit
 	refusals      atomic.Uint64
 }
+
+// NewUpstream returns a record of the upstream dialed at dial that no
+// table holds: for a request's owner outside any table, as in tests.
+func NewUpstream(dial string) *Upstream { return &Upstream{dial: dial} }
 
 // Dial returns the upstream's dial address, as written in the config.
 func (u *Upstream) Dial() string { return u.dial }
@@ -171,6 +172,31 @@ func (u *Upstream) LiveSessions() int64 { return u.live.Load() }
 // Draining reports whether the upstream is draining: it gets no new
 // sessions but keeps serving its pinned ones.
 func (u *Upstream) Draining() bool { return u.draining.Load() }
+
+// OpenStreams returns the number of GET streams of the upstream's sessions
+// open through the proxy.
+func (u *Upstream) OpenStreams() int64 { return u.streams.Load() }
+
+// AddStreams counts delta GET streams of the upstream's sessions opened
+// (above 0) or closed (below 0) through the proxy.
+func (u *Upstream) AddStreams(delta int64) { u.streams.Add(delta) }
+
+// ServedStream reports whether the upstream answered a session's GET with
+// a stream (200): it has a GET route, so a 404 to a GET there means the
+// session is unknown.
+func (u *Upstream) ServedStream() bool { return u.servedStream.Load() }
+
+// MarkServedStream records that the upstream answered a session's GET
+// with a stream (see [Upstream.ServedStream]).
+func (u *Upstream) MarkServedStream() {
+	if !u.servedStream.Load() {
+		u.servedStream.Store(true)
+	}
+}
+
+// SetClusterSessions records n, the live sessions of the upstream on
+// every instance sharing the table's store, as the store counted them.
+func (u *Upstream) SetClusterSessions(n int64) { u.cluster.Store(n) }
 
 // entry is the table's value for one session. It is kept small (40 bytes):
 // it is stored inline in the LRU's list element, one per live session.
@@ -186,7 +212,7 @@ type entry struct {
 	streams int32
 	// principal is the keyed hash of the principal the session is bound
 	// to; zero when it is unbound.
-	principal principalSum
+	principal PrincipalSum
 }
 
 // Origin says who opened a session, as the handler evaluates its
@@ -224,14 +250,42 @@ type SessionInfo struct {
 type Stats struct {
 	learned, pinned, unknown, gone, mismatch, unavailable atomic.Uint64
 	shared                                                atomic.Uint64                        // sessions taken from the shared store
-	eras                                                  [len(eraNames)]atomic.Uint64         // indexed by Era
+	eras                                                  [len(EraNames)]atomic.Uint64         // indexed by Era
 	evictions                                             [len(evictReasonNames)]atomic.Uint64 // indexed by EvictReason
-	methods                                               methodStats                          // by method and status; methods.go
+	methods                                               MethodStats                          // by method and status; methodstats.go
 
 	adopted atomic.Uint64 // sessions recorded from sealed session IDs
 
 	failovers failoverStats // tablefailover.go
 }
+
+// CountRequest counts one request of era, a valid Era.
+func (s *Stats) CountRequest(era Era) { s.eras[era].Add(1) }
+
+// CountPinned counts one request sent to its session's upstream.
+func (s *Stats) CountPinned() { s.pinned.Add(1) }
+
+// CountUnknown counts one request answered 404 for an unknown session.
+func (s *Stats) CountUnknown() { s.unknown.Add(1) }
+
+// CountGone counts one request answered 404 because its session's
+// upstream was gone.
+func (s *Stats) CountGone() { s.gone.Add(1) }
+
+// CountMismatch counts one request answered 404 because its principal was
+// not the one its session is bound to.
+func (s *Stats) CountMismatch() { s.mismatch.Add(1) }
+
+// CountUnavailable counts one request answered 503 because its session's
+// upstream was failing active health checks, within the grace.
+func (s *Stats) CountUnavailable() { s.unavailable.Add(1) }
+
+// CountFailover counts one failover of cause that ended in result, one of
+// the failover results (see [FailoverOutcome]).
+func (s *Stats) CountFailover(cause FailoverCause, result string) { s.failovers.count(cause, result) }
+
+// Methods returns the table's per-method counters.
+func (s *Stats) Methods() *MethodStats { return &s.methods }
 
 // Learned returns the number of sessions learned.
 func (s *Stats) Learned() uint64 { return s.learned.Load() }
@@ -273,8 +327,8 @@ func (s *Stats) Requests(era Era) uint64 {
 // Table maps MCP session IDs to the upstream that created them. It is safe
 // for concurrent use. It is bounded by a maximum number of sessions, and
 // forgets sessions idle for longer than its TTL unless a GET stream of the
-// session is open. Tables are shared across config reloads through a
-// package-level [caddy.UsagePool] keyed by table name.
+// session is open. The mcp_sessions app keeps tables across config
+// reloads, by table name.
 //
 // It keeps sessions in two LRU lists of golang-lru's simplelru, in the
 // spirit of its 2Q cache: a session starts unconfirmed (learned from an
@@ -285,19 +339,18 @@ func (s *Stats) Requests(era Era) uint64 {
 // see [Table.LearnFrom]. A session with an open GET stream is never evicted
 // to make room.
 type Table struct {
-	name  string
-	now   func() time.Time
-	epoch time.Time
-	// monotonic is true when now is time.Now: clock then reads only the
-	// monotonic clock (time.Since), one clock read per call instead of two.
-	monotonic bool
-	ttl       atomic.Int64 // nanoseconds
-	keys      atomic.Pointer[principalKeys]
-	bind      atomic.Pointer[string] // the bind_principal template
-
-	// clientKey is the client_key template, read when clientCapped.
-	clientKey    atomic.Pointer[string]
-	clientCapped atomic.Bool
+	name string
+	// Registry holds the table's upstream records and its clock.
+	Registry
+	ttl atomic.Int64 // nanoseconds
+	// templates holds the bind_principal and client_key templates.
+	templates
+	// storeLink holds the shared store and the key of principal hashes.
+	storeLink
+	// failoverConfig holds the failover settings and flights.
+	failoverConfig
+	// keyInfo holds what the table's keys are, and its logger.
+	keyInfo
 
 	mu stripedLock // a session's read lock serves lookups that record nothing (lookupRecorded)
 	// unconfirmed holds the sessions not used since they were learned,
@@ -310,40 +363,21 @@ type Table struct {
 	moving      bool        // the callback is for a session moving to confirmed; guarded by mu
 	perClient   clientCap   // guarded by mu
 
-	upMu       sync.RWMutex
-	ups        map[string]*Upstream
-	draining   atomic.Int32 // how many upstreams are draining
-	stuckUntil atomic.Int64 // the latest stuckUntil of its upstreams (frozen.go)
-	// refusingUntil is the latest refusingUntil of its upstreams (refusal.go).
-	refusingUntil atomic.Int64
-	upstreamTTL   atomic.Int64 // nanoseconds; see DefaultUpstreamTTL
-
-	// failover holds the failover settings; flights lets one request per
-	// session fail it over while the others wait (tablefailover.go).
-	failover atomic.Pointer[failoverSettings]
-	flights  singleflight.Group
-	inits    map[string]*sessionInit // by session; guarded by mu; nil until one is kept
+	inits map[string]*Init // by session; guarded by mu; nil until one is kept
 
 	// tombs remembers the sessions that ended, which neither failover nor
 	// a sealed ID brings back (tombstone.go).
 	tombs *tombstones
 
-	// store is the table's connection to a shared store; nil keeps the
-	// sessions in this process only.
-	store atomic.Pointer[redisConn]
-
 	// Stats are the table's counters.
 	Stats Stats
-
-	// logger receives a debug line per eviction; nil until a handler sets it.
-	logger atomic.Pointer[zap.Logger]
 
 	stop  chan struct{}
 	done  chan struct{}
 	rearm chan struct{} // the TTLs changed: the janitor recomputes its interval
 }
 
-// NewTable returns a table bounded to maxSessions entries with the given idle
+// newSessionTable returns a table bounded to maxSessions entries with the given idle
 // TTL, reading time from now (time.Now when nil). It errors when maxSessions
 // is not positive. It starts no goroutine; see [Table.StartJanitor].
 func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.Time) (*Table, error) {
@@ -354,19 +388,22 @@ func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.T
 	if maxSessions < 1 {
 		return nil, fmt.Errorf("session table %q: max_sessions must be at least 1, got %d", name, maxSessions)
 	}
-	t := &Table{name: name, now: now, epoch: now(), monotonic: monotonic, ups: make(map[string]*Upstream), rearm: make(chan struct{}, 1),
-		tombs: newTombstones(maxSessions)}
+	t := &Table{name: name, rearm: make(chan struct{}, 1), tombs: newTombstones(maxSessions)}
+	t.Registry.init(timebase{now: now, epoch: now(), monotonic: monotonic})
 	t.keys.Store(newPrincipalKeys(nil))
 	t.unconfirmed, _ = simplelru.NewLRU(math.MaxInt, t.onEvictUnconfirmed)
 	t.confirmed, _ = simplelru.NewLRU(math.MaxInt, t.onEvict)
 	t.max = maxSessions
 	t.ttl.Store(int64(ttl))
-	t.upstreamTTL.Store(int64(DefaultUpstreamTTL))
+
 	return t, nil
 }
 
 // Name returns the table's name.
 func (t *Table) Name() string { return t.name }
+
+// Created returns when the table was created: the start of its counters.
+func (t *Table) Created() time.Time { return t.epoch }
 
 // Configure changes the table's bounds in place. Shrinking evicts
 // unconfirmed sessions first, oldest first (reason unconfirmed), then the
@@ -388,34 +425,12 @@ func (t *Table) Configure(maxSessions int, ttl time.Duration) {
 	}
 }
 
-// SetBindPrincipal sets the placeholder template that evaluates to a
-// request's principal ([TableConfig.BindPrincipal]); "off" turns binding
-// off, for the sessions bound before too.
-func (t *Table) SetBindPrincipal(template string) { t.bind.Store(&template) }
-
-// BindPrincipal returns the template set by [Table.SetBindPrincipal], or
-// [DefaultBindPrincipal].
-func (t *Table) BindPrincipal() string {
-	if p := t.bind.Load(); p != nil {
-		return *p
-	}
-	return DefaultBindPrincipal
-}
-
 // rearmJanitor makes the janitor recompute its interval from the TTLs.
 func (t *Table) rearmJanitor() {
 	select {
 	case t.rearm <- struct{}{}:
 	default:
 	}
-}
-
-// clock returns the current time in nanoseconds since the table's epoch.
-func (t *Table) clock() int64 {
-	if t.monotonic {
-		return int64(time.Since(t.epoch))
-	}
-	return int64(t.now().Sub(t.epoch))
 }
 
 // expired reports whether e has been idle longer than the TTL at time now.
@@ -440,36 +455,36 @@ func (t *Table) Lookup(id string) *Upstream {
 // changes nothing. With a shared store, a session this table does
 // not hold is looked up in the store, once: the table keeps it from then on.
 func (t *Table) LookupAs(id, principal string) (up *Upstream, mismatch bool) {
-	up, mismatch, _ = t.lookup(id, principal)
+	up, mismatch, _ = t.LookupEnded(id, principal)
 	return up, mismatch
 }
 
 // lookup is LookupAs that also reports, for a session the table does not
 // hold, whether it ended for good: a tombstone here or, with a shared
 // store, in the store (tombstone.go).
-func (t *Table) lookup(id, principal string) (up *Upstream, mismatch, ended bool) {
+func (t *Table) LookupEnded(id, principal string) (up *Upstream, mismatch, ended bool) {
 	sum := t.keys.Load().sum(principal) // outside the lock: it costs about a microsecond
 	e, mismatch, touch, confirmed := t.lookupHere(id, sum)
 	if e.up != nil || mismatch {
 		if confirmed != "" {
-			if c := t.store.Load(); c != nil {
-				c.rekey(confirmed) // outside the lock: hashing costs about a microsecond
+			if c := t.shared(); c != nil {
+				c.Rekey(confirmed) // outside the lock: hashing costs about a microsecond
 			}
 		}
 		if touch != "" {
-			t.store.Load().touch(id, touch)
+			t.shared().Touch(id, touch)
 		}
 		return e.up, mismatch, false
 	}
-	if t.buried(id) == tombEnded {
+	if t.Buried(id) == TombEnded {
 		return nil, false, true
 	}
-	if c := t.store.Load(); c != nil {
-		s := c.get(id)
-		if s.ended != 0 {
+	if c := t.shared(); c != nil {
+		s := c.Get(id)
+		if s.Ended != 0 {
 			return nil, false, true
 		}
-		up, mismatch = t.adoptShared(id, s, sum)
+		up, mismatch = t.AdoptShared(id, s, sum)
 		return up, mismatch, false
 	}
 	return nil, false, false
@@ -480,7 +495,7 @@ func (t *Table) lookup(id, principal string) (up *Upstream, mismatch, ended bool
 // idle timer of the session is due for a refresh, touch is the session's
 // value in the store. When this lookup confirmed the session, confirmed is
 // the key the table now holds it by (see [Table.confirm]).
-func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch bool, touch, confirmed string) {
+func (t *Table) lookupHere(id string, sum PrincipalSum) (e entry, mismatch bool, touch, confirmed string) {
 	now := t.clock()
 	if e, mismatch, ok := t.lookupRecorded(id, sum, now); ok {
 		return e, mismatch, "", ""
@@ -499,8 +514,8 @@ func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch bool,
 	if t.refused(e.principal, sum) {
 		return entry{}, true, "", ""
 	}
-	if t.store.Load() != nil && crossed(e.lastUsed, now, touchInterval(t.TTL())) {
-		touch = value(e.up.dial, e.principal, t.inits[id].record())
+	if t.shared() != nil && crossed(e.lastUsed, now, TouchInterval(t.TTL())) {
+		touch = EncodeValue(e.up.dial, e.principal, t.inits[id].record())
 	}
 	if list == t.confirmed {
 		e.lastUsed = t.usedAt(e.lastUsed, now)
@@ -515,7 +530,7 @@ func (t *Table) lookupHere(id string, sum principalSum) (e entry, mismatch bool,
 // change nothing: a session the table does not hold, one refused for its
 // principal, and a confirmed session whose use at now is already recorded
 // (see [Table.usedAt]). ok is false when the lookup must record a use.
-func (t *Table) lookupRecorded(id string, sum principalSum, now int64) (e entry, mismatch, ok bool) {
+func (t *Table) lookupRecorded(id string, sum PrincipalSum, now int64) (e entry, mismatch, ok bool) {
 	l := t.mu.stripe(id)
 	l.RLock()
 	defer l.RUnlock()
@@ -542,7 +557,7 @@ func (t *Table) lookupRecorded(id string, sum principalSum, now int64) (e entry,
 // the TTL; one used more than once within its last interval is forgotten
 // up to one interval later.
 func (t *Table) usedAt(last, now int64) int64 {
-	every := int64(touchInterval(t.TTL()))
+	every := int64(TouchInterval(t.TTL()))
 	if now > last && now/every != last/every {
 		return now
 	}
@@ -551,8 +566,8 @@ func (t *Table) usedAt(last, now int64) int64 {
 
 // refused reports whether a request with principal sum may not use a
 // session bound to bound.
-func (t *Table) refused(bound, sum principalSum) bool {
-	return bound != (principalSum{}) && bound != sum && t.BindPrincipal() != BindPrincipalOff
+func (t *Table) refused(bound, sum PrincipalSum) bool {
+	return bound != (PrincipalSum{}) && bound != sum && t.BindPrincipal() != BindPrincipalOff
 }
 
 // crossed reports whether a use at now falls in another interval than the
@@ -566,8 +581,8 @@ func crossed(last, now int64, interval time.Duration) bool {
 // its upstream for a request with principal sum; nil when the store does
 // not hold it, or, with mismatch, when the principal may not use the
 // session. The session enters confirmed (see [Table.adoptHere]).
-func (t *Table) adoptShared(id string, s storedSession, sum principalSum) (*Upstream, bool) {
-	if s.dial == "" {
+func (t *Table) AdoptShared(id string, s Stored, sum PrincipalSum) (*Upstream, bool) {
+	if s.Dial == "" {
 		return nil, false
 	}
 	t.mu.Lock()
@@ -575,10 +590,10 @@ func (t *Table) adoptShared(id string, s storedSession, sum principalSum) (*Upst
 	e, _, ok := t.peek(id)
 	if !ok { // else learned meanwhile
 		id = strings.Clone(id) // the request's, which may share a larger buffer (see [Table.confirm])
-		e = t.adoptHere(id, t.upstream(s.dial), s.bound)
+		e = t.adoptHere(id, t.UseUpstream(s.Dial), s.Bound)
 		t.Stats.shared.Add(1)
-		if _, held := t.confirmed.Peek(id); held && s.init != nil {
-			t.keepInitHere(id, s.init)
+		if _, held := t.confirmed.Peek(id); held && s.Init != nil {
+			t.keepInitHere(id, s.Init)
 		}
 	}
 	if t.refused(e.principal, sum) {
@@ -607,37 +622,37 @@ func (t *Table) Learn(id, dial string) bool { return t.LearnFrom(id, dial, Origi
 // there is no room: the new session is counted as learned and evicted
 // (reason lru) at once, and LearnFrom returns false.
 func (t *Table) LearnFrom(id, dial string, origin Origin) bool {
-	return t.learnInit(id, dial, origin, nil)
+	return t.LearnInit(id, dial, origin, nil)
 }
 
 // learnInit is LearnFrom that keeps init, the session's initialize, for
 // failover, when not nil; with a shared store, the session's value there
 // carries it.
-func (t *Table) learnInit(id, dial string, origin Origin, init *sessionInit) bool {
+func (t *Table) LearnInit(id, dial string, origin Origin, init *Init) bool {
 	sum := t.keys.Load().sum(origin.Principal)
 	up, changed := t.learnHere(id, dial, sum, origin.Client)
 	if !changed {
 		return false
 	}
-	c := t.store.Load()
+	c := t.shared()
 	if c != nil && init != nil {
-		init = c.withRecord(id, init)
+		init = c.WithRecord(id, init)
 	}
 	if init != nil {
-		t.keepInit(id, init)
+		t.KeepInit(id, init)
 	}
 	if c != nil {
 		up.cluster.Add(1)
-		c.put(id, dial, sum, init.record())
+		c.Put(id, dial, sum, init.record())
 	}
 	return true
 }
 
-func (t *Table) learnHere(id, dial string, sum principalSum, client string) (*Upstream, bool) {
+func (t *Table) learnHere(id, dial string, sum PrincipalSum, client string) (*Upstream, bool) {
 	now := t.clock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	up := t.upstream(dial)
+	up := t.UseUpstream(dial)
 	if e, list, ok := t.peek(id); ok {
 		if e.up == up && e.principal == sum && !t.expired(e, now) {
 			return up, false
@@ -669,7 +684,7 @@ func (t *Table) learnHere(id, dial string, sum principalSum, client string) (*Up
 // nothing, for a session that ended here for good: the client ended it
 // (DELETE) or an operator evicted it, not long ago (tombstone.go).
 func (t *Table) Adopt(id, dial string, origin Origin) *Upstream {
-	up := t.upstream(dial)
+	up := t.UseUpstream(dial)
 	sum := t.keys.Load().sum(origin.Principal)
 	now := t.clock()
 	t.mu.Lock()
@@ -681,7 +696,7 @@ func (t *Table) Adopt(id, dial string, origin Origin) *Upstream {
 		t.reason = EvictTTL
 		list.Remove(id)
 	}
-	if t.tombs.get(id, now) == tombEnded {
+	if t.tombs.get(id, now) == TombEnded {
 		return nil
 	}
 	t.adoptHere(id, up, sum)
@@ -697,7 +712,7 @@ func (t *Table) Adopt(id, dial string, origin Origin) *Upstream {
 // initialize responses never adds to the confirmed list this way. To make
 // room it evicts like [Table.LearnFrom]; when every session has an open
 // GET stream, the session is not kept, and the request is served anyway.
-func (t *Table) adoptHere(id string, up *Upstream, sum principalSum) entry {
+func (t *Table) adoptHere(id string, up *Upstream, sum PrincipalSum) entry {
 	now := t.clock()
 	e := entry{up: up, lastUsed: now, created: uint32(now / int64(time.Second)), principal: sum}
 	if !t.makeRoom(1, "") {
@@ -722,7 +737,7 @@ func (t *Table) Evict(id string, reason EvictReason) bool {
 
 // endByClient evicts session id for reason, a DELETE of the client ended
 // it, whatever the reason: a tombstone stays, here and in the store.
-func (t *Table) endByClient(id string, reason EvictReason) bool {
+func (t *Table) EndByClient(id string, reason EvictReason) bool {
 	return t.evict(id, reason, true)
 }
 
@@ -731,33 +746,33 @@ func (t *Table) evict(id string, reason EvictReason, bury bool) bool {
 	if !reason.Valid() {
 		return false
 	}
-	dial, held := t.evictHere(id, reason)
+	dial, held := t.EvictHere(id, reason)
 	if bury && (!held || !reason.leavesTombstone()) { // else the eviction callback buried it
-		t.bury(id, tombEnded)
+		t.bury(id, TombEnded)
 	}
-	c := t.store.Load()
+	c := t.shared()
 	if c == nil || reason.local() {
 		return held
 	}
 	if !held {
-		if dial, _ = c.peek(id); dial == "" {
+		if dial, _ = c.Peek(id); dial == "" {
 			return false
 		}
 	}
-	if u := t.knownUpstream(dial); u != nil && u.cluster.Add(-1) < 0 {
+	if u := t.KnownUpstream(dial); u != nil && u.cluster.Add(-1) < 0 {
 		u.cluster.Store(0)
 	}
 	var life time.Duration
 	if bury && t.buries(id) {
 		life = t.tombLife(id)
 	}
-	c.end(id, dial, reason, life)
+	c.End(id, dial, reason, life)
 	return true
 }
 
 // evictHere removes session id from this process's table only, and returns
 // its upstream's dial address and whether the table held it.
-func (t *Table) evictHere(id string, reason EvictReason) (string, bool) {
+func (t *Table) EvictHere(id string, reason EvictReason) (string, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, list, ok := t.peek(id)
@@ -778,22 +793,22 @@ func (t *Table) EvictUpstream(dial string, reason EvictReason) int {
 	if !reason.Valid() {
 		return 0
 	}
-	n := t.evictUpstreamHere(dial, reason)
-	if c := t.store.Load(); c != nil {
+	n := t.EvictUpstreamHere(dial, reason)
+	if c := t.shared(); c != nil {
 		var life time.Duration
 		if reason.leavesTombstone() {
 			life = t.tombLifeAny()
 		}
-		c.endUpstream(dial, life)
-		if u := t.knownUpstream(dial); u != nil {
+		c.EndUpstream(dial, life)
+		if u := t.KnownUpstream(dial); u != nil {
 			u.cluster.Store(0)
 		}
 	}
 	return n
 }
 
-func (t *Table) evictUpstreamHere(dial string, reason EvictReason) int {
-	u := t.knownUpstream(dial)
+func (t *Table) EvictUpstreamHere(dial string, reason EvictReason) int {
+	u := t.KnownUpstream(dial)
 	if u == nil {
 		return 0
 	}
@@ -830,9 +845,43 @@ func (t *Table) addStreams(id string, delta int32) {
 	e.streams = max(e.streams+delta, 0)
 	e.lastUsed = now
 	t.use(id, e, list) // a stream is use
-	if c := t.store.Load(); c != nil {
-		c.streaming(id, value(e.up.dial, e.principal, t.inits[id].record()), e.streams > 0)
+	if c := t.shared(); c != nil {
+		c.Streaming(id, EncodeValue(e.up.dial, e.principal, t.inits[id].record()), e.streams > 0)
 	}
+}
+
+// Holds reports whether this process's table holds session id, expired
+// or not, without asking the shared store or counting it as use.
+func (t *Table) Holds(id string) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	_, _, ok := t.peek(id)
+	return ok
+}
+
+// HoldUses records the next uses of sessions ids as made already, far
+// into the future, so that their lookups write nothing: for benchmarks of
+// the lookup path without its once-per-touch-interval writes. Sessions the
+// table does not hold in its confirmed list are left out.
+func (t *Table) HoldUses(ids []string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, id := range ids {
+		if e, ok := t.confirmed.Peek(id); ok {
+			e.lastUsed = math.MaxInt64 / 2
+			t.confirmed.Add(id, e)
+		}
+	}
+}
+
+// Purge forgets every session of this process's table, as the eviction
+// callbacks see them (the shared store forgets them too, but ends none):
+// for benchmarks of lookups that the table misses.
+func (t *Table) Purge() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.unconfirmed.Purge()
+	t.confirmed.Purge()
 }
 
 // Len returns the number of sessions in the table, expired ones not yet swept included.
@@ -849,17 +898,6 @@ func (t *Table) Unconfirmed() int {
 	return t.unconfirmed.Len()
 }
 
-// Upstreams returns the table's upstream records, in no particular order.
-func (t *Table) Upstreams() []*Upstream {
-	t.upMu.RLock()
-	defer t.upMu.RUnlock()
-	ups := make([]*Upstream, 0, len(t.ups))
-	for _, u := range t.ups {
-		ups = append(ups, u)
-	}
-	return ups
-}
-
 // Evictions returns how many sessions left the table for reason since it
 // was created; 0 for an invalid reason.
 func (t *Table) Evictions(reason EvictReason) uint64 {
@@ -869,56 +907,17 @@ func (t *Table) Evictions(reason EvictReason) uint64 {
 	return t.Stats.evictions[reason].Load()
 }
 
-// upstream returns the record of dial, creating it on first use, and
-// counts the call as use of the upstream.
-func (t *Table) upstream(dial string) *Upstream {
-	u := t.knownUpstream(dial)
-	if u == nil {
-		t.upMu.Lock()
-		if u = t.ups[dial]; u == nil {
-			u = &Upstream{dial: dial}
-			t.ups[dial] = u
-		}
-		t.upMu.Unlock()
-	}
-	u.lastSeen.Store(t.clock())
-	return u
-}
-
-// knownUpstream returns the record of dial, or nil if the table has none.
-func (t *Table) knownUpstream(dial string) *Upstream {
-	t.upMu.RLock()
-	defer t.upMu.RUnlock()
-	return t.ups[dial]
-}
-
 // SetDraining starts (on) or ends (!on) draining the upstream dialed at
 // dial, and returns its record. A draining upstream gets no new sessions
 // from the mcp_session policy but keeps serving its pinned ones. With a
 // shared store, every instance drains it.
 func (t *Table) SetDraining(dial string, on bool) *Upstream {
-	u := t.drainHere(t.upstream(dial), on)
-	if c := t.store.Load(); c != nil {
-		c.drain(dial, on)
+	u := t.DrainHere(t.UseUpstream(dial), on)
+	if c := t.shared(); c != nil {
+		c.Drain(dial, on)
 	}
 	return u
 }
-
-// drainHere sets u's draining flag in this process's table, without
-// counting it as use of u.
-func (t *Table) drainHere(u *Upstream, on bool) *Upstream {
-	if u.draining.Swap(on) != on {
-		if on {
-			t.draining.Add(1)
-		} else {
-			t.draining.Add(-1)
-		}
-	}
-	return u
-}
-
-// AnyDraining reports whether any upstream of the table is draining.
-func (t *Table) AnyDraining() bool { return t.draining.Load() > 0 }
 
 // Info returns what the table knows of session id, without counting it as
 // use. With a shared store, a session this table does not hold is looked up
@@ -936,7 +935,7 @@ func (t *Table) Info(id string) (SessionInfo, bool) {
 		Age:         time.Duration(now/int64(time.Second)-int64(e.created)) * time.Second,
 		Idle:        time.Duration(max(now-e.lastUsed, 0)).Truncate(time.Second),
 		OpenStreams: int(e.streams),
-		Bound:       e.principal != principalSum{},
+		Bound:       e.principal != PrincipalSum{},
 	}, true
 }
 
@@ -949,9 +948,6 @@ func (t *Table) MaxSessions() int {
 
 // TTL returns the table's idle TTL.
 func (t *Table) TTL() time.Duration { return time.Duration(t.ttl.Load()) }
-
-// SetLogger sets the logger that gets a debug line per eviction.
-func (t *Table) SetLogger(l *zap.Logger) { t.logger.Store(l) }
 
 // onEvictUnconfirmed is the unconfirmed list's eviction callback; it runs
 // with t.mu held. A session moving to the confirmed list is not leaving.
@@ -967,7 +963,7 @@ func (t *Table) onEvictUnconfirmed(id string, e entry) {
 func (t *Table) onEvict(id string, e entry) {
 	if l := t.logger.Load(); l != nil {
 		if c := l.Check(zapcore.DebugLevel, "evicted"); c != nil {
-			c.Write(zap.Stringer("reason", t.reason), zap.String("session", fingerprint(id)), zap.String("upstream", e.up.dial))
+			c.Write(zap.Stringer("reason", t.reason), zap.String("session", t.fingerprint(id)), zap.String("upstream", e.up.dial))
 		}
 	}
 	e.up.live.Add(-1)
@@ -975,12 +971,12 @@ func (t *Table) onEvict(id string, e entry) {
 	t.Stats.evictions[t.reason].Add(1) // valid: only the table's own code and Evict's checked reasons set it
 	switch {
 	case t.reason.leavesTombstone():
-		t.bury(id, tombEnded)
-	case t.reason == EvictTTL && isSealedKey(id) && t.store.Load() == nil && t.failoverSettings().on:
-		t.bury(id, tombExpired) // with a store, the store says when it expired everywhere
+		t.bury(id, TombEnded)
+	case t.reason == EvictTTL && t.sealedKey(id) && t.shared() == nil && t.Failover().On:
+		t.bury(id, TombExpired) // with a store, the store says when it expired everywhere
 	}
-	if c := t.store.Load(); c != nil {
-		c.forget(id)
+	if c := t.shared(); c != nil {
+		c.Forget(id)
 	}
 }
 
@@ -1062,34 +1058,31 @@ func (t *Table) Destruct() error {
 
 // janitorInterval returns how often to sweep for a ttl: an eighth of it,
 // between 1 s and 1 min.
-func janitorInterval(ttl time.Duration) time.Duration {
+func JanitorInterval(ttl time.Duration) time.Duration {
 	return min(max(ttl/8, time.Second), time.Minute)
 }
 
-// tables holds the session tables by name, across config reloads.
-var tables = caddy.NewUsagePool()
-
-// acquireTable returns the table called name, creating it with the given
-// bounds, and counts a reference to it that [releaseTable] gives back.
-func acquireTable(name string, maxSessions int, ttl time.Duration) (*Table, error) {
-	val, _, err := tables.LoadOrNew(name, func() (caddy.Destructor, error) {
-		t, err := NewTable(name, maxSessions, ttl, nil)
-		if err != nil {
-			return nil, err
-		}
-		t.StartJanitor(janitorInterval)
-		return t, nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return val.(*Table), nil
-}
-
-// releaseTable gives back a reference taken by acquireTable.
-func releaseTable(name string) {
-	_, _ = tables.Delete(name)
-}
-
 // Interface guards
-var _ caddy.Destructor = (*Table)(nil)
+var _ interface{ Destruct() error } = (*Table)(nil) // caddy.Destructor, for the app's pool
+
+// reasonNamed returns the EvictReason whose label is name; an invalid one
+// for an unknown name.
+func ReasonNamed(name string) EvictReason {
+	for _, r := range EvictReasons {
+		if r.String() == name {
+			return r
+		}
+	}
+	return 0
+}
+
+// KeyKinds tell a table what its keys are, which the layer that makes
+// them knows: a plain Mcp-Session-Id, or the decoded form of a sealed
+// session ID, which any replica can adopt.
+type KeyKinds struct {
+	// Sealed reports whether key is a sealed session ID's; nil: none is.
+	Sealed func(key string) bool
+	// Fingerprint names key in logs without revealing it: a short hex
+	// string. Nil: the first 6 bytes of the key's SHA-256, in hex.
+	Fingerprint func(key string) string
+}

@@ -1,4 +1,4 @@
-package caddymodule
+package redisstore
 
 import (
 	"crypto/cipher"
@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"hash"
-	"strings"
 	"sync"
 )
 
@@ -32,11 +31,11 @@ func parseKeyHash(s string) (keyHash, bool) {
 //	{p:t}:s:<hash>      string  the session's upstream (dial address), then, for a session
 //	                            bound to a principal, a space and the principal's keyed hash
 //	                            (hex), then, with failover reinitialize, a space, "~" and the
-//	                            session's sealed failover record (sharedfailover.go); with the
+//	                            session's sealed failover record (record.go); with the
 //	                            idle TTL
 //	{p:t}:x:<hash>      string  the tombstone of a session that ended for good (DELETE, admin
 //	                            eviction): the eviction reason, with the ID's remaining natural
-//	                            life as TTL (tombstone.go); no replica adopts or fails it over
+//	                            life as TTL (session tombstones); no replica adopts or fails it over
 //	{p:t}:u:<dial>      zset    the upstream's sessions: member <hash>, score the expiry (Unix ms)
 //	{p:t}:upstreams     zset    upstreams known to any instance: member <dial>, score last seen (Unix ms)
 //	{p:t}:draining      hash    draining upstreams: field <dial>
@@ -65,37 +64,6 @@ func newKeyspace(prefix, table string, hashKey []byte) *keyspace {
 	ks.fingerprint = hex.EncodeToString(m.Sum(nil)[:8])
 	ks.records = newRecordAEAD(hashKey)
 	return ks
-}
-
-// value is what Redis holds for a session: its upstream; the keyed hash
-// of its principal when it is bound to one; and its sealed failover record,
-// if any, marked by "~". A value without a record is the same as before
-// failover records existed.
-func value(dial string, bound principalSum, record string) string {
-	v := dial
-	if bound != (principalSum{}) {
-		v += " " + hex.EncodeToString(bound[:])
-	}
-	if record != "" {
-		v += " ~" + record
-	}
-	return v
-}
-
-// parseValue splits a session's value in Redis; a malformed principal
-// hash reads as bound to a principal no request has (never as unbound).
-func parseValue(v string) (dial string, bound principalSum, record string) {
-	dial, rest, _ := strings.Cut(v, " ")
-	if i := strings.Index(rest, "~"); i >= 0 && (i == 0 || rest[i-1] == ' ') {
-		rest, record = strings.TrimSuffix(rest[:i], " "), rest[i+1:]
-	}
-	if rest == "" {
-		return dial, principalSum{}, record
-	}
-	if n, err := hex.Decode(bound[:], []byte(rest)); err != nil || n != len(bound) || bound == (principalSum{}) {
-		bound = principalSum{0xff}
-	}
-	return dial, bound, record
 }
 
 // hash returns the keyed hash of session id.

@@ -1,17 +1,13 @@
-package caddymodule
+package session
 
 import (
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-	"unsafe"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
 )
 
 // fakeClock is a clock for [NewTable] that moves only when told to.
@@ -657,7 +653,7 @@ func TestJanitorInterval(t *testing.T) {
 		{8 * time.Minute, time.Minute},
 		{DefaultSessionTTL, time.Minute},
 	} {
-		if got := janitorInterval(tc.ttl); got != tc.want {
+		if got := JanitorInterval(tc.ttl); got != tc.want {
 			t.Errorf("janitorInterval(%v) = %v, want %v", tc.ttl, got, tc.want)
 		}
 	}
@@ -686,40 +682,6 @@ func TestTableJanitor(t *testing.T) {
 	}
 }
 
-func TestAcquireReleaseTable(t *testing.T) {
-	name := "acquire-" + t.Name()
-	t1, err := acquireTable(name, 10, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t2, err := acquireTable(name, 20, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if t1 != t2 {
-		t.Fatal("two acquisitions of one name gave different tables")
-	}
-	t1.Learn("s", "a:1")
-	releaseTable(name)
-	if t3, _ := acquireTable(name, 10, time.Hour); t3 != t1 {
-		t.Error("table replaced while still referenced")
-	}
-	releaseTable(name)
-	releaseTable(name) // last reference: destructed
-	t4, err := acquireTable(name, 10, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer releaseTable(name)
-	if t4 == t1 || t4.Len() != 0 {
-		t.Error("table survived its last release")
-	}
-	if _, err := acquireTable("bad-"+t.Name(), 0, time.Hour); err == nil {
-		releaseTable("bad-" + t.Name())
-		t.Error("acquireTable with max 0 succeeded")
-	}
-}
-
 func TestTableEvictUpstream(t *testing.T) {
 	tbl, _ := newTestTable(t, 10, time.Hour)
 	for i, dial := range []string{"a:1", "b:1", "a:1", "a:1", "b:1"} {
@@ -728,9 +690,9 @@ func TestTableEvictUpstream(t *testing.T) {
 	if n := tbl.EvictUpstream("a:1", EvictAdmin); n != 3 {
 		t.Fatalf("EvictUpstream(a:1) = %d, want 3", n)
 	}
-	if tbl.Len() != 2 || tbl.knownUpstream("a:1").LiveSessions() != 0 || tbl.knownUpstream("b:1").LiveSessions() != 2 {
+	if tbl.Len() != 2 || tbl.KnownUpstream("a:1").LiveSessions() != 0 || tbl.KnownUpstream("b:1").LiveSessions() != 2 {
 		t.Errorf("after evicting a:1: Len %d, a:1 live %d, b:1 live %d; want 2, 0, 2",
-			tbl.Len(), tbl.knownUpstream("a:1").LiveSessions(), tbl.knownUpstream("b:1").LiveSessions())
+			tbl.Len(), tbl.KnownUpstream("a:1").LiveSessions(), tbl.KnownUpstream("b:1").LiveSessions())
 	}
 	if got := tbl.Evictions(EvictAdmin); got != 3 {
 		t.Errorf("admin evictions = %d, want 3", got)
@@ -786,7 +748,7 @@ func TestInvalidEvictReason(t *testing.T) {
 		t.Fatalf("the session was lost: %v", up)
 	}
 	wantEvictions(t, tbl, nil)
-	for i, r := range evictReasons {
+	for i, r := range EvictReasons {
 		if !r.Valid() || r.String() != evictReasonNames[i+1] {
 			t.Errorf("%d: Valid %v, String %q", r, r.Valid(), r.String())
 		}
@@ -801,7 +763,7 @@ func TestInvalidEvictReason(t *testing.T) {
 // after.
 func TestTableTouchResolution(t *testing.T) {
 	const ttl = 80 * time.Second
-	every := touchInterval(ttl) // 10 s
+	every := TouchInterval(ttl) // 10 s
 	for _, tc := range []struct {
 		name  string
 		gap   time.Duration // from the recorded uses to the last use of "a"
@@ -862,67 +824,26 @@ func TestTableTouchResolution(t *testing.T) {
 	})
 }
 
-// TestConfirmKeepsItsOwnKey: a session's first use confirms it under the
-// request's key, which may share a larger buffer (an opened sealed ID's key
-// shares the buffer of the whole ID and its plaintext). The table must
-// keep a copy of the key, not the request's buffer, and one copy: the
-// learned key is dropped by the list, the kept initialize (failover) and
-// the shared store's index (redis) alike.
-func TestConfirmKeepsItsOwnKey(t *testing.T) {
-	srv := redistest.Start(t)
-	for _, tc := range []struct {
-		name            string
-		failover, redis bool
-	}{{"memory", false, false}, {"memory, failover", true, false}, {"redis", false, true}, {"redis, failover", true, true}} {
-		t.Run(tc.name, func(t *testing.T) {
-			var tbl *Table
-			if tc.redis {
-				tbl = sharedTable(t, srv.Addr, "confirm/"+t.Name(), time.Second)
-			} else {
-				var err error
-				if tbl, err = NewTable("memory", 10, time.Hour, nil); err != nil {
-					t.Fatal(err)
-				}
-			}
-			var init *sessionInit
-			if tc.failover {
-				tbl.setFailover(FailoverReinitialize, 0)
-				init = &sessionInit{body: []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize"}`)}
-			}
-			key := strings.Repeat("k", 300)
-			requestFreed, learnedFreed := make(chan struct{}), make(chan struct{})
-			func() {
-				learned := strings.Clone(key)
-				runtime.AddCleanup(unsafe.StringData(learned), func(ch chan struct{}) { close(ch) }, learnedFreed)
-				tbl.learnInit(learned, "10.0.0.1:80", Origin{}, init)
-				request := key + strings.Repeat("x", 4096) // the key, and more, in one allocation
-				runtime.AddCleanup(unsafe.StringData(request), func(ch chan struct{}) { close(ch) }, requestFreed)
-				if tbl.Lookup(request[:len(key)]) == nil {
-					t.Fatal("the learned session is not found")
-				}
-			}()
-			for what, ch := range map[string]chan struct{}{"the request's buffer": requestFreed, "the learned key too": learnedFreed} {
-				if !freedSoon(ch) {
-					t.Errorf("after confirming the session, the table keeps %s", what)
-				}
-			}
-			if up, kept := tbl.initOf(key); up == nil || (kept == nil) != (init == nil) || init != nil && string(kept.body) != string(init.body) {
-				t.Errorf("after confirming, the session is on %v with kept initialize %+v, want %+v", up, kept, init)
-			}
-		})
-	}
-}
-
-// freedSoon runs the GC until ch is closed, for up to a second, and
-// reports whether it was.
-func freedSoon(ch chan struct{}) bool {
-	for range 50 {
-		runtime.GC()
-		select {
-		case <-ch:
-			return true
-		case <-time.After(20 * time.Millisecond):
+// TestInvalidEra: an Era that is none of the constants counts nothing and
+// names itself, and never indexes out of range.
+func TestInvalidEra(t *testing.T) {
+	var s Stats
+	s.eras[EraModern].Add(1)
+	for _, e := range []Era{0, Era(len(EraNames)), 255} {
+		if e.Valid() || s.Requests(e) != 0 {
+			t.Errorf("Era(%d): Valid %v, Requests %d; want false, 0", e, e.Valid(), s.Requests(e))
+		}
+		if want := fmt.Sprintf("Era(%d)", e); e.String() != want {
+			t.Errorf("String = %q, want %q", e.String(), want)
 		}
 	}
-	return false
+	labels := map[Era]string{EraLegacySession: "legacy_session", EraModern: "modern_sessionless", EraOther: "other_sessionless"}
+	for _, e := range Eras {
+		if !e.Valid() || e.String() != labels[e] {
+			t.Errorf("%d: Valid %v, String %q; want true, %q", e, e.Valid(), e.String(), labels[e])
+		}
+	}
+	if s.Requests(EraModern) != 1 {
+		t.Errorf("Requests(EraModern) = %d, want 1", s.Requests(EraModern))
+	}
 }

@@ -1,4 +1,4 @@
-package caddymodule
+package redisstore
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
@@ -16,7 +17,7 @@ import (
 //	e <reason> <hash>   a session ended (reason as in EvictReason)
 //	u <dial>            every session of an upstream was evicted
 //	d 1 <dial>          an upstream started draining ("d 0": stopped)
-//	m <hash> <value>    a failover moved a session; value is its new value (sharedfailover.go)
+//	m <hash> <value>    a failover moved a session; value is its new value (record.go)
 const (
 	msgEnded    = "e"
 	msgUpstream = "u"
@@ -25,7 +26,7 @@ const (
 )
 
 // flushLoop sends the queued writes every flushEvery, or when woken.
-func (c *redisConn) flushLoop() {
+func (c *Conn) flushLoop() {
 	defer c.wg.Done()
 	tick := time.NewTicker(flushEvery)
 	defer tick.Stop()
@@ -37,7 +38,7 @@ func (c *redisConn) flushLoop() {
 		case <-tick.C:
 		}
 		if c.healthy.Load() {
-			c.flush()
+			c.Flush()
 		}
 	}
 }
@@ -56,7 +57,7 @@ func (q queued) empty() bool {
 }
 
 // take empties the queues and returns what they held.
-func (c *redisConn) take() queued {
+func (c *Conn) take() queued {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	q := queued{c.puts, c.ends, c.touches, c.drains, c.upEnds}
@@ -68,7 +69,7 @@ func (c *redisConn) take() queued {
 // requeue puts back what a failed flush did not write, unless something
 // newer was queued meanwhile. Idle timers are dropped: the write-back
 // rewrites every session it queued.
-func (c *redisConn) requeue(q queued) {
+func (c *Conn) requeue(q queued) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for h, dial := range q.puts {
@@ -89,9 +90,9 @@ func (c *redisConn) requeue(q queued) {
 	maps.Copy(c.upEnds, q.upEnds)
 }
 
-// flush writes the queued writes in one pipeline, after reading the
+// Flush writes the queued writes in one pipeline, after reading the
 // sessions of evicted upstreams.
-func (c *redisConn) flush() {
+func (c *Conn) Flush() {
 	q := c.take()
 	if q.empty() {
 		return
@@ -127,7 +128,7 @@ func (c *redisConn) flush() {
 
 // writeEnd queues the removal of an ended session, and its tombstone if
 // it has one, and tells the instances.
-func (c *redisConn) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) {
+func (c *Conn) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) {
 	if e.tomb > 0 {
 		pipe.Set(ctx, c.ks.tomb(h), e.reason.String(), e.tomb)
 	}
@@ -137,7 +138,7 @@ func (c *redisConn) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHas
 }
 
 // writeDrains queues the drain flags and tells the instances.
-func (c *redisConn) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains map[string]bool) {
+func (c *Conn) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains map[string]bool) {
 	now := float64(time.Now().UnixMilli())
 	for dial, on := range drains {
 		flag := "0"
@@ -155,7 +156,7 @@ func (c *redisConn) writeDrains(ctx context.Context, pipe redis.Pipeliner, drain
 // writeUpstreamEnds reads the sessions of each evicted upstream and queues
 // their removal, with their tombstones when they leave one, then tells the
 // instances.
-func (c *redisConn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) error {
+func (c *Conn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) error {
 	for dial, tomb := range dials {
 		members, err := c.client.ZRange(ctx, c.ks.upstream(dial), 0, -1).Result()
 		if err != nil {
@@ -163,7 +164,7 @@ func (c *redisConn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner,
 		}
 		for _, m := range members {
 			if tomb > 0 {
-				pipe.Set(ctx, c.ks.tag+":x:"+m, EvictAdmin.String(), tomb)
+				pipe.Set(ctx, c.ks.tag+":x:"+m, session.EvictAdmin.String(), tomb)
 			}
 			pipe.Del(ctx, c.ks.tag+":s:"+m)
 		}
@@ -175,7 +176,7 @@ func (c *redisConn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner,
 
 // syncLoop reads the cluster's view every syncEvery while Redis is
 // reachable, and tries to reach it every probeEvery while it is not.
-func (c *redisConn) syncLoop() {
+func (c *Conn) syncLoop() {
 	defer c.wg.Done()
 	tick := time.NewTicker(probeEvery)
 	defer tick.Stop()
@@ -201,7 +202,7 @@ func (c *redisConn) syncLoop() {
 
 // probe tries to reach Redis; when it answers, what was queued meanwhile
 // is written back, all of the table if Redis restarted.
-func (c *redisConn) probe() {
+func (c *Conn) probe() {
 	ctx, cancel := c.call()
 	defer cancel()
 	runID, err := c.serverRunID(ctx)
@@ -217,7 +218,7 @@ func (c *redisConn) probe() {
 
 // serverRunID returns the run_id of the Redis server, which changes when
 // it restarts. A Redis Cluster answers for one of its nodes.
-func (c *redisConn) serverRunID(ctx context.Context) (string, error) {
+func (c *Conn) serverRunID(ctx context.Context) (string, error) {
 	info, err := c.client.Info(ctx, "server").Result()
 	return runIDOf(info), err
 }
@@ -225,7 +226,7 @@ func (c *redisConn) serverRunID(ctx context.Context) (string, error) {
 // restarted records runID and reports whether the table must be written
 // back: runID differs from the last one seen (Redis restarted, and lost
 // what it held unless it persists it), or a write-back failed.
-func (c *redisConn) restarted(runID string) bool {
+func (c *Conn) restarted(runID string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	prev, due := c.runID, c.writeBackDue
@@ -245,7 +246,7 @@ type clusterView struct {
 // their live sessions and draining flags; refreshes this instance's
 // upstream records in Redis; and drops records of upstreams gone from
 // every instance.
-func (c *redisConn) sync() {
+func (c *Conn) sync() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
 	defer cancel()
 	pipe := c.client.Pipeline()
@@ -281,18 +282,18 @@ func runIDOf(info string) string {
 
 // applyDraining sets the local draining flags to Redis's, except those set
 // here and not yet written.
-func (c *redisConn) applyDraining(flags map[string]string) {
+func (c *Conn) applyDraining(flags map[string]string) {
 	c.mu.Lock()
 	pending := maps.Clone(c.drains)
 	c.mu.Unlock()
 	for dial := range flags {
 		if _, ok := pending[dial]; !ok {
-			c.t.drainHere(c.t.storeUpstream(dial), true)
+			c.t.DrainHere(c.t.StoreUpstream(dial), true)
 		}
 	}
 	for _, u := range c.t.Upstreams() {
-		if _, ok := pending[u.dial]; !ok && u.Draining() && flags[u.dial] == "" {
-			c.t.drainHere(u, false)
+		if _, ok := pending[u.Dial()]; !ok && u.Draining() && flags[u.Dial()] == "" {
+			c.t.DrainHere(u, false)
 		}
 	}
 }
@@ -301,15 +302,15 @@ func (c *redisConn) applyDraining(flags map[string]string) {
 // knows (dropping expired ones), refreshes the records of upstreams this
 // instance uses, and drops records no instance has used for the table's
 // upstream_ttl and that own no session.
-func (c *redisConn) syncUpstreams(ctx context.Context, records []redis.Z) error {
+func (c *Conn) syncUpstreams(ctx context.Context, records []redis.Z) error {
 	now := time.Now()
 	seen := map[string]int64{}
 	for _, z := range records {
 		seen[z.Member.(string)] = int64(z.Score)
 	}
 	for _, u := range c.t.Upstreams() {
-		if _, ok := seen[u.dial]; !ok {
-			seen[u.dial] = 0
+		if _, ok := seen[u.Dial()]; !ok {
+			seen[u.Dial()] = 0
 		}
 	}
 	pipe := c.client.Pipeline()
@@ -319,8 +320,8 @@ func (c *redisConn) syncUpstreams(ctx context.Context, records []redis.Z) error 
 		counts[dial] = pipe.ZCard(ctx, c.ks.upstream(dial))
 	}
 	for _, u := range c.t.Upstreams() {
-		if c.t.inUse(u) {
-			pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: u.dial})
+		if c.t.InUse(u) {
+			pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: u.Dial()})
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
@@ -333,13 +334,13 @@ func (c *redisConn) syncUpstreams(ctx context.Context, records []redis.Z) error 
 // last use by other instances; and drops from Redis the records of
 // upstreams that own no session and that no instance used within the
 // upstream TTL (this instance's janitor then drops its own record).
-func (c *redisConn) applyRecords(ctx context.Context, seen map[string]int64, counts map[string]*redis.IntCmd, now time.Time) error {
+func (c *Conn) applyRecords(ctx context.Context, seen map[string]int64, counts map[string]*redis.IntCmd, now time.Time) error {
 	stale := now.Add(-c.t.UpstreamTTL()).UnixMilli()
 	pipe := c.client.Pipeline()
 	for dial, ms := range seen {
 		n := counts[dial].Val()
-		u := c.t.knownUpstream(dial)
-		if n == 0 && ms != 0 && ms <= stale && (u == nil || !c.t.inUse(u)) {
+		u := c.t.KnownUpstream(dial)
+		if n == 0 && ms != 0 && ms <= stale && (u == nil || !c.t.InUse(u)) {
 			pipe.ZRem(ctx, c.ks.upstreams(), dial)
 			pipe.HDel(ctx, c.ks.draining(), dial)
 			continue
@@ -348,11 +349,11 @@ func (c *redisConn) applyRecords(ctx context.Context, seen map[string]int64, cou
 			continue
 		}
 		if u == nil {
-			u = c.t.storeUpstream(dial)
+			u = c.t.StoreUpstream(dial)
 		}
-		u.cluster.Store(n)
+		u.SetClusterSessions(n)
 		if ms != 0 {
-			c.t.seenElsewhere(u, time.UnixMilli(ms))
+			c.t.SeenElsewhere(u, time.UnixMilli(ms))
 		}
 	}
 	if pipe.Len() == 0 {
@@ -365,8 +366,8 @@ func (c *redisConn) applyRecords(ctx context.Context, seen map[string]int64, cou
 // writeBackAll writes every session of the table, and its draining flags,
 // to Redis, which lost them: sessions Redis holds already are left as they
 // are. It runs when Redis restarted empty.
-func (c *redisConn) writeBackAll() {
-	sessions := c.t.snapshot()
+func (c *Conn) writeBackAll() {
+	sessions := c.t.Snapshot()
 	written := 0
 	for len(sessions) > 0 {
 		batch := sessions[:min(writeBackBatch, len(sessions))]
@@ -383,19 +384,19 @@ func (c *redisConn) writeBackAll() {
 	}
 	for _, u := range c.t.Upstreams() {
 		if u.Draining() {
-			c.drain(u.dial, true)
+			c.Drain(u.Dial(), true)
 		}
 	}
 	c.logger.Info("redis restarted and lost the table: wrote this instance's sessions back", zap.Int("sessions", written))
 }
 
 // writeBatch writes sessions that Redis does not hold.
-func (c *redisConn) writeBatch(batch []sessionDial) error {
+func (c *Conn) writeBatch(batch []session.SessionRecord) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
 	defer cancel()
 	pipe := c.client.Pipeline()
 	for _, s := range batch {
-		c.writeSession(ctx, pipe, c.ks.hash(s.id), value(s.dial, s.bound, s.record), true)
+		c.writeSession(ctx, pipe, c.ks.hash(s.ID), session.EncodeValue(s.Dial, s.Bound, s.Record), true)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) { // nil: Redis held the session already
 		return err
@@ -403,23 +404,12 @@ func (c *redisConn) writeBatch(batch []sessionDial) error {
 	return nil
 }
 
-// reasonNamed returns the EvictReason whose label is name; an invalid one
-// for an unknown name.
-func reasonNamed(name string) EvictReason {
-	for _, r := range evictReasons {
-		if r.String() == name {
-			return r
-		}
-	}
-	return 0
-}
-
 // subscribe applies what the other instances publish until the connection
 // is destructed. go-redis resubscribes after a lost connection; messages
 // published meanwhile are lost, which is safe: a drain flag is read again
 // by sync, and a session ended elsewhere is still pinned to its own
 // upstream, whose 404 ends it here too.
-func (c *redisConn) subscribe(ctx context.Context) {
+func (c *Conn) subscribe(ctx context.Context) {
 	defer c.wg.Done()
 	ps := c.client.Subscribe(ctx, c.ks.events())
 	defer ps.Close()
@@ -439,13 +429,13 @@ func (c *redisConn) subscribe(ctx context.Context) {
 
 // apply applies one message of another instance (or this one's own, which
 // changes nothing) to the table.
-func (c *redisConn) apply(msg string) {
+func (c *Conn) apply(msg string) {
 	kind, rest, _ := strings.Cut(msg, " ")
 	switch kind {
 	case msgEnded:
 		reason, hs, _ := strings.Cut(rest, " ")
 		h, ok := parseKeyHash(hs)
-		r := reasonNamed(reason)
+		r := session.ReasonNamed(reason)
 		if !ok || !r.Valid() {
 			return
 		}
@@ -453,13 +443,13 @@ func (c *redisConn) apply(msg string) {
 		id := c.byHash[h]
 		c.mu.Unlock()
 		if id != "" {
-			c.t.evictHere(id, r)
+			c.t.EvictHere(id, r)
 		}
 	case msgUpstream:
-		c.t.evictUpstreamHere(rest, EvictAdmin)
+		c.t.EvictUpstreamHere(rest, session.EvictAdmin)
 	case msgDrain:
 		flag, dial, _ := strings.Cut(rest, " ")
-		c.t.drainHere(c.t.storeUpstream(dial), flag == "1")
+		c.t.DrainHere(c.t.StoreUpstream(dial), flag == "1")
 	case msgMoved:
 		hs, v, _ := strings.Cut(rest, " ")
 		c.applyMoved(hs, v)

@@ -1,4 +1,4 @@
-package caddymodule
+package session
 
 import (
 	"hash/maphash"
@@ -22,22 +22,22 @@ import (
 // keyed hash of the table key (never the ID) and an expiry, about 60
 // bytes. When more sessions end within a tombstone's life, the oldest
 // tombstones are dropped first. With the redis store, the tombstones of
-// ended sessions are written to Redis too (rediskeys.go), so that every
+// ended sessions are written to the shared store too (see [Shared.End]), so that every
 // replica refuses them; expiry needs none there, since Redis forgets the
 // session's value when it expires everywhere.
 
 // tombKind says what a tombstone refuses.
-type tombKind uint8
+type TombKind uint8
 
 const (
 	// tombExpired: the session expired here (session_ttl, without a shared
 	// store). It fails over no more; a sealed ID of it still routes to its
 	// own upstream, which decides whether the session lives.
-	tombExpired tombKind = iota + 1
+	TombExpired TombKind = iota + 1
 	// tombEnded: the client ended the session (DELETE) or an operator
 	// evicted it. A sealed ID of it gets the unknown session's 404 and is
 	// not adopted, and it fails over no more.
-	tombEnded
+	TombEnded
 )
 
 // tomb is one tombstone: when it expires, in nanoseconds since the
@@ -46,7 +46,7 @@ const (
 type tomb struct {
 	until int64
 	seq   uint32
-	kind  tombKind
+	kind  TombKind
 }
 
 // tombSlot is one place of the ring: a key hash and the sequence number
@@ -105,7 +105,7 @@ func (ts *tombstones) relay() {
 // (table clock), dropping expired tombstones at the head and, when the set
 // is full, the oldest one. A key buried again keeps the later expiry and
 // the stronger kind.
-func (ts *tombstones) add(id string, kind tombKind, until, now int64) {
+func (ts *tombstones) add(id string, kind TombKind, until, now int64) {
 	h := ts.hash(id)
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
@@ -161,7 +161,7 @@ func (ts *tombstones) expire(now int64) {
 }
 
 // get returns the kind of the live tombstone of table key id at now, or 0.
-func (ts *tombstones) get(id string, now int64) tombKind {
+func (ts *tombstones) get(id string, now int64) TombKind {
 	h := ts.hash(id)
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
@@ -198,19 +198,15 @@ func (ts *tombstones) sweep(now int64) {
 // which any replica can adopt, or any session of a table that fails
 // sessions over.
 func (t *Table) buries(key string) bool {
-	return isSealedKey(key) || t.failoverSettings().on
+	return t.sealedKey(key) || t.Failover().On
 }
-
-// isSealedKey reports whether table key key is a sealed ID's (decoded
-// sealed IDs begin with their version byte, which no plain ID can).
-func isSealedKey(key string) bool { return len(key) > 0 && isSealVersion(key[0]) }
 
 // tombLife returns how long the tombstone of table key key lives: the
 // ID's natural end (see the top of this file).
 func (t *Table) tombLife(key string) time.Duration {
-	life := t.TTL() + touchInterval(t.TTL())
-	if isSealedKey(key) {
-		life = max(life, t.failoverMaxAge())
+	life := t.TTL() + TouchInterval(t.TTL())
+	if t.sealedKey(key) {
+		life = max(life, t.FailoverMaxAge())
 	}
 	return life
 }
@@ -218,12 +214,12 @@ func (t *Table) tombLife(key string) time.Duration {
 // tombLifeAny returns the longest a tombstone of the table lives, for
 // sessions known only by their key hash.
 func (t *Table) tombLifeAny() time.Duration {
-	return max(t.TTL()+touchInterval(t.TTL()), t.failoverMaxAge())
+	return max(t.TTL()+TouchInterval(t.TTL()), t.FailoverMaxAge())
 }
 
 // bury records a tombstone of kind for table key id, if the table keeps
 // tombstones of it.
-func (t *Table) bury(id string, kind tombKind) {
+func (t *Table) bury(id string, kind TombKind) {
 	if !t.buries(id) {
 		return
 	}
@@ -232,7 +228,7 @@ func (t *Table) bury(id string, kind tombKind) {
 }
 
 // buried returns the kind of the live tombstone of table key id, or 0 for none.
-func (t *Table) buried(id string) tombKind { return t.tombs.get(id, t.clock()) }
+func (t *Table) Buried(id string) TombKind { return t.tombs.get(id, t.clock()) }
 
 // Tombstones returns how many tombstones the table holds: sessions that
 // ended or expired, which neither failover nor a sealed session ID brings

@@ -1,4 +1,4 @@
-package caddymodule
+package redisstore
 
 import (
 	"cmp"
@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
@@ -39,11 +40,11 @@ const (
 	opSync      = "sync"       // the periodic read of the cluster's view
 	opProbe     = "probe"      // reaching Redis again after a failure
 	opWriteBack = "write_back" // what was learned while Redis was unreachable, or lost by it
-	opHashKey   = "hash_key"   // another instance uses another hash_key on the same table (keycheck.go)
-	opMove      = "move"       // a failover: reading where the session is, recording its move (sharedfailover.go)
+	OpHashKey   = "hash_key"   // another instance uses another hash_key on the same table (keycheck.go)
+	OpMove      = "move"       // a failover: reading where the session is, recording its move (record.go)
 )
 
-var storeOps = [...]string{opGet, opPut, opFlush, opSync, opProbe, opWriteBack, opHashKey, opMove}
+var storeOps = [...]string{opGet, opPut, opFlush, opSync, opProbe, opWriteBack, OpHashKey, OpMove}
 
 func opIndex(op string) int {
 	for i, o := range storeOps {
@@ -57,7 +58,7 @@ func opIndex(op string) int {
 // pendingEnd is a session ended on this instance, not yet removed from Redis.
 type pendingEnd struct {
 	dial   string
-	reason EvictReason
+	reason session.EvictReason
 	// tomb is the life of the session's tombstone in Redis; 0 leaves none.
 	tomb time.Duration
 }
@@ -67,8 +68,8 @@ type pendingEnd struct {
 // applies what they tell, and keeps the cluster's view (live sessions per
 // upstream, draining flags) current. While Redis cannot be reached it fails
 // fast and queues the writes, and writes them back when Redis answers.
-type redisConn struct {
-	t       *Table
+type Conn struct {
+	t       *session.Table
 	client  redis.UniversalClient
 	ks      *keyspace
 	timeout time.Duration
@@ -98,10 +99,26 @@ type redisConn struct {
 	wg     sync.WaitGroup
 }
 
-// newRedisConn connects table t to Redis and starts the connection's
+// New connects table t to Redis through a client with opts, under keys
+// that begin with prefix and table (the table's name), hashing session IDs with
+// hashKey (at least 32 bytes, the same on every instance), and starts the
+// connection's background work. It does not wait for Redis. Each wait for
+// a reply is bounded by timeout. Destruct stops it.
+func New(t *session.Table, opts *redis.UniversalOptions, prefix, table string, hashKey []byte, timeout time.Duration, logger *zap.Logger) *Conn {
+	return newConn(t, opts, newKeyspace(prefix, table, hashKey), timeout, logger)
+}
+
+// Events returns the name of the table's events channel, on which the
+// instances publish ends, drains and moves.
+func (c *Conn) Events() string { return c.ks.events() }
+
+// SessionKey returns the Redis key of session id's value.
+func (c *Conn) SessionKey(id string) string { return c.ks.session(c.ks.hash(id)) }
+
+// newConn connects table t to Redis and starts the connection's
 // background work. It does not wait for Redis.
-func newRedisConn(t *Table, opts *redis.UniversalOptions, ks *keyspace, timeout time.Duration, logger *zap.Logger) *redisConn {
-	c := &redisConn{
+func newConn(t *session.Table, opts *redis.UniversalOptions, ks *keyspace, timeout time.Duration, logger *zap.Logger) *Conn {
+	c := &Conn{
 		t: t, client: redis.NewUniversalClient(opts), ks: ks, timeout: timeout,
 		logger: logger.With(zap.String("table", t.Name())),
 		byHash: map[keyHash]string{}, puts: map[keyHash]string{}, ends: map[keyHash]pendingEnd{},
@@ -119,7 +136,7 @@ func newRedisConn(t *Table, opts *redis.UniversalOptions, ks *keyspace, timeout 
 }
 
 // Destruct stops the background work and closes the connection.
-func (c *redisConn) Destruct() error {
+func (c *Conn) Destruct() error {
 	close(c.stop)
 	c.cancel()
 	c.wg.Wait()
@@ -127,7 +144,7 @@ func (c *redisConn) Destruct() error {
 }
 
 // call returns a context bounded by the store's timeout.
-func (c *redisConn) call() (context.Context, context.CancelFunc) {
+func (c *Conn) call() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), c.timeout)
 }
 
@@ -135,17 +152,17 @@ func (c *redisConn) call() (context.Context, context.CancelFunc) {
 // touch interval, because an instance refreshes the TTL once per touch
 // interval of use. A session unused on every instance is so forgotten
 // between session_ttl and session_ttl plus a touch interval after its last use.
-func (c *redisConn) ttl() time.Duration {
-	return c.t.TTL() + touchInterval(c.t.TTL())
+func (c *Conn) ttl() time.Duration {
+	return c.t.TTL() + session.TouchInterval(c.t.TTL())
 }
 
-// get returns session id as Redis holds it: its upstream ("" when Redis
+// Get returns session id as Redis holds it: its upstream ("" when Redis
 // does not hold it or did not answer in time), the principal it is bound
 // to, and its failover record; or, for a session that ended for good, only
 // the reason its tombstone holds.
-func (c *redisConn) get(id string) storedSession {
+func (c *Conn) Get(id string) session.Stored {
 	if !c.healthy.Load() {
-		return storedSession{}
+		return session.Stored{}
 	}
 	h := c.ks.hash(id)
 	ctx, cancel := c.call()
@@ -153,9 +170,9 @@ func (c *redisConn) get(id string) storedSession {
 	s, st, err := c.read(ctx, id, h)
 	if err != nil {
 		c.fail(opGet, err)
-		return storedSession{}
+		return session.Stored{}
 	}
-	if st != storeHolds {
+	if st != session.StoreHolds {
 		return s
 	}
 	c.mu.Lock()
@@ -164,41 +181,26 @@ func (c *redisConn) get(id string) storedSession {
 	return s
 }
 
-// storeState is what Redis says of a session.
-type storeState uint8
-
-const (
-	// storeUnknown: Redis did not answer.
-	storeUnknown storeState = iota
-	// storeHolds: Redis holds the session.
-	storeHolds
-	// storeAbsent: Redis holds no such session: it ended or expired on
-	// every instance (or Redis lost it, restarting without persistence).
-	storeAbsent
-	// storeEnded: a tombstone: the session ended for good.
-	storeEnded
-)
-
 // read reads session id, whose key hash is h, and its tombstone, in one
 // round trip. A tombstone wins over a value (which a touch of an instance
 // that missed the end may have written back).
-func (c *redisConn) read(ctx context.Context, id string, h keyHash) (storedSession, storeState, error) {
+func (c *Conn) read(ctx context.Context, id string, h keyHash) (session.Stored, session.StoreState, error) {
 	vals, err := c.client.MGet(ctx, c.ks.session(h), c.ks.tomb(h)).Result()
 	if err != nil || len(vals) != 2 {
-		return storedSession{}, storeUnknown, err
+		return session.Stored{}, session.StoreUnknown, err
 	}
 	if reason, ok := vals[1].(string); ok {
-		return storedSession{ended: cmp.Or(reasonNamed(reason), EvictDelete)}, storeEnded, nil
+		return session.Stored{Ended: cmp.Or(session.ReasonNamed(reason), session.EvictDelete)}, session.StoreEnded, nil
 	}
 	v, ok := vals[0].(string)
 	if !ok {
-		return storedSession{}, storeAbsent, nil
+		return session.Stored{}, session.StoreAbsent, nil
 	}
-	return c.parse(id, v), storeHolds, nil
+	return c.Parse(id, v), session.StoreHolds, nil
 }
 
-// peek is get without remembering the session: for the admin API.
-func (c *redisConn) peek(id string) (string, principalSum) {
+// Peek is get without remembering the session: for the admin API.
+func (c *Conn) Peek(id string) (string, session.PrincipalSum) {
 	ctx, cancel := c.call()
 	defer cancel()
 	v, err := c.client.Get(ctx, c.ks.session(c.ks.hash(id))).Result()
@@ -206,18 +208,18 @@ func (c *redisConn) peek(id string) (string, principalSum) {
 		c.fail(opGet, err)
 	}
 	if v == "" {
-		return "", principalSum{}
+		return "", session.PrincipalSum{}
 	}
-	dial, bound, _ := parseValue(v)
+	dial, bound, _ := session.ParseValue(v)
 	return dial, bound
 }
 
-// put writes that dial owns session id, bound to bound, with its failover
+// Put writes that dial owns session id, bound to bound, with its failover
 // record, if any, and reads back the live sessions of the table's
 // upstreams. It returns once Redis answered, or failed to in time; then
 // the session is written back later.
-func (c *redisConn) put(id, dial string, bound principalSum, record string) {
-	h, v := c.ks.hash(id), value(dial, bound, record)
+func (c *Conn) Put(id, dial string, bound session.PrincipalSum, record string) {
+	h, v := c.ks.hash(id), session.EncodeValue(dial, bound, record)
 	c.mu.Lock()
 	c.byHash[h] = id
 	delete(c.ends, h)
@@ -240,11 +242,11 @@ func (c *redisConn) put(id, dial string, bound principalSum, record string) {
 	c.applyCounts(counts)
 }
 
-// rekey makes id, the key the table now holds a session by (see
+// Rekey makes id, the key the table now holds a session by (see
 // [Table.confirm]), the session ID of its hash here, so that the table and
 // this index share one copy of it; a session this index does not hold is
 // left out.
-func (c *redisConn) rekey(id string) {
+func (c *Conn) Rekey(id string) {
 	h := c.ks.hash(id)
 	c.mu.Lock()
 	if _, ok := c.byHash[h]; ok {
@@ -253,7 +255,7 @@ func (c *redisConn) rekey(id string) {
 	c.mu.Unlock()
 }
 
-func (c *redisConn) queuePut(h keyHash, v string) {
+func (c *Conn) queuePut(h keyHash, v string) {
 	c.mu.Lock()
 	c.puts[h] = v
 	c.mu.Unlock()
@@ -262,14 +264,14 @@ func (c *redisConn) queuePut(h keyHash, v string) {
 // writeSession queues the writes of one session, whose value is v: its
 // key, its place in its upstream's set, and the upstream's record. With
 // onlyNew, a session Redis holds already is left as it is.
-func (c *redisConn) writeSession(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool) {
+func (c *Conn) writeSession(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool) {
 	ttl := c.ttl()
 	now := time.Now()
 	args := redis.SetArgs{TTL: ttl}
 	if onlyNew {
 		args.Mode = "NX"
 	}
-	dial, _, _ := parseValue(v)
+	dial, _, _ := session.ParseValue(v)
 	pipe.SetArgs(ctx, c.ks.session(h), v, args)
 	pipe.ZAdd(ctx, c.ks.upstream(dial), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: h.String()})
 	pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
@@ -277,30 +279,30 @@ func (c *redisConn) writeSession(ctx context.Context, pipe redis.Pipeliner, h ke
 
 // countSessions queues a count of the live sessions of each of ups (at most
 // maxCounted) and returns the counts' commands, by dial.
-func (c *redisConn) countSessions(ctx context.Context, pipe redis.Pipeliner, ups []*Upstream) map[string]*redis.IntCmd {
+func (c *Conn) countSessions(ctx context.Context, pipe redis.Pipeliner, ups []*session.Upstream) map[string]*redis.IntCmd {
 	cmds := make(map[string]*redis.IntCmd, min(len(ups), maxCounted))
 	now := time.Now().UnixMilli()
 	for _, u := range ups {
 		if len(cmds) == maxCounted {
 			break
 		}
-		cmds[u.dial] = pipe.ZCount(ctx, c.ks.upstream(u.dial), itoa(now), "+inf")
+		cmds[u.Dial()] = pipe.ZCount(ctx, c.ks.upstream(u.Dial()), itoa(now), "+inf")
 	}
 	return cmds
 }
 
 // applyCounts sets the cluster-wide live sessions of upstreams from counts.
-func (c *redisConn) applyCounts(counts map[string]*redis.IntCmd) {
+func (c *Conn) applyCounts(counts map[string]*redis.IntCmd) {
 	for dial, cmd := range counts {
 		if n, err := cmd.Result(); err == nil {
-			c.t.storeUpstream(dial).cluster.Store(n)
+			c.t.StoreUpstream(dial).SetClusterSessions(n)
 		}
 	}
 }
 
-// touch queues a refresh of session id's idle timer in Redis, where its
+// Touch queues a refresh of session id's idle timer in Redis, where its
 // value is v.
-func (c *redisConn) touch(id, v string) {
+func (c *Conn) Touch(id, v string) {
 	if !c.healthy.Load() {
 		return // the write-back after the outage refreshes it
 	}
@@ -309,10 +311,10 @@ func (c *redisConn) touch(id, v string) {
 	c.mu.Unlock()
 }
 
-// streaming records whether session id, whose value is v, has GET streams
+// Streaming records whether session id, whose value is v, has GET streams
 // open here: while it has, its idle timer in Redis is refreshed every
 // touch interval.
-func (c *redisConn) streaming(id, v string, open bool) {
+func (c *Conn) Streaming(id, v string, open bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if open {
@@ -324,22 +326,22 @@ func (c *redisConn) streaming(id, v string, open bool) {
 
 // touchStreams queues a refresh of the sessions with open streams, once
 // per touch interval.
-func (c *redisConn) touchStreams() {
+func (c *Conn) touchStreams() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if time.Since(c.touched) < touchInterval(c.t.TTL()) {
+	if time.Since(c.touched) < session.TouchInterval(c.t.TTL()) {
 		return
 	}
 	c.touched = time.Now()
 	maps.Copy(c.touches, c.streams)
 }
 
-// end removes session id of dial from Redis and from every instance's
+// End removes session id of dial from Redis and from every instance's
 // table, for reason, soon. With a tomb life, it leaves a tombstone there
-// for that long (tombstone.go), and returns once Redis has it, or failed
+// for that long (the table's tombstones), and returns once Redis has it, or failed
 // to take it in time: the client that ended the session gets its answer
 // only then, so that no replica it asks next finds the session in Redis.
-func (c *redisConn) end(id, dial string, reason EvictReason, tomb time.Duration) {
+func (c *Conn) End(id, dial string, reason session.EvictReason, tomb time.Duration) {
 	h := c.ks.hash(id)
 	e := pendingEnd{dial: dial, reason: reason, tomb: tomb}
 	c.mu.Lock()
@@ -359,7 +361,7 @@ func (c *redisConn) end(id, dial string, reason EvictReason, tomb time.Duration)
 
 // endNow writes the end e of the session whose key hash is h to Redis,
 // and reports whether Redis took it.
-func (c *redisConn) endNow(h keyHash, e pendingEnd) bool {
+func (c *Conn) endNow(h keyHash, e pendingEnd) bool {
 	ctx, cancel := c.call()
 	defer cancel()
 	pipe := c.client.Pipeline()
@@ -371,27 +373,27 @@ func (c *redisConn) endNow(h keyHash, e pendingEnd) bool {
 	return true
 }
 
-// endUpstream removes every session of dial from Redis and from every
+// EndUpstream removes every session of dial from Redis and from every
 // instance's table, soon; with a tomb life, it leaves a tombstone of each
 // for that long.
-func (c *redisConn) endUpstream(dial string, tomb time.Duration) {
+func (c *Conn) EndUpstream(dial string, tomb time.Duration) {
 	c.mu.Lock()
 	c.upEnds[dial] = max(c.upEnds[dial], tomb)
 	c.mu.Unlock()
 	c.wake()
 }
 
-// drain sets dial's draining flag in Redis and on every instance, soon.
-func (c *redisConn) drain(dial string, on bool) {
+// Drain sets dial's draining flag in Redis and on every instance, soon.
+func (c *Conn) Drain(dial string, on bool) {
 	c.mu.Lock()
 	c.drains[dial] = on
 	c.mu.Unlock()
 	c.wake()
 }
 
-// forget drops what the connection remembers of session id, which left
+// Forget drops what the connection remembers of session id, which left
 // this instance's table only (TTL, LRU, or ended elsewhere).
-func (c *redisConn) forget(id string) {
+func (c *Conn) Forget(id string) {
 	h := c.ks.hash(id)
 	c.mu.Lock()
 	delete(c.byHash, h)
@@ -400,22 +402,32 @@ func (c *redisConn) forget(id string) {
 }
 
 // wake makes the flusher run now.
-func (c *redisConn) wake() {
+func (c *Conn) wake() {
 	select {
 	case c.kick <- struct{}{}:
 	default:
 	}
 }
 
-// reachable reports whether the last call to Redis succeeded.
-func (c *redisConn) reachable() bool { return c.healthy.Load() }
+// Reachable reports whether the last call to Redis succeeded.
+func (c *Conn) Reachable() bool { return c.healthy.Load() }
 
-// errors returns the number of failed calls of op.
-func (c *redisConn) errors(op string) uint64 { return c.errs[opIndex(op)].Load() }
+// PrincipalKey returns the key of principal hashes, derived from hash_key.
+func (c *Conn) PrincipalKey() []byte { return c.ks.principal }
+
+// Errors calls fn with each operation on Redis and its failed calls.
+func (c *Conn) Errors(fn func(op string, n uint64)) {
+	for _, op := range storeOps {
+		fn(op, c.ErrorCount(op))
+	}
+}
+
+// ErrorCount returns the number of failed calls of op.
+func (c *Conn) ErrorCount(op string) uint64 { return c.errs[opIndex(op)].Load() }
 
 // fail counts a failed call and, on the first of a burst, marks Redis
 // unreachable and logs it once.
-func (c *redisConn) fail(op string, err error) {
+func (c *Conn) fail(op string, err error) {
 	c.errs[opIndex(op)].Add(1)
 	if !c.healthy.CompareAndSwap(true, false) {
 		return
@@ -434,7 +446,7 @@ func (c *redisConn) fail(op string, err error) {
 		zap.String("op", op), zap.Error(err))
 }
 
-func (c *redisConn) totalErrors() uint64 {
+func (c *Conn) totalErrors() uint64 {
 	var n uint64
 	for i := range c.errs {
 		n += c.errs[i].Load()
@@ -443,7 +455,7 @@ func (c *redisConn) totalErrors() uint64 {
 }
 
 // recovered marks Redis reachable again and logs the outage once.
-func (c *redisConn) recovered() {
+func (c *Conn) recovered() {
 	c.mu.Lock()
 	since, before, queued := c.outage, c.outErrs, len(c.puts)+len(c.ends)+len(c.drains)
 	c.mu.Unlock()
@@ -455,3 +467,6 @@ func (c *redisConn) recovered() {
 
 // itoa formats a Unix time in milliseconds for a score range.
 func itoa(ms int64) string { return strconv.FormatInt(ms, 10) }
+
+// Interface guards
+var _ session.Shared = (*Conn)(nil)

@@ -1,4 +1,4 @@
-package caddymodule
+package redisstore
 
 import (
 	"context"
@@ -21,7 +21,7 @@ const (
 // announceHashKey queues, in the sync's pipeline, this instance's
 // hash_key fingerprint with the time, the removal of fingerprints nobody
 // announced for hashKeyForgotten, and the read of those left.
-func (c *redisConn) announceHashKey(ctx context.Context, pipe redis.Pipeliner) *redis.ZSliceCmd {
+func (c *Conn) announceHashKey(ctx context.Context, pipe redis.Pipeliner) *redis.ZSliceCmd {
 	now := time.Now()
 	pipe.ZAdd(ctx, c.ks.hashKeys(), redis.Z{Score: float64(now.UnixMilli()), Member: c.ks.fingerprint})
 	pipe.ZRemRangeByScore(ctx, c.ks.hashKeys(), "-inf", itoa(now.Add(-hashKeyForgotten).UnixMilli()))
@@ -31,7 +31,7 @@ func (c *redisConn) announceHashKey(ctx context.Context, pipe redis.Pipeliner) *
 // checkHashKeys logs, once per clash, that another instance announced
 // another hash_key on this table recently: the instances then hash session
 // IDs to different keys and do not find each other's sessions.
-func (c *redisConn) checkHashKeys(announced []redis.Z) {
+func (c *Conn) checkHashKeys(announced []redis.Z) {
 	others := 0
 	since := float64(time.Now().Add(-hashKeyInUse).UnixMilli())
 	for _, z := range announced {
@@ -45,7 +45,7 @@ func (c *redisConn) checkHashKeys(announced []redis.Z) {
 		}
 		return
 	}
-	c.errs[opIndex(opHashKey)].Add(1)
+	c.errs[opIndex(OpHashKey)].Add(1)
 	if c.keyClash.CompareAndSwap(false, true) {
 		c.logger.Error("redis store: another Caddy instance uses a different hash_key on this table and key_prefix, "+
 			"so neither finds the sessions the other learned; give every instance the same hash_key",

@@ -1,11 +1,9 @@
-package caddymodule
+package session
 
 import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
 )
 
 // TestTableFloodCannotEvictUsedSessions: 10,000 sessions learned and never
@@ -152,46 +150,4 @@ func TestTableClientCapOff(t *testing.T) {
 		t.Errorf("Len() = %d, want 10", tbl.Len())
 	}
 	wantEvictions(t, tbl, nil)
-}
-
-// TestTableAdoptedSessionsAreConfirmed: a session taken from a sealed ID
-// (Adopt) or from the shared store arrives with a request, its use, so it
-// is confirmed at once: a flood of new sessions through a full table pushes
-// out a learned session never used (the negative control), not those.
-func TestTableAdoptedSessionsAreConfirmed(t *testing.T) {
-	srv := redistest.Start(t)
-	name := "shared/" + t.Name()
-	learner := sharedTable(t, srv.Addr, name, time.Second)
-	tbl := sharedTable(t, srv.Addr, name, time.Second)
-	tbl.Configure(4, 0)
-	learner.Learn("from-store", "10.0.0.1:80")
-	tbl.Learn("never-used", "10.0.0.1:80")
-	tbl.Adopt("sealed", "10.0.0.2:80", Origin{})
-	if up := tbl.Lookup("from-store"); up == nil {
-		t.Fatal("the session learned on the other instance was not found in the store")
-	}
-	if tbl.Unconfirmed() != 1 {
-		t.Errorf("Unconfirmed() = %d after adopting two sessions and learning one, want 1", tbl.Unconfirmed())
-	}
-	for i := range 100 {
-		tbl.Learn(fmt.Sprintf("flood%d", i), "10.0.0.3:80")
-	}
-	if holds(tbl, "never-used") {
-		t.Error("the learned session never used survived the flood")
-	}
-	for _, id := range []string{"sealed", "from-store"} {
-		if !holds(tbl, id) {
-			t.Errorf("%s was pushed out by the flood", id)
-		}
-	}
-	wantEvictions(t, tbl, map[EvictReason]uint64{EvictUnconfirmed: 99})
-}
-
-// holds reports whether tbl itself holds session id, without asking its
-// store.
-func holds(tbl *Table, id string) bool {
-	tbl.mu.Lock()
-	defer tbl.mu.Unlock()
-	_, _, ok := tbl.peek(id)
-	return ok
 }

@@ -1,4 +1,4 @@
-package caddymodule
+package redisstore
 
 import (
 	"cmp"
@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/seal"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
+	"github.com/redis/go-redis/v9"
 )
 
 // Failover through the shared store: with `failover reinitialize` and the
@@ -53,14 +53,14 @@ func newRecordAEAD(hashKey []byte) cipher.AEAD {
 // of version recordVersion, with h as associated data, whose fields are
 //
 //	upstreamID, accept, contentType, version, body
-func (ks *keyspace) sealRecord(h keyHash, init *sessionInit) string {
-	fields := [...]string{init.upstreamID, init.accept, init.contentType, init.version, string(init.body)}
+func (ks *keyspace) sealRecord(h keyHash, init *session.Init) string {
+	fields := [...]string{init.UpstreamID, init.Accept, init.ContentType, init.Version, string(init.Body)}
 	return seal.Under(ks.records).Seal(recordVersion, h[:], seal.Message{Fields: fields[:]})
 }
 
 // openRecord returns the failover record rec of the session whose key hash
 // is h, with rec as its stored form; false when it does not open.
-func (ks *keyspace) openRecord(h keyHash, rec string) (*sessionInit, bool) {
+func (ks *keyspace) openRecord(h keyHash, rec string) (*session.Init, bool) {
 	_, plain, ok := seal.Under(ks.records).Open(rec, h[:], func(v byte) bool { return v == recordVersion })
 	if !ok {
 		return nil, false
@@ -70,51 +70,40 @@ func (ks *keyspace) openRecord(h keyHash, rec string) (*sessionInit, bool) {
 		return nil, false
 	}
 	// Clones, so that the table keeps the fields and not the plaintext.
-	return &sessionInit{upstreamID: strings.Clone(f[0]), accept: strings.Clone(f[1]), contentType: strings.Clone(f[2]),
-		version: strings.Clone(f[3]), body: []byte(f[4]), stored: rec}, true
+	return &session.Init{UpstreamID: strings.Clone(f[0]), Accept: strings.Clone(f[1]), ContentType: strings.Clone(f[2]),
+		Version: strings.Clone(f[3]), Body: []byte(f[4]), StoreRecord: rec}, true
 }
 
-// withRecord returns a copy of init that carries its sealed record for
+// WithRecord returns a copy of init that carries its sealed record for
 // session id, as the table keeps it: a touch or a move compares Redis's
 // value with it byte for byte.
-func (c *redisConn) withRecord(id string, init *sessionInit) *sessionInit {
+func (c *Conn) WithRecord(id string, init *session.Init) *session.Init {
 	s := *init
-	s.stored = c.ks.sealRecord(c.ks.hash(id), init)
+	s.StoreRecord = c.ks.sealRecord(c.ks.hash(id), init)
 	return &s
 }
 
-// storedSession is a session as a Redis value describes it.
-type storedSession struct {
-	dial  string
-	bound principalSum
-	init  *sessionInit // nil without a failover record, or one that did not open
-	value string       // the value itself
-	// ended is the reason of the session's tombstone; 0 for none, and then
-	// the fields above describe the session.
-	ended EvictReason
-}
-
-// parse returns what value v of session id holds.
-func (c *redisConn) parse(id, v string) storedSession {
-	dial, bound, rec := parseValue(v)
-	s := storedSession{dial: dial, bound: bound, value: v}
+// Parse returns what value v of session id holds.
+func (c *Conn) Parse(id, v string) session.Stored {
+	dial, bound, rec := session.ParseValue(v)
+	s := session.Stored{Dial: dial, Bound: bound, Value: v}
 	if rec != "" {
-		s.init, _ = c.ks.openRecord(c.ks.hash(id), rec)
+		s.Init, _ = c.ks.openRecord(c.ks.hash(id), rec)
 	}
 	return s
 }
 
-// current reads session id from Redis for a failover: what it holds, and
+// Current reads session id from Redis for a failover: what it holds, and
 // what Redis says of it (storeUnknown when Redis did not answer).
-func (c *redisConn) current(id string) (storedSession, storeState) {
+func (c *Conn) Current(id string) (session.Stored, session.StoreState) {
 	if !c.healthy.Load() {
-		return storedSession{}, storeUnknown
+		return session.Stored{}, session.StoreUnknown
 	}
 	ctx, cancel := c.call()
 	defer cancel()
 	s, st, err := c.read(ctx, id, c.ks.hash(id))
 	if err != nil {
-		c.fail(opMove, err)
+		c.fail(OpMove, err)
 	}
 	return s, st
 }
@@ -145,20 +134,34 @@ return ''`)
 // with a space.
 const movedEnded = " ended "
 
-// move records that session id moved from the value old to the value
+// Move is moveValue, with what Redis holds instead parsed: the zero
+// storedSession once Redis holds new, the session another instance moved
+// it to, or only the reason of its tombstone when it ended for good.
+func (c *Conn) Move(id, old, new string) (session.Stored, error) {
+	cur, err := c.moveValue(id, old, new)
+	if err != nil || cur == "" {
+		return session.Stored{}, err
+	}
+	if reason, ended := strings.CutPrefix(cur, movedEnded); ended {
+		return session.Stored{Ended: cmp.Or(session.ReasonNamed(reason), session.EvictDelete)}, nil
+	}
+	return c.Parse(id, cur), nil
+}
+
+// moveValue records that session id moved from the value old to the value
 // new. It returns "" once Redis holds new, or the value Redis holds
 // instead when another instance moved the session first, or movedEnded
 // when the session ended for good meanwhile; an error when Redis did not
 // answer, and then new is written when it answers again.
-func (c *redisConn) move(id, old, new string) (string, error) {
+func (c *Conn) moveValue(id, old, new string) (string, error) {
 	h := c.ks.hash(id)
 	if !c.healthy.Load() {
-		c.errs[opIndex(opMove)].Add(1) // the outage is logged once already
+		c.errs[opIndex(OpMove)].Add(1) // the outage is logged once already
 		c.queuePut(h, new)
 		return "", errors.New("redis store unreachable")
 	}
-	from, _, _ := parseValue(old)
-	to, _, _ := parseValue(new)
+	from, _, _ := session.ParseValue(old)
+	to, _, _ := session.ParseValue(new)
 	now := time.Now()
 	ctx, cancel := c.call()
 	defer cancel()
@@ -166,7 +169,7 @@ func (c *redisConn) move(id, old, new string) (string, error) {
 	cur, err := moveScript.Run(ctx, c.client, keys, old, new, c.ttl().Milliseconds(), h.String(),
 		now.Add(c.ttl()).UnixMilli(), now.UnixMilli(), to, c.ks.events(), msgMoved+" "+h.String()+" "+new).Text()
 	if err != nil {
-		c.fail(opMove, err)
+		c.fail(OpMove, err)
 		c.queuePut(h, new)
 		return "", err
 	}
@@ -192,8 +195,8 @@ return 1`)
 // writeTouch queues the refresh of session h, whose value is v: as
 // writeSession, or, for a value with a failover record, by touchScript,
 // whose command it returns (nil for the other).
-func (c *redisConn) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string) *redis.Cmd {
-	dial, _, rec := parseValue(v)
+func (c *Conn) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string) *redis.Cmd {
+	dial, _, rec := session.ParseValue(v)
 	if rec == "" {
 		c.writeSession(ctx, pipe, h, v, false)
 		return nil
@@ -206,14 +209,14 @@ func (c *redisConn) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyH
 // followTouched makes the sessions whose touch found another value in
 // Redis follow it: another instance moved them, and this one missed the
 // message; or ended them for good, and then they end here too.
-func (c *redisConn) followTouched(cmds map[string]*redis.Cmd) {
+func (c *Conn) followTouched(cmds map[string]*redis.Cmd) {
 	for id, cmd := range cmds {
 		if n, err := cmd.Int(); err == nil && n == 0 {
-			switch s, st := c.current(id); st {
-			case storeHolds:
-				c.t.follow(id, s)
-			case storeEnded:
-				c.t.evictHere(id, s.ended)
+			switch s, st := c.Current(id); st {
+			case session.StoreHolds:
+				c.t.Follow(id, s)
+			case session.StoreEnded:
+				c.t.EvictHere(id, s.Ended)
 			}
 		}
 	}
@@ -222,7 +225,7 @@ func (c *redisConn) followTouched(cmds map[string]*redis.Cmd) {
 // applyMoved applies another instance's move of the session whose key hash
 // is hs to new: this instance, if it holds the session, sends its requests
 // to the new upstream under the new upstream ID from now on.
-func (c *redisConn) applyMoved(hs, v string) {
+func (c *Conn) applyMoved(hs, v string) {
 	h, ok := parseKeyHash(hs)
 	if !ok {
 		return
@@ -231,97 +234,6 @@ func (c *redisConn) applyMoved(hs, v string) {
 	id := c.byHash[h]
 	c.mu.Unlock()
 	if id != "" {
-		c.t.follow(id, c.parse(id, v))
+		c.t.Follow(id, c.Parse(id, v))
 	}
-}
-
-// follow pins session id, which the table holds, to the upstream and
-// failover record of s, which another instance moved it to; it returns
-// the session's upstream and record, and false when the table does not
-// hold the session or s carries no record.
-func (t *Table) follow(id string, s storedSession) (*Upstream, *sessionInit, bool) {
-	if s.init == nil || !t.failoverSettings().on {
-		return nil, nil, false
-	}
-	to := t.upstream(s.dial)
-	if !t.moveSession(id, to, s.init) {
-		return nil, nil, false
-	}
-	return to, s.init, true
-}
-
-// record returns the stored failover record of s; "" for none.
-func (s *sessionInit) record() string {
-	if s == nil {
-		return ""
-	}
-	return s.stored
-}
-
-// movedInStore returns where another instance moved session id, which this
-// table holds on from with record init, when the shared store says it is
-// elsewhere: the request then follows it instead of failing the session
-// over again. False without a store, or when the store has it where this
-// table has it, or nowhere. ended reports that the store holds the session
-// no more, which a reachable store says only of a session that ended or
-// expired on every instance: it must not fail over.
-func (t *Table) movedInStore(id string, from *Upstream, init *sessionInit) (res failoverResult, moved, ended bool) {
-	c := t.store.Load()
-	if c == nil {
-		return failoverResult{}, false, false
-	}
-	s, st := c.current(id)
-	if st == storeAbsent || st == storeEnded {
-		return failoverResult{}, false, true
-	}
-	if st != storeHolds || s.init == nil || s.dial == from.dial && s.init.upstreamID == init.upstreamID {
-		return failoverResult{}, false, false
-	}
-	to, rec, ok := t.follow(id, s)
-	return failoverResult{up: to, init: rec, followed: true}, ok, false
-}
-
-// recordMove pins session id, which a failover moved from upstream from
-// with record init to upstream to with record moved, here and in the
-// shared store. When another instance moved the session first, the
-// session follows that move instead: the result says so, and is where the
-// session is. Without a store, or when it does not answer in
-// time, the move is recorded here only (and written to the store when it
-// answers again). It errors when the session left the table.
-func (t *Table) recordMove(id string, from *Upstream, init *sessionInit, to *Upstream, moved *sessionInit) (failoverResult, error) {
-	c := t.store.Load()
-	if c != nil {
-		moved = c.withRecord(id, moved)
-	}
-	if !t.moveSession(id, to, moved) {
-		return failoverResult{}, errors.New("the session left the table during its failover")
-	}
-	res := failoverResult{up: to, init: moved}
-	if c == nil {
-		return res, nil
-	}
-	t.mu.Lock()
-	e, _, _ := t.peek(id)
-	t.mu.Unlock()
-	old, next := value(from.dial, e.principal, init.record()), value(to.dial, e.principal, moved.stored)
-	for range 2 { // once more when the store has the session unmoved under another record
-		cur, err := c.move(id, old, next)
-		if err != nil || cur == "" {
-			return res, nil
-		}
-		if reason, ended := strings.CutPrefix(cur, movedEnded); ended {
-			t.evictHere(id, cmp.Or(reasonNamed(reason), EvictDelete))
-			return failoverResult{}, failoverRefusal(refusedEnded)
-		}
-		s := c.parse(id, cur)
-		if s.init == nil || s.dial == from.dial && s.init.upstreamID == init.upstreamID {
-			old = cur // where this instance found it, under other bytes
-			continue
-		}
-		if up, won, ok := t.follow(id, s); ok { // moved: to the same upstream too, after its restart
-			return failoverResult{up: up, init: won, followed: true}, nil
-		}
-		break
-	}
-	return res, nil
 }

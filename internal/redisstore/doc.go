@@ -1,0 +1,16 @@
+// Package redisstore shares session tables through Redis (or Valkey): it
+// implements [session.Shared] for the mcp_sessions.stores.redis module.
+//
+// Per table, Redis holds each session's value under a keyed hash of its ID
+// (HMAC-SHA256 under hash_key, never the ID; keys.go), with the table's
+// idle TTL; per upstream, the sessions it owns and its draining flag; the
+// tombstones of sessions that ended for good; and, with failover, each
+// session's sealed failover record (AES-256-GCM, record.go). A [Conn]
+// answers the table's misses, writes what the table learns and ends,
+// publishes it to the other instances and applies what they publish
+// (sync.go), and keeps the cluster's view current. While Redis cannot be
+// reached it fails fast, queues the writes, and writes them back when
+// Redis answers again; keycheck.go notices instances on another hash_key.
+//
+// The package imports no Caddy package: caddymodule/redis.go configures it.
+package redisstore
