@@ -25,7 +25,11 @@ type tableCounters struct {
 	failedOver uint64                            // sessions moved to another upstream, or followed a move
 	failed     uint64                            // failovers that failed or were refused
 	eras       [len(session.Eras)]uint64         // requests, by eras' order
+	upstreams  map[string]upstreamCounters       // by dial address
 }
+
+// upstreamCounters is one sample of an upstream's counters.
+type upstreamCounters struct{ evicted, movedAway uint64 }
 
 // countersOf samples t's counters now.
 func countersOf(t *session.Table, now time.Time) tableCounters {
@@ -39,6 +43,11 @@ func countersOf(t *session.Table, now time.Time) tableCounters {
 	}
 	for i, e := range session.Eras {
 		c.eras[i] = t.Stats.Requests(e)
+	}
+	ups := t.Upstreams()
+	c.upstreams = make(map[string]upstreamCounters, len(ups))
+	for _, u := range ups {
+		c.upstreams[u.Dial()] = upstreamCounters{evicted: u.Evicted(), movedAway: u.MovedAway()}
 	}
 	return c
 }
@@ -57,13 +66,26 @@ type Recent struct {
 	Failovers, FailoversFailed uint64
 	// Requests counts requests by era label ("legacy_session", …).
 	Requests map[string]uint64
+	// Upstreams holds, by dial address, how many sessions of each upstream
+	// were evicted and failed over away from it.
+	Upstreams map[string]UpstreamRecent
+}
+
+// UpstreamRecent is what happened to one upstream's sessions over the last
+// minutes.
+type UpstreamRecent struct {
+	// Evicted counts its sessions that left the table, for any reason.
+	Evicted uint64
+	// FailedOver counts its sessions this instance moved to another
+	// upstream.
+	FailedOver uint64
 }
 
 // since returns what changed from the sample old to now.
 func (now tableCounters) since(old tableCounters) Recent {
 	r := Recent{
 		Minutes:   max(1, int((now.at.Sub(old.at)+time.Minute-1)/time.Minute)),
-		Evictions: map[string]uint64{}, Requests: map[string]uint64{},
+		Evictions: map[string]uint64{}, Requests: map[string]uint64{}, Upstreams: map[string]UpstreamRecent{},
 		Failovers: now.failedOver - old.failedOver, FailoversFailed: now.failed - old.failed,
 	}
 	for i, reason := range session.EvictReasons {
@@ -73,6 +95,10 @@ func (now tableCounters) since(old tableCounters) Recent {
 	}
 	for i, e := range session.Eras {
 		r.Requests[e.String()] = now.eras[i] - old.eras[i]
+	}
+	for dial, c := range now.upstreams {
+		was := old.upstreams[dial] // zero for an upstream the table learned since
+		r.Upstreams[dial] = UpstreamRecent{Evicted: c.evicted - was.evicted, FailedOver: c.movedAway - was.movedAway}
 	}
 	return r
 }

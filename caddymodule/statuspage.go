@@ -94,6 +94,7 @@ type eraShare struct {
 type upstreamView struct {
 	UpstreamStatus
 	Health string
+	Recent UpstreamRecent
 }
 
 // statusOptions are how one page is rendered.
@@ -139,6 +140,7 @@ func tableViewOf(app *App, t *session.Table, now time.Time) tableView {
 	for _, u := range t.Upstreams() {
 		uv := upstreamView{UpstreamStatus: statusOf(t, u), Health: healthOf(t, u, hosts[u.Dial()])}
 		uv.DrainDeadline, uv.RefusingUntil = toSeconds(uv.DrainDeadline), toSeconds(uv.RefusingUntil)
+		uv.Recent = tv.Recent.Upstreams[u.Dial()]
 		tv.Upstreams = append(tv.Upstreams, uv)
 		tv.Live += uv.LiveSessions
 		if uv.ClusterLiveSessions != nil {

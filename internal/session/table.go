@@ -157,7 +157,17 @@ type Upstream struct {
 	stuckUntil    atomic.Int64 // it gets no new sessions until then (see [Table.MarkStuck]); same unit as lastSeen
 	refusingUntil atomic.Int64 // it refused a new session and gets none until then (see [Table.MarkRefusing]); same unit
 	refusals      atomic.Uint64
+	evicted       atomic.Uint64 // its sessions that left the table, for any reason
+	movedAway     atomic.Uint64 // its sessions that this instance failed over to another upstream
 }
+
+// Evicted returns how many of the upstream's sessions left the table, for
+// any reason (see [EvictReason]), since the table learned the upstream.
+func (u *Upstream) Evicted() uint64 { return u.evicted.Load() }
+
+// MovedAway returns how many of the upstream's sessions this instance
+// failed over to another upstream.
+func (u *Upstream) MovedAway() uint64 { return u.movedAway.Load() }
 
 // NewUpstream returns a record of the upstream dialed at dial that no
 // table holds: for a request's owner outside any table, as in tests.
@@ -967,6 +977,7 @@ func (t *Table) onEvict(id string, e entry) {
 		}
 	}
 	e.up.live.Add(-1)
+	e.up.evicted.Add(1)
 	delete(t.inits, id)
 	t.Stats.evictions[t.reason].Add(1) // valid: only the table's own code and Evict's checked reasons set it
 	switch {

@@ -318,6 +318,7 @@ func (t *Table) RecordMove(id string, from *Upstream, init *Init, to *Upstream, 
 	if !t.moveSession(id, to, moved) {
 		return FailoverResult{}, errors.New("the session left the table during its failover")
 	}
+	from.movedAway.Add(1)
 	res := FailoverResult{Up: to, Init: moved}
 	if c == nil {
 		return res, nil
