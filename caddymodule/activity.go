@@ -84,7 +84,7 @@ type UpstreamRecent struct {
 // since returns what changed from the sample old to now.
 func (now tableCounters) since(old tableCounters) Recent {
 	r := Recent{
-		Minutes:   max(1, int((now.at.Sub(old.at)+time.Minute-1)/time.Minute)),
+		Minutes:   max(1, int((now.at.Sub(old.at)+time.Minute/2)/time.Minute)),
 		Evictions: map[string]uint64{}, Requests: map[string]uint64{}, Upstreams: map[string]UpstreamRecent{},
 		Failovers: now.failedOver - old.failedOver, FailoversFailed: now.failed - old.failed,
 	}
@@ -134,7 +134,11 @@ func (a *activity) sample(tables map[string]*session.Table, now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for name, t := range tables {
-		s := append(a.samples[name], countersOf(t, now))
+		s := a.samples[name]
+		if len(s) == 0 { // the table's counters started at zero when it was created
+			s = append(s, tableCounters{at: t.Created()})
+		}
+		s = append(s, countersOf(t, now))
 		for len(s) > 1 && now.Sub(s[1].at) >= activityWindow {
 			s = s[1:]
 		}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -101,14 +103,18 @@ func cmdMCPProxy(fs caddycmd.Flags) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	if fs.Bool("print-caddyfile") {
-		fmt.Print(cfg)
-		return caddy.ExitCodeSuccess, nil
-	}
 	config, err := adaptCaddyfile(cfg)
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
+	if fs.Bool("print-caddyfile") {
+		fmt.Print(cfg)
+		return caddy.ExitCodeSuccess, nil
+	}
+	if err := f.checkFree(site); err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	f.warnEmptyPattern()
 	caddy.TrapSignals()
 	if err := caddy.Load(config, true); err != nil {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("starting the proxy: %v", err)
@@ -161,15 +167,21 @@ func (f proxyFlags) check() error {
 	return nil
 }
 
+// placeholderKey is the one shape of a value with braces the flags take: a
+// key from the environment or a file.
+var placeholderKey = regexp.MustCompile(`^\{(env|file)\.[^{}\s]+\}$`)
+
 // checkToken reports why v is not one plain Caddyfile token, or nil.
 func checkToken(v string) error {
 	switch {
 	case v == "":
 		return fmt.Errorf("empty")
-	case v == "{" || v == "}" || strings.HasPrefix(v, "#"):
+	case strings.HasPrefix(v, "#"):
 		return fmt.Errorf("not an address or key")
 	case strings.ContainsAny(v, " \t\r\n\"`\\"):
 		return fmt.Errorf("must not contain spaces, quotes or backslashes")
+	case strings.ContainsAny(v, "{}") && !placeholderKey.MatchString(v):
+		return fmt.Errorf("must not contain braces, except a whole {env.NAME} or {file.path} placeholder")
 	}
 	for _, r := range v {
 		if r < 0x20 || r == 0x7f {
@@ -183,6 +195,7 @@ func checkToken(v string) error {
 type proxySite struct {
 	address  string // the Caddyfile site address
 	bind     string // the host to bind, "" for all interfaces
+	port     string
 	url      string // the base URL clients use
 	loopback bool   // bound to a loopback address only
 }
@@ -206,18 +219,22 @@ func (f proxyFlags) site() (proxySite, error) {
 		return proxySite{}, fmt.Errorf("invalid --from %q: paths are not allowed; the proxy serves every path", f.from)
 	}
 	if a.Scheme == "https" {
-		return proxySite{address: from, url: strings.TrimSuffix(from, "/")}, nil
+		port := a.Port
+		if port == "" {
+			port = "443"
+		}
+		return proxySite{address: from, url: strings.TrimSuffix(from, "/"), port: port}, nil
 	}
 	if a.Port == "" {
 		a.Port = "80"
 	}
 	host := a.Host
-	if host == "" {
-		host = "localhost"
-	}
 	ip := net.ParseIP(a.Host)
+	if host == "" || ip != nil && ip.IsUnspecified() {
+		host = "localhost" // all interfaces: this machine's clients reach it so
+	}
 	loopback := a.Host == "localhost" || ip != nil && ip.IsLoopback()
-	return proxySite{address: "http://:" + a.Port, bind: a.Host, url: "http://" + net.JoinHostPort(host, a.Port), loopback: loopback}, nil
+	return proxySite{address: "http://:" + a.Port, bind: a.Host, port: a.Port, url: "http://" + net.JoinHostPort(host, a.Port), loopback: loopback}, nil
 }
 
 // statusPath returns the status page's path on site, or "" for none.
@@ -302,6 +319,39 @@ func (f proxyFlags) caddyfile(site proxySite) (string, error) {
 	return b.String(), nil
 }
 
+// checkFree refuses to start when another process listens on the site's
+// or the admin endpoint's address. Caddy listens with SO_REUSEPORT, so a
+// second proxy on the same address would start, and the kernel would
+// split connections between two session tables: exactly the broken
+// sessions the proxy exists to prevent.
+func (f proxyFlags) checkFree(site proxySite) error {
+	addrs := map[string]string{"--from": net.JoinHostPort(site.bind, site.port)}
+	if f.admin != "off" {
+		addrs["--admin"] = f.admin
+	}
+	for flag, addr := range addrs {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("%s %s: %v; is another caddy mcp-proxy (or another server) running there? Stop it or choose another address", flag, addr, err)
+		}
+		ln.Close()
+	}
+	return nil
+}
+
+// warnEmptyPattern warns when a socket pattern matches no socket yet: the
+// proxy then answers 503 until one appears, and a typo in the pattern
+// would go unnoticed.
+func (f proxyFlags) warnEmptyPattern() {
+	_, pattern, _ := f.upstreams()
+	if pattern == "" {
+		return
+	}
+	if matches, _ := filepath.Glob(pattern); len(matches) == 0 {
+		fmt.Fprintf(os.Stderr, "warning: no socket matches %s yet; requests get 503 until one does (check the pattern and its directory)\n", pattern)
+	}
+}
+
 // adaptCaddyfile adapts cfg to Caddy's JSON, as `caddy adapt` does.
 func adaptCaddyfile(cfg string) ([]byte, error) {
 	adapter := caddyconfig.GetAdapter("caddyfile")
@@ -324,6 +374,10 @@ func (f proxyFlags) announce(site proxySite) {
 	fmt.Printf("MCP proxy on %s: give MCP clients %s/<path of your server's MCP endpoint, e.g. /mcp>\n", site.url, site.url)
 	if path := f.statusPath(site); path != "" {
 		fmt.Printf("Status page: %s%s\n", site.url, path)
+		if !site.loopback {
+			fmt.Fprintf(os.Stderr, "warning: the status page names the upstreams to anyone who reaches %s; "+
+				"behind authentication, use a Caddyfile (see --print-caddyfile and mcp_status in docs/caddyfile.md)\n", site.url)
+		}
 	}
 	if f.admin != "off" {
 		fmt.Printf("Sessions per upstream: http://%s/mcp_sessions/\n", f.admin)

@@ -51,18 +51,6 @@ func attachStore(t testing.TB, tbl *session.Table, addr, name, hashKey string, t
 	tbl.SetStore(c)
 }
 
-// eventually polls cond every 20 ms for up to d and reports whether it held.
-func eventually(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return cond()
-}
-
 // redisDump returns every key of the Redis at addr with its value (strings),
 // members (sets), or fields (hashes), as one text.
 func redisDump(t *testing.T, addr string) string {

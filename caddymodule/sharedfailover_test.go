@@ -16,6 +16,7 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redisstore"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // failoverTables returns n tables of one name sharing the Redis at addr,
@@ -32,7 +33,7 @@ func failoverTables(t *testing.T, addr string, n int) []*session.Table {
 	rc := redis.NewClient(&redis.Options{Addr: addr})
 	defer rc.Close()
 	events := storeOf(out[0]).Events()
-	if !eventually(5*time.Second, func() bool { return rc.PubSubNumSub(context.Background(), events).Val()[events] >= int64(n) }) {
+	if !testproc.Until(5*time.Second, func() bool { return rc.PubSubNumSub(context.Background(), events).Val()[events] >= int64(n) }) {
 		t.Fatal("the instances did not subscribe to the table's events within 5 s")
 	}
 	return out
@@ -90,7 +91,7 @@ func TestFailoverRecordShared(t *testing.T) {
 	if err != nil || res.Followed || res.Up.Dial() != "10.0.0.2:80" {
 		t.Fatalf("recordMove = %+v, %v; want moved to 10.0.0.2:80", res, err)
 	}
-	if !eventually(5*time.Second, func() bool { d, u := where(b, testSessionID); return d == "10.0.0.2:80" && u == "UPSTREAM-ID-2" }) {
+	if !testproc.Until(5*time.Second, func() bool { d, u := where(b, testSessionID); return d == "10.0.0.2:80" && u == "UPSTREAM-ID-2" }) {
 		d, u := where(b, testSessionID)
 		t.Fatalf("b, holding the session, did not follow the move within 5 s: %s %q", d, u)
 	}
@@ -155,7 +156,7 @@ func TestFailoverConcurrentMoves(t *testing.T) {
 		winner = results[1]
 	}
 	want := winner.Up.Dial()
-	ok := eventually(5*time.Second, func() bool {
+	ok := testproc.Until(5*time.Second, func() bool {
 		for _, tbl := range ts {
 			if d, u := where(tbl, testSessionID); d != want || u != "ID-ON-"+want {
 				return false
@@ -189,7 +190,7 @@ func TestFailoverStoreDown(t *testing.T) {
 		t.Fatalf("with Redis down: %s %q, %d move errors; want 10.0.0.2:80, ID-2, at least 1", d, u, storeOf(a).ErrorCount(redisstore.OpMove))
 	}
 	srv.Restart()
-	if !eventually(5*time.Second, func() bool {
+	if !testproc.Until(5*time.Second, func() bool {
 		d, _, _ := session.ParseValue(storedValue(t, srv.Addr, a, testSessionID))
 		return d == "10.0.0.2:80"
 	}) {

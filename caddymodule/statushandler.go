@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -70,6 +71,13 @@ func (p *StatusPage) refresh() time.Duration {
 
 // ServeHTTP serves the page; it never calls next.
 func (p *StatusPage) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	if rebinding(r) {
+		// The page names the upstreams: a page of another site must not read
+		// it through a DNS name rebound to this loopback listener.
+		http.Error(w, fmt.Sprintf("Forbidden: invalid Host header %q: this status page listens on loopback and "+
+			"serves only localhost names (DNS rebinding protection)", r.Host), http.StatusForbidden)
+		return nil
+	}
 	switch {
 	case r.Method == http.MethodGet || r.Method == http.MethodHead:
 		opts := statusOptions{refresh: statusRefresh(r.URL.Query(), p.refresh())}

@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -114,6 +115,11 @@ func TestProxyCommandGunicornSockets(t *testing.T) {
 // run: it exits non-zero at once with a message naming the flag, and
 // serves nothing.
 func TestProxyCommandRefusesBadFlags(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0") // Caddy would share it (SO_REUSEPORT) and split the sessions
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -121,6 +127,7 @@ func TestProxyCommandRefusesBadFlags(t *testing.T) {
 		{[]string{"mcp-proxy"}, "--to is required"},
 		{[]string{"mcp-proxy", "--to", "127.0.0.1:1 {"}, "invalid --to"},
 		{[]string{"mcp-proxy", "--to", "unix//a/*.sock", "--to", "127.0.0.1:1"}, "cannot be mixed"},
+		{[]string{"mcp-proxy", "--from", busy.Addr().String(), "--admin", "off", "--to", "127.0.0.1:1"}, "is another caddy mcp-proxy (or another server) running there"},
 	} {
 		out, err := exec.Command(caddyBinary(t), tc.args...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), tc.want) {

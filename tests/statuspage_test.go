@@ -149,6 +149,16 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if ro := statusRows(t, roDOM); ro[bs[0].Addr()]["live"] != want[bs[0].Addr()]["live"] || strings.Contains(roDOM, "<form") {
 		t.Fatalf("the read-only page in Chromium: want the same figures and no buttons; rows %v, forms %d", ro, strings.Count(roDOM, "<form"))
 	}
+	rebound, err := http.NewRequest(http.MethodGet, "http://"+p.addr+"/mcp-status-ro", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rebound.Host = "evil.example" // a DNS name rebound to this loopback listener
+	if resp, err := hc.Do(rebound); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("the page asked for with a foreign Host on loopback: %v %v; want 403 (DNS rebinding protection)", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	if st := postForm(t, hc, "http://"+p.addr+"/mcp-status-ro", "", url.Values{}); st != http.StatusMethodNotAllowed {
 		t.Fatalf("a POST to the read-only page answered %d, want 405", st)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
@@ -40,7 +41,7 @@ func TestRedisStoreSharesSessions(t *testing.T) {
 
 	// Ended on b, gone from a within 1 s; a lookup then misses in Redis too.
 	b.Evict(testSessionID, session.EvictDelete)
-	if !eventually(time.Second, func() bool { return a.Len() == 0 }) {
+	if !testproc.Until(time.Second, func() bool { return a.Len() == 0 }) {
 		t.Fatalf("a still holds the session 1 s after b ended it")
 	}
 	if a.Evictions(session.EvictDelete) != 1 || a.Lookup(testSessionID) != nil {
@@ -49,11 +50,11 @@ func TestRedisStoreSharesSessions(t *testing.T) {
 
 	// Drained on a, draining on b within 1 s, and undrained.
 	a.SetDraining("10.0.0.2:80", true)
-	if !eventually(time.Second, func() bool { u := b.KnownUpstream("10.0.0.2:80"); return u != nil && u.Draining() }) {
+	if !testproc.Until(time.Second, func() bool { u := b.KnownUpstream("10.0.0.2:80"); return u != nil && u.Draining() }) {
 		t.Fatalf("b does not see 10.0.0.2:80 draining 1 s after a drained it")
 	}
 	a.SetDraining("10.0.0.2:80", false)
-	if !eventually(time.Second, func() bool { return !b.AnyDraining() }) {
+	if !testproc.Until(time.Second, func() bool { return !b.AnyDraining() }) {
 		t.Fatalf("b still drains 1 s after a undrained")
 	}
 
@@ -74,7 +75,7 @@ func TestRedisStoreSharesSessions(t *testing.T) {
 	a.Learn("S1", "10.0.0.1:80")
 	a.Learn("S2", "10.0.0.1:80")
 	b.Learn("S3", "10.0.0.1:80")
-	if !eventually(3*time.Second, func() bool {
+	if !testproc.Until(3*time.Second, func() bool {
 		u := a.KnownUpstream("10.0.0.1:80")
 		return a.ClusterSessions(u) == 4
 	}) {
@@ -119,22 +120,22 @@ func TestRedisStoreWritesBack(t *testing.T) {
 
 	// Redis answers again: what a learned meanwhile is written back.
 	relay.Blackhole(false)
-	if !eventually(5*time.Second, func() bool { return a.StoreReachable() }) {
+	if !testproc.Until(5*time.Second, func() bool { return a.StoreReachable() }) {
 		t.Fatalf("a did not reach Redis again")
 	}
-	if !eventually(2*time.Second, func() bool { return b.Lookup("during") != nil }) {
+	if !testproc.Until(2*time.Second, func() bool { return b.Lookup("during") != nil }) {
 		t.Errorf("b does not find the session a learned during the outage")
 	}
 
 	// Redis restarts empty: every instance writes its table back.
 	srv.Stop()
 	srv.Restart()
-	if !eventually(10*time.Second, func() bool { return redisDump(t, srv.Addr) != "" && storeOf(b).Reachable() }) {
+	if !testproc.Until(10*time.Second, func() bool { return redisDump(t, srv.Addr) != "" && storeOf(b).Reachable() }) {
 		t.Fatalf("nothing written back after Redis restarted empty")
 	}
 	c := sharedTable(t, srv.Addr, name, time.Second) // a new instance, after the restart
 	for _, id := range []string{"before", "during"} {
-		if !eventually(5*time.Second, func() bool { return c.Lookup(id) != nil }) {
+		if !testproc.Until(5*time.Second, func() bool { return c.Lookup(id) != nil }) {
 			t.Errorf("session %q not written back after Redis restarted empty", id)
 		}
 	}
@@ -149,7 +150,7 @@ func TestRedisStoreHashKeyClash(t *testing.T) {
 	a := sharedTable(t, srv.Addr, "clash", time.Second)
 	same := sharedTable(t, srv.Addr, "clash", time.Second)
 	a.Learn("s1", "10.0.0.1:80")
-	if !eventually(3*time.Second, func() bool { return same.Lookup("s1") != nil }) {
+	if !testproc.Until(3*time.Second, func() bool { return same.Lookup("s1") != nil }) {
 		t.Fatal("an instance with the same hash_key does not find the session")
 	}
 	if n := storeOf(a).ErrorCount(OpHashKey) + storeOf(same).ErrorCount(OpHashKey); n != 0 {
@@ -161,7 +162,7 @@ func TestRedisStoreHashKeyClash(t *testing.T) {
 	}
 	for name, tbl := range map[string]*session.Table{"the first instance": a, "the other-key instance": other} {
 		c := storeOf(tbl)
-		if !eventually(3*time.Second, func() bool { return c.keyClash.Load() && c.ErrorCount(OpHashKey) > 0 }) {
+		if !testproc.Until(3*time.Second, func() bool { return c.keyClash.Load() && c.ErrorCount(OpHashKey) > 0 }) {
 			t.Errorf("%s did not notice the other hash_key", name)
 		}
 	}
@@ -251,18 +252,6 @@ func attachStore(t testing.TB, tbl *session.Table, addr, name, hashKey string, t
 func storeOf(t *session.Table) *Conn {
 	c, _ := t.Store().(*Conn)
 	return c
-}
-
-// eventually polls cond every 20 ms for up to d and reports whether it held.
-func eventually(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return cond()
 }
 
 // redisDump returns every key of the Redis at addr with its value (strings),
