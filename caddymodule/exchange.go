@@ -1,10 +1,12 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -117,6 +119,18 @@ func exchangeOf(r *http.Request) *exchange {
 func pin(r *http.Request, up *session.Upstream) {
 	ex := exchangeOf(r)
 	ex.owner, ex.decision, ex.pinned = up, decisionPinned, up.Dial()
+}
+
+// withOwnVars returns r with a copy of its request variables, for another
+// attempt at sending it. The attempt before may still be dialing: net/http
+// goes on dialing in a goroutine of its own after the request that asked
+// for the connection is done (it got another one, or was cancelled), and
+// Caddy's dialer reads the request's variables there. The next attempt
+// must not write the map that goroutine reads. The exchange is shared: it
+// is the same request.
+func withOwnVars(r *http.Request) *http.Request {
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	return r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, maps.Clone(vars)))
 }
 
 // clearSelection forgets what the handler and the selection policy decided

@@ -187,10 +187,10 @@ func (pf *pinnedFailover) cause(r *http.Request, err error, wrote bool, dial str
 }
 
 // failOver moves session id, which the request found on upstream from
-// under the ID pf.sent, to another upstream for cause, and prepares r to
-// be sent there. Concurrent requests of the session share one failover; a
+// under the ID pf.sent, to another upstream for cause, and returns r
+// prepared to be sent there (see prepareRetry). Concurrent requests of the session share one failover; a
 // request that finds the session moved already follows it.
-func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, from *session.Upstream, pf *pinnedFailover, cause session.FailoverCause) (*session.Upstream, error) {
+func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, from *session.Upstream, pf *pinnedFailover, cause session.FailoverCause) (*session.Upstream, *http.Request, error) {
 	v, err := h.table.Flight(id, func() (any, error) {
 		// Moved by a request before this one: the kept record changed, or,
 		// when this request looked the session up before that move and read
@@ -220,11 +220,10 @@ func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhtt
 		return res, err
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	res := v.(session.FailoverResult)
-	h.prepareRetry(w, r, pf, res.Init.UpstreamID)
-	return res.Up, nil
+	return res.Up, h.prepareRetry(w, r, pf, res.Init.UpstreamID), nil
 }
 
 // reinitialize replays the session's initialize on an upstream the
@@ -245,7 +244,10 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 	}
 	var skipped []string // upstreams that opened the session at another version
 	for {
-		to, newID, version, err := h.replayOnce(r, next, ir, body)
+		var to *session.Upstream
+		var newID, version string
+		var err error
+		ir, to, newID, version, err = h.replayOnce(r, next, ir, body)
 		switch {
 		case err != nil && len(skipped) > 0:
 			return session.FailoverResult{}, fmt.Errorf("%w: %s; every other upstream that answered negotiated another protocol version than the session's %s (%s)",
@@ -262,6 +264,7 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 					errNoFailover, sessionVersion(want), strings.Join(skipped, ", "))
 			}
 			skipped = append(skipped, skip)
+			ir = withOwnVars(ir)
 			clearSelection(ir)
 			ir.Body, ir.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 			continue
@@ -279,24 +282,24 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 }
 
 // replayOnce sends the replayed initialize ir until an upstream answers it
-// (see sendReplay) and returns the upstream, the session ID it opened, and
-// the protocol version it negotiated. An upstream session that opened but
+// (see sendReplay) and returns the request it sent last, the upstream, the
+// session ID it opened, and the protocol version it negotiated. An upstream session that opened but
 // cannot be used is ended at once (endOrphan).
-func (h *Handler) replayOnce(r *http.Request, next caddyhttp.Handler, ir *http.Request, body []byte) (to *session.Upstream, newID, version string, err error) {
-	ans, err := sendReplay(next, ir, body)
+func (h *Handler) replayOnce(r *http.Request, next caddyhttp.Handler, ir *http.Request, body []byte) (last *http.Request, to *session.Upstream, newID, version string, err error) {
+	ans, ir, err := sendReplay(next, ir, body)
 	if err != nil || !ans.ok() {
-		return nil, "", "", fmt.Errorf("%w: status %d, error %v", errNoFailover, ans.status, err)
+		return ir, nil, "", "", fmt.Errorf("%w: status %d, error %v", errNoFailover, ans.status, err)
 	}
 	newID, sel := ans.header.Get(HeaderSessionID), selectedUpstream(ir)
 	if sel == nil || len(ans.header[HeaderSessionID]) != 1 || mcpwire.CheckSessionID(newID, h.MaxSessionIDLength) != "" {
-		return nil, "", "", fmt.Errorf("%w: the answer carried no usable Mcp-Session-Id", errNoFailover)
+		return ir, nil, "", "", fmt.Errorf("%w: the answer carried no usable Mcp-Session-Id", errNoFailover)
 	}
 	to = h.table.UseUpstream(sel.Dial)
 	if version, err = ans.initializeResult(); err != nil {
 		h.endOrphan(r, next, to, newID, "")
-		return nil, "", "", fmt.Errorf("%w: %s", errNoFailover, err)
+		return ir, nil, "", "", fmt.Errorf("%w: %s", errNoFailover, err)
 	}
-	return to, newID, version, nil
+	return ir, to, newID, version, nil
 }
 
 // sessionVersion is the protocol version of a session whose requests carry
@@ -360,15 +363,18 @@ func requestedVersion(body []byte) string {
 // (lb_retries); past that, the replay is sent again as long as the policy
 // finds an upstream the replay has not tried (it avoids each one that
 // failed it), so that every other upstream is tried once before the
-// failover gives up, whatever lb_retries.
-func sendReplay(next caddyhttp.Handler, ir *http.Request, body []byte) (*upstreamAnswer, error) {
+// failover gives up, whatever lb_retries. Each attempt after the first
+// gets its own request variables (see withOwnVars); it returns the answer
+// and the request it sent last.
+func sendReplay(next caddyhttp.Handler, ir *http.Request, body []byte) (*upstreamAnswer, *http.Request, error) {
 	ex := exchangeOf(ir)
 	for {
 		ans, before := newUpstreamAnswer(), ex.selected
 		err := next.ServeHTTP(ans, ir)
 		if err == nil || ans.status != 0 || ex.selected == before || !unsent(err) {
-			return ans, err
+			return ans, ir, err
 		}
+		ir = withOwnVars(ir)
 		ir.Body, ir.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 	}
 }
@@ -451,10 +457,12 @@ func setInitHeaders(h http.Header, init *session.Init) {
 	}
 }
 
-// prepareRetry makes r ready to be sent to the session's new upstream,
-// which knows it as upstreamID: fresh request variables of the handler and
-// policy, the new ID, the kept body, and w's headers as before the attempt.
-func (h *Handler) prepareRetry(w http.ResponseWriter, r *http.Request, pf *pinnedFailover, upstreamID string) {
+// prepareRetry returns r ready to be sent to the session's new upstream,
+// which knows it as upstreamID: its own request variables (see
+// withOwnVars), without the handler's and policy's, the new ID, the kept
+// body, and w's headers as before the attempt.
+func (h *Handler) prepareRetry(w http.ResponseWriter, r *http.Request, pf *pinnedFailover, upstreamID string) *http.Request {
+	r = withOwnVars(r)
 	clearSelection(r)
 	caddyhttp.SetVar(r.Context(), varFailedOver, true)
 	r.Header[HeaderSessionID] = []string{upstreamID}
@@ -465,6 +473,7 @@ func (h *Handler) prepareRetry(w http.ResponseWriter, r *http.Request, pf *pinne
 		clear(w.Header())
 		maps.Copy(w.Header(), pf.header)
 	}
+	return r
 }
 
 // serveFailover fails over the session of a pinned request that found its
@@ -476,11 +485,11 @@ func (h *Handler) serveFailover(w http.ResponseWriter, r *http.Request, next cad
 		h.table.Evict(id, session.EvictUpstream404)
 		return writeSessionNotFound(w, "Session not found")
 	}
-	to, err := h.failOver(w, r, next, id, from, pf, cause)
+	to, retry, err := h.failOver(w, r, next, id, from, pf, cause)
 	if err != nil {
 		return h.serveFailoverFailed(w, r, id, pf, err)
 	}
-	err = h.servePinned(w, r, next, id, to)
+	err = h.servePinned(w, retry, next, id, to)
 	decide(r, decisionFailedOver, to.Dial())
 	return err
 }

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
@@ -283,12 +285,70 @@ func TestFailoverAfterAMoveSeenHalfway(t *testing.T) {
 	w := httptest.NewRecorder()
 	pf := f.h.failoverFor(w, r, "OLD") // the record after the move
 	f.proxy.respond = up
-	got, err := f.h.failOver(w, r, f.proxy, "OLD", from, pf, session.FailoverRefused)
-	if err != nil || got != to || r.Header.Get(HeaderSessionID) != "NEW" {
-		t.Fatalf("failover of the late request: to %s, Mcp-Session-Id %q, error %v; want %s and NEW, where the session is",
-			dial(got), r.Header.Get(HeaderSessionID), err, dial(to))
+	got, retry, err := f.h.failOver(w, r, f.proxy, "OLD", from, pf, session.FailoverRefused)
+	if err != nil {
+		t.Fatalf("failover of the late request: %v", err)
+	}
+	if got != to || retry.Header.Get(HeaderSessionID) != "NEW" {
+		t.Fatalf("failover of the late request: to %s, Mcp-Session-Id %q; want %s and NEW, where the session is",
+			dial(got), retry.Header.Get(HeaderSessionID), dial(to))
 	}
 	if minted["NEWER"] || f.h.table.Stats.Failovers(session.FailoverRefused, true) != 0 {
 		t.Fatalf("the late request failed the session over again (a new upstream session: %v)", minted["NEWER"])
+	}
+}
+
+// dialingProxy stands for reverse_proxy whose upstreams refuse connections:
+// each attempt sets a request variable, selects the next upstream and
+// fails to dial, and leaves behind a goroutine that reads the attempt's
+// variables, as net/http's dial does after the request that asked for it is
+// done.
+type dialingProxy struct {
+	attempts int
+	readers  sync.WaitGroup
+	stop     chan struct{}
+}
+
+func (p *dialingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	p.attempts++
+	caddyhttp.SetVar(r.Context(), "dial_info", p.attempts) // as Caddy's proxy loop does
+	exchangeOf(r).selected = &reverseproxy.Upstream{Dial: fmt.Sprintf("10.0.0.%d:80", p.attempts)}
+	ctx := r.Context()
+	p.readers.Go(func() {
+		for {
+			select {
+			case <-p.stop:
+				return
+			default:
+				_ = caddyhttp.GetVar(ctx, "dial_info")
+			}
+		}
+	})
+	if p.attempts == 3 {
+		w.WriteHeader(http.StatusOK)
+		return nil
+	}
+	return reverseproxy.NewDialError(errors.New("connection refused"))
+}
+
+// TestReplayAttemptsOwnTheirVariables: each attempt of a replayed
+// initialize gets its own request variables, so a dial net/http goes on
+// with after an attempt never reads a map the next attempt writes (under
+// -race, sharing one map is a data race, seen in the failover tests).
+func TestReplayAttemptsOwnTheirVariables(t *testing.T) {
+	body := []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`)
+	ir := subrequest(bodyRequest(string(body), ""), body)
+	p := &dialingProxy{stop: make(chan struct{})}
+	ans, last, err := sendReplay(caddyhttp.HandlerFunc(p.ServeHTTP), ir, body)
+	close(p.stop)
+	p.readers.Wait()
+	if err != nil || ans.status != http.StatusOK || p.attempts != 3 {
+		t.Fatalf("replay: status %d, error %v after %d attempts; want 200 on the third", ans.status, err, p.attempts)
+	}
+	if v := caddyhttp.GetVar(ir.Context(), "dial_info"); v != 1 {
+		t.Fatalf("the first attempt's variables hold %v, want its own 1: a later attempt wrote them", v)
+	}
+	if v := caddyhttp.GetVar(last.Context(), "dial_info"); v != 3 {
+		t.Fatalf("the last attempt's variables hold %v, want 3", v)
 	}
 }

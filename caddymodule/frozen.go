@@ -186,6 +186,7 @@ func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyh
 		}
 		switch {
 		case held != nil:
+			r = withOwnVars(r) // the attempt may still be dialing another upstream
 			h.leftRefusing(r, held)
 			clear(w.Header())
 			maps.Copy(w.Header(), before)
@@ -202,6 +203,7 @@ func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyh
 		case !expired: // no other upstream to send it to
 			return h.writeTimeout(w, r, fmt.Sprintf("no upstream sent response headers within %s (initialize_timeout)", bound))
 		}
+		r = withOwnVars(r) // the cut attempt may still be dialing
 		dial := h.leftStuck(r)
 		h.logger.Warn("upstream sent no response headers in time, nor answered a probe; it gets no new sessions for a while",
 			zap.String("upstream", dial), zap.Duration("initialize_timeout", bound), zap.Bool("retrying", retry))

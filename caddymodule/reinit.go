@@ -48,6 +48,7 @@ func staleInitialize(r *http.Request, pf *pinnedFailover) (stale bool, f *fault)
 func (h *Handler) serveAsNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, pf *pinnedFailover) error {
 	h.table.Evict(id, session.EvictUpstreamGone)
 	h.debug("reinitialize_stale_session", id, "")
+	r = withOwnVars(r) // the attempt before may still be dialing
 	clearSelection(r)
 	delete(r.Header, HeaderSessionID)
 	if pf != nil && pf.kept {
