@@ -143,7 +143,11 @@ func printInfo(cfg config, p *proxy, backends []*backend) {
 		fmt.Println("Proxy: Caddy with mcp_proxy (each Mcp-Session-Id stays on the backend that created it)")
 	}
 	fmt.Printf("\nMCP server URL for any client (Streamable HTTP):\n  %s\n\n", p.url)
-	if !cfg.check {
+	switch {
+	case cfg.check:
+	case cfg.stock:
+		fmt.Println(`Call the "whoami" tool a few times: most sessions break with "session not found", the failure mcp_proxy fixes.`)
+	default:
 		fmt.Println(`Call the "whoami" tool a few times: every call of one session names the same backend.`)
 	}
 }
