@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
@@ -316,7 +317,7 @@ func (f proxyFlags) caddyfile(site proxySite) (string, error) {
 		b.WriteString("\t}\n")
 	}
 	b.WriteString("}\n")
-	return b.String(), nil
+	return string(caddyfile.Format([]byte(b.String()))), nil
 }
 
 // checkFree refuses to start when another process listens on the site's

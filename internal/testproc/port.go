@@ -7,14 +7,29 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 )
 
-// FreePort returns a loopback TCP port that nothing listens on now. It
-// checks /proc/net/tcp as well as binding the port, because Caddy and
-// HAProxy listen with SO_REUSEPORT: a second process listening on a port
-// another process holds would silently take a share of its connections.
-// It fails when no port is found in 50 tries, or /proc cannot be read.
+// handedOut holds the ports FreePort returned in this process: a port
+// picked but not listened on yet looks free, and the kernel may offer it
+// again (two sites of one config once got the same port that way).
+var handedOut struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
+// FreePort returns a loopback TCP port that nothing listens on now and
+// that it never returned before in this process. It checks /proc/net/tcp
+// as well as binding the port, because Caddy and HAProxy listen with
+// SO_REUSEPORT: a second process listening on a port another process holds
+// would silently take a share of its connections. It fails when no port
+// is found in 50 tries, or /proc cannot be read.
 func FreePort() (int, error) {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.ports == nil {
+		handedOut.ports = map[int]bool{}
+	}
 	for range 50 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -22,11 +37,15 @@ func FreePort() (int, error) {
 		}
 		port := ln.Addr().(*net.TCPAddr).Port
 		ln.Close()
+		if handedOut.ports[port] {
+			continue
+		}
 		inodes, err := listeningInodes(port)
 		if err != nil {
 			return 0, err
 		}
 		if len(inodes) == 0 {
+			handedOut.ports[port] = true
 			return port, nil
 		}
 	}
