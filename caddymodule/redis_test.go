@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redisstore"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
@@ -49,34 +47,6 @@ func attachStore(t testing.TB, tbl *session.Table, addr, name, hashKey string, t
 	c := redisstore.New(tbl, s.opts, s.KeyPrefix, name, s.hashKey, s.timeout, s.logger)
 	t.Cleanup(func() { _ = c.Destruct() })
 	tbl.SetStore(c)
-}
-
-// redisDump returns every key of the Redis at addr with its value (strings),
-// members (sets), or fields (hashes), as one text.
-func redisDump(t *testing.T, addr string) string {
-	t.Helper()
-	rc := redis.NewClient(&redis.Options{Addr: addr})
-	defer rc.Close()
-	ctx := context.Background()
-	keys, err := rc.Keys(ctx, "*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	for _, k := range keys {
-		b.WriteString(k + "\n")
-		switch rc.Type(ctx, k).Val() {
-		case "string":
-			b.WriteString(rc.Get(ctx, k).Val() + "\n")
-		case "zset":
-			b.WriteString(strings.Join(rc.ZRange(ctx, k, 0, -1).Val(), "\n") + "\n")
-		case "hash":
-			for f := range rc.HGetAll(ctx, k).Val() {
-				b.WriteString(f + "\n")
-			}
-		}
-	}
-	return b.String()
 }
 
 func TestRedisStoreProvisionErrors(t *testing.T) {

@@ -99,7 +99,7 @@ func TestFailoverRecordShared(t *testing.T) {
 	if d, u := where(c, testSessionID); d != "10.0.0.2:80" || u != "UPSTREAM-ID-2" {
 		t.Fatalf("c adopted the moved session on %s as %q, want 10.0.0.2:80 as UPSTREAM-ID-2", d, u)
 	}
-	if dump := redisDump(t, srv.Addr); strings.Contains(dump, "SECRETCLIENT") || strings.Contains(dump, "UPSTREAM-ID-2") || strings.Contains(dump, testSessionID) {
+	if dump := redistest.Dump(t, srv.Addr); strings.Contains(dump, "SECRETCLIENT") || strings.Contains(dump, "UPSTREAM-ID-2") || strings.Contains(dump, testSessionID) {
 		t.Fatalf("Redis holds the initialize, an upstream ID or a session ID in the clear:\n%s", dump)
 	}
 

@@ -31,7 +31,7 @@ func TestRedisStoreSharesSessions(t *testing.T) {
 	if b.Stats.Shared() != 1 {
 		t.Errorf("a second lookup on b went to Redis again")
 	}
-	if dump := redisDump(t, srv.Addr); strings.Contains(dump, testSessionID) || !strings.Contains(dump, "10.0.0.1:80") {
+	if dump := redistest.Dump(t, srv.Addr); strings.Contains(dump, testSessionID) || !strings.Contains(dump, "10.0.0.1:80") {
 		t.Errorf("Redis holds the raw session ID, or not its upstream:\n%s", dump)
 	}
 	// A session Redis does not hold is unknown everywhere (negative control).
@@ -67,7 +67,7 @@ func TestRedisStoreSharesSessions(t *testing.T) {
 	if up, mismatch := b.LookupAs("BOUND", "alice"); up == nil || mismatch {
 		t.Errorf("b refused the session's own principal: %v, mismatch %v", up, mismatch)
 	}
-	if strings.Contains(redisDump(t, srv.Addr), "alice") {
+	if strings.Contains(redistest.Dump(t, srv.Addr), "alice") {
 		t.Errorf("Redis holds the raw principal")
 	}
 
@@ -130,7 +130,7 @@ func TestRedisStoreWritesBack(t *testing.T) {
 	// Redis restarts empty: every instance writes its table back.
 	srv.Stop()
 	srv.Restart()
-	if !testproc.Until(10*time.Second, func() bool { return redisDump(t, srv.Addr) != "" && storeOf(b).Reachable() }) {
+	if !testproc.Until(10*time.Second, func() bool { return redistest.Dump(t, srv.Addr) != "" && storeOf(b).Reachable() }) {
 		t.Fatalf("nothing written back after Redis restarted empty")
 	}
 	c := sharedTable(t, srv.Addr, name, time.Second) // a new instance, after the restart
@@ -252,34 +252,6 @@ func attachStore(t testing.TB, tbl *session.Table, addr, name, hashKey string, t
 func storeOf(t *session.Table) *Conn {
 	c, _ := t.Store().(*Conn)
 	return c
-}
-
-// redisDump returns every key of the Redis at addr with its value (strings),
-// members (sets), or fields (hashes), as one text.
-func redisDump(t *testing.T, addr string) string {
-	t.Helper()
-	rc := redis.NewClient(&redis.Options{Addr: addr})
-	defer rc.Close()
-	ctx := context.Background()
-	keys, err := rc.Keys(ctx, "*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	for _, k := range keys {
-		b.WriteString(k + "\n")
-		switch rc.Type(ctx, k).Val() {
-		case "string":
-			b.WriteString(rc.Get(ctx, k).Val() + "\n")
-		case "zset":
-			b.WriteString(strings.Join(rc.ZRange(ctx, k, 0, -1).Val(), "\n") + "\n")
-		case "hash":
-			for f := range rc.HGetAll(ctx, k).Val() {
-				b.WriteString(f + "\n")
-			}
-		}
-	}
-	return b.String()
 }
 
 // testSessionID is a session ID shaped as go-sdk's.
