@@ -79,6 +79,9 @@ type Conn struct {
 	errs     [len(storeOps)]atomic.Uint64
 	keyClash atomic.Bool // another hash_key is in use on this table (keycheck.go)
 
+	writeBacks [len(writeBackCauses)]atomic.Uint64 // write-backs of the whole table, by cause (lost.go)
+	restored   atomic.Uint64                       // sessions they wrote that Redis no longer held
+
 	mu           sync.Mutex
 	byHash       map[keyHash]string       // session ID of each hash, for sessions of t
 	puts         map[keyHash]string       // learned here, not yet in Redis: hash -> value
@@ -88,7 +91,10 @@ type Conn struct {
 	upEnds       map[string]time.Duration // upstreams evicted here, not yet in Redis: the life of their sessions' tombstones (0: none)
 	streams      map[string]string        // sessions with a GET stream open here: ID -> value
 	touched      time.Time                // when the open streams' sessions were last touched
-	runID        string                   // the Redis server's run_id, to notice a restart
+	runIDs       map[string]string        // each master's run_id, by address, to notice a restart (lost.go); nil before the first sync
+	evicted      int64                    // the masters' evicted_keys at the last sync
+	marker       string                   // the token of the table's marker key last seen
+	policy       string                   // Redis's maxmemory-policy, once read
 	writeBackDue bool                     // a write-back failed: the next sync does it again
 	outage       time.Time                // when the current outage began
 	outErrs      uint64                   // errors before the current outage
@@ -264,7 +270,7 @@ func (c *Conn) queuePut(h keyHash, v string) {
 // writeSession queues the writes of one session, whose value is v: its
 // key, its place in its upstream's set, and the upstream's record. With
 // onlyNew, a session Redis holds already is left as it is.
-func (c *Conn) writeSession(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool) {
+func (c *Conn) writeSession(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool) *redis.StatusCmd {
 	ttl := c.ttl()
 	now := time.Now()
 	args := redis.SetArgs{TTL: ttl}
@@ -272,9 +278,10 @@ func (c *Conn) writeSession(ctx context.Context, pipe redis.Pipeliner, h keyHash
 		args.Mode = "NX"
 	}
 	dial, _, _ := session.ParseValue(v)
-	pipe.SetArgs(ctx, c.ks.session(h), v, args)
+	set := pipe.SetArgs(ctx, c.ks.session(h), v, args)
 	pipe.ZAdd(ctx, c.ks.upstream(dial), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: h.String()})
 	pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
+	return set
 }
 
 // countSessions queues a count of the live sessions of each of ups (at most

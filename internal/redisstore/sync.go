@@ -201,83 +201,95 @@ func (c *Conn) syncLoop() {
 }
 
 // probe tries to reach Redis; when it answers, what was queued meanwhile
-// is written back, all of the table if Redis restarted.
+// is written back, all of the table if a master restarted.
 func (c *Conn) probe() {
 	ctx, cancel := c.call()
 	defer cancel()
-	runID, err := c.serverRunID(ctx)
+	st, err := c.readServers(ctx)
 	if err != nil {
 		c.errs[opIndex(opProbe)].Add(1)
 		return
 	}
-	if c.restarted(runID) {
-		c.writeBackAll()
+	c.mu.Lock()
+	marker := c.marker // the next sync reads the marker
+	c.mu.Unlock()
+	if cause := c.noticeLoss(st, marker); cause != "" {
+		c.writeBackAll(cause)
 	}
 	c.recovered()
 }
 
-// serverRunID returns the run_id of the Redis server, which changes when
-// it restarts. A Redis Cluster answers for one of its nodes.
-func (c *Conn) serverRunID(ctx context.Context) (string, error) {
-	info, err := c.client.Info(ctx, "server").Result()
-	return runIDOf(info), err
-}
-
-// restarted records runID and reports whether the table must be written
-// back: runID differs from the last one seen (Redis restarted, and lost
-// what it held unless it persists it), or a write-back failed.
-func (c *Conn) restarted(runID string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	prev, due := c.runID, c.writeBackDue
-	c.runID, c.writeBackDue = runID, false
-	return due || prev != "" && runID != "" && prev != runID
-}
-
 // clusterView is what sync reads from Redis.
 type clusterView struct {
-	runID    *redis.StringCmd
+	marker   *redis.StringCmd
 	records  *redis.ZSliceCmd
 	draining *redis.MapStringStringCmd
 	hashKeys *redis.ZSliceCmd
 }
 
 // sync reads the cluster's view: which upstreams any instance knows,
-// their live sessions and draining flags; refreshes this instance's
-// upstream records in Redis; and drops records of upstreams gone from
-// every instance.
+// their live sessions and draining flags; writes the table back when Redis
+// lost keys (lost.go); refreshes this instance's upstream records in
+// Redis; and drops records of upstreams gone from every instance.
 func (c *Conn) sync() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
 	defer cancel()
+	st, err := c.readServers(ctx)
+	if err != nil {
+		c.fail(opSync, err)
+		return
+	}
 	pipe := c.client.Pipeline()
 	v := clusterView{
-		runID:    pipe.Info(ctx, "server"),
+		marker:   pipe.Get(ctx, c.ks.alive()), // before the flags: an instance plants it once it wrote its flags back
 		records:  pipe.ZRangeWithScores(ctx, c.ks.upstreams(), 0, -1),
 		draining: pipe.HGetAll(ctx, c.ks.draining()),
 		hashKeys: c.announceHashKey(ctx, pipe),
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := execAllowingNil(ctx, pipe); err != nil {
 		c.fail(opSync, err)
 		return
 	}
-	if c.restarted(runIDOf(v.runID.Val())) {
-		c.writeBackAll()
+	marker := v.marker.Val()
+	cause := c.noticeLoss(st, marker)
+	if cause != "" {
+		c.writeBackAll(cause)
+	}
+	if c.policyUnread() || cause == CauseRestart {
+		c.checkPolicy(ctx)
 	}
 	c.checkHashKeys(v.hashKeys.Val())
-	c.applyDraining(v.draining.Val())
+	if marker == "" {
+		// Redis lost the flags with the marker, or never had either: this
+		// instance wrote its flags back, and reads Redis's at the next sync.
+		if err := c.plantMarker(ctx); err != nil {
+			c.fail(opSync, err)
+			return
+		}
+	} else {
+		c.applyDraining(v.draining.Val())
+	}
 	if err := c.syncUpstreams(ctx, v.records.Val()); err != nil {
 		c.fail(opSync, err)
 	}
 }
 
-// runIDOf returns the run_id in the reply of INFO server.
-func runIDOf(info string) string {
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(line, "run_id:"); ok {
-			return strings.TrimSpace(v)
+// execAllowingNil sends pipe and returns the first error of its commands
+// other than redis.Nil (a GET of a missing key).
+func execAllowingNil(ctx context.Context, pipe redis.Pipeliner) error {
+	cmds, err := pipe.Exec(ctx)
+	if err == nil {
+		return nil
+	}
+	for _, cmd := range cmds {
+		if e := cmd.Err(); e != nil && !errors.Is(e, redis.Nil) {
+			return e
 		}
 	}
-	return ""
+	if len(cmds) == 0 {
+		return err
+	}
+	return nil
 }
 
 // applyDraining sets the local draining flags to Redis's, except those set
@@ -364,44 +376,86 @@ func (c *Conn) applyRecords(ctx context.Context, seen map[string]int64, counts m
 }
 
 // writeBackAll writes every session of the table, and its draining flags,
-// to Redis, which lost them: sessions Redis holds already are left as they
-// are. It runs when Redis restarted empty.
-func (c *Conn) writeBackAll() {
+// to Redis, which lost them (cause, lost.go): sessions Redis holds already
+// are left as they are.
+func (c *Conn) writeBackAll(cause string) {
+	c.writeBacks[causeIndex(cause)].Add(1)
 	sessions := c.t.Snapshot()
-	written := 0
+	held, restored := len(sessions), 0
 	for len(sessions) > 0 {
 		batch := sessions[:min(writeBackBatch, len(sessions))]
 		sessions = sessions[len(batch):]
-		if err := c.writeBatch(batch); err != nil {
-			c.errs[opIndex(opWriteBack)].Add(1)
-			c.logger.Warn("writing sessions back to redis failed; the next sync retries", zap.Error(err))
-			c.mu.Lock()
-			c.writeBackDue = true
-			c.mu.Unlock()
+		n, err := c.writeBatch(batch)
+		restored += n
+		if err != nil {
+			c.writeBackFailed(err)
 			return
 		}
-		written += len(batch)
 	}
-	for _, u := range c.t.Upstreams() {
-		if u.Draining() {
-			c.Drain(u.Dial(), true)
-		}
+	if err := c.writeBackDrains(); err != nil {
+		c.writeBackFailed(err)
+		return
 	}
-	c.logger.Info("redis restarted and lost the table: wrote this instance's sessions back", zap.Int("sessions", written))
+	c.restored.Add(uint64(restored))
+	level := zap.InfoLevel
+	if cause == CauseEviction && restored == 0 {
+		level = zap.DebugLevel // another application's keys were evicted
+	}
+	if ce := c.logger.Check(level, "redis store: Redis lost keys of the table; wrote this instance's sessions back"); ce != nil {
+		ce.Write(zap.String("cause", cause), zap.Int("sessions_held", held), zap.Int("sessions_restored", restored))
+	}
 }
 
-// writeBatch writes sessions that Redis does not hold.
-func (c *Conn) writeBatch(batch []session.SessionRecord) error {
+// writeBackFailed counts a failed write-back, which the next sync retries.
+func (c *Conn) writeBackFailed(err error) {
+	c.errs[opIndex(opWriteBack)].Add(1)
+	c.logger.Warn("writing sessions back to redis failed; the next sync retries", zap.Error(err))
+	c.mu.Lock()
+	c.writeBackDue = true
+	c.mu.Unlock()
+}
+
+// writeBatch writes sessions that Redis does not hold, and returns how
+// many it wrote.
+func (c *Conn) writeBatch(batch []session.SessionRecord) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
 	defer cancel()
 	pipe := c.client.Pipeline()
+	sets := make([]*redis.StatusCmd, 0, len(batch))
 	for _, s := range batch {
-		c.writeSession(ctx, pipe, c.ks.hash(s.ID), session.EncodeValue(s.Dial, s.Bound, s.Record), true)
+		sets = append(sets, c.writeSession(ctx, pipe, c.ks.hash(s.ID), session.EncodeValue(s.Dial, s.Bound, s.Record), true))
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) { // nil: Redis held the session already
-		return err
+	if err := execAllowingNil(ctx, pipe); err != nil { // nil: Redis held the session already
+		return 0, err
 	}
-	return nil
+	n := 0
+	for _, cmd := range sets {
+		if cmd.Val() == "OK" {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// writeBackDrains writes the draining flags this instance holds, before
+// the marker is planted again: an instance that sees the new marker reads
+// them, rather than taking their absence for an undrain.
+func (c *Conn) writeBackDrains() error {
+	drains := map[string]bool{}
+	for _, u := range c.t.Upstreams() {
+		if u.Draining() {
+			drains[u.Dial()] = true
+		}
+	}
+	if len(drains) == 0 {
+		return nil
+	}
+	ctx, cancel := c.call()
+	defer cancel()
+	pipe := c.client.Pipeline()
+	c.writeDrains(ctx, pipe, drains)
+	_, err := pipe.Exec(ctx)
+	return err
 }
 
 // subscribe applies what the other instances publish until the connection
