@@ -47,6 +47,7 @@ var metricNames = map[string]dto.MetricType{
 	"caddy_mcp_store_write_backs_total":       dto.MetricType_COUNTER,
 	"caddy_mcp_store_sessions_restored_total": dto.MetricType_COUNTER,
 	"caddy_mcp_store_hash_key_clash":          dto.MetricType_GAUGE,
+	"caddy_mcp_store_writable":                dto.MetricType_GAUGE,
 	"caddy_mcp_failovers_total":               dto.MetricType_COUNTER,
 	// bodymemory.go
 	"caddy_mcp_body_memory_bytes":         dto.MetricType_GAUGE,

@@ -1,10 +1,14 @@
 package tests
 
 import (
+	"fmt"
 	"net/http"
 	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
 )
 
 // TestReplicasRedisFlushed: FLUSHALL on the Redis of three replicas, with
@@ -106,4 +110,105 @@ func TestReplicasRedisFlushed(t *testing.T) {
 	if restarts != 0 {
 		t.Errorf("%.0f restart write-backs without a restart", restarts)
 	}
+}
+
+// TestReplicasRedisFlood: an initialize flood from one client through one
+// of three replicas sharing a Redis with maxmemory, under noeviction (a
+// full Redis answers OOM) and under volatile-lru (it evicts): Redis holds
+// about the tables' bounds of the flood, not the flood, and sessions in use
+// keep working on every replica, as do sessions opened after the flood.
+func TestReplicasRedisFlood(t *testing.T) {
+	t.Parallel()
+	const (
+		maxSessions = 200
+		floodSize   = 5_000
+	)
+	srv := redistest.Start(t)
+	bs := startBackends(t, 2, true)
+	fl := startFloodServer(t)
+	global := fmt.Sprintf("mcp_sessions fl {\n\t\tmax_sessions %d\n\t\t%s\n\t}\n\t%s", maxSessions, redisStore(srv.Addr, sharedTimeout), storeLog)
+	body := fmt.Sprintf("handle_path /fl/* {\n\t\tmcp_proxy %s {\n\t\t\ttable fl\n\t\t}\n\t}\n\thandle_path /flood/* {\n\t\tmcp_proxy %s {\n\t\t\ttable fl\n\t\t}\n\t}",
+		upstreams(bs), fl.Addr())
+	rs := startStoreReplicas(t, 3, global, body)
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	for _, policy := range []string{"noeviction", "volatile-lru"} {
+		t.Run(policy, func(t *testing.T) {
+			live := make([]string, 30)
+			for i := range live {
+				live[i] = rawSession(t, hc, tableURL(rs[i%3], "fl"))
+			}
+			base := srv.Info("memory", "used_memory")
+			var used int64
+			fmt.Sscan(base, &used)
+			srv.Do("CONFIG", "SET", "maxmemory-policy", policy)
+			srv.Do("CONFIG", "SET", "maxmemory", fmt.Sprint(used+1<<20)) // room for about 2,500 sessions: the flood's 5,000 would fill it
+			unreachable := []int{unreachableLogs(rs[0]), unreachableLogs(rs[1]), unreachableLogs(rs[2])}
+			defer srv.Do("CONFIG", "SET", "maxmemory", "0")
+			stop := make(chan struct{})
+			loadDone := make(chan *troubleLoad)
+			go func() { loadDone <- runLiveLoad(t, rs, live, stop) }()
+			res := flood(rs[0].addr, "/flood/mcp", floodSize, 8, "", nil)
+			close(stop)
+			load := <-loadDone
+			sessionKeys := srv.Do("EVAL", "return #redis.call('KEYS', ARGV[1])", "0", "{caddy-mcp:fl}:s:*")
+			peak := srv.Info("memory", "used_memory_peak")
+			t.Logf("%s: flood of %d in %s (%d learned, %d failed); Redis then holds %s session keys, used_memory %s -> peak %s (maxmemory +1 MiB); live load: %d requests, %d failed, %d 5xx",
+				policy, floodSize, res.took.Round(time.Millisecond), res.learned, res.failed, sessionKeys, base, peak, load.requests, len(load.failures), load.fiveXX)
+			if load.fiveXX != 0 || len(load.failures) != 0 {
+				t.Errorf("%s: live sessions failed during the flood: %v", policy, load.failures)
+			}
+			for i, r := range rs {
+				if n := unreachableLogs(r) - unreachable[i]; n != 0 {
+					t.Errorf("%s: %s took Redis for unreachable %d times during the flood", policy, r.name, n)
+				}
+			}
+			var keys int
+			fmt.Sscan(sessionKeys, &keys)
+			if keys > 3*maxSessions+len(live) {
+				t.Errorf("%s: Redis holds %d session keys after the flood; want at most the tables' bounds, %d", policy, keys, 3*maxSessions+len(live))
+			}
+			for _, id := range live {
+				for _, r := range rs {
+					if ex := sessionCall(t, hc, tableURL(r, "fl"), id); ex.status != http.StatusOK {
+						t.Errorf("%s: a live session is %d on %s after the flood", policy, ex.status, r.name)
+					}
+				}
+			}
+			for i := range 6 {
+				id := rawSession(t, hc, tableURL(rs[i%3], "fl"))
+				if ex := sessionCall(t, hc, tableURL(rs[(i+1)%3], "fl"), id); ex.status != http.StatusOK {
+					t.Errorf("%s: a session opened after the flood is %d on another replica", policy, ex.status)
+				}
+			}
+		})
+	}
+}
+
+// runLiveLoad calls each of ids through random replicas until stop closes.
+func runLiveLoad(t *testing.T, rs []*replica, ids []string, stop <-chan struct{}) *troubleLoad {
+	l := &troubleLoad{learned: map[string]*replica{}}
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	var wg sync.WaitGroup
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
+	for i, id := range ids {
+		wg.Go(func() {
+			for !stopped() {
+				r := rs[(i+int(time.Now().UnixNano()))%len(rs)]
+				ex, took := timedCall(t, hc, tableURL(r, "fl"), id)
+				l.note(ex, took, "a live session through "+r.name)
+				time.Sleep(300 * time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	return l
 }

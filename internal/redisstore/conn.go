@@ -78,6 +78,7 @@ type Conn struct {
 	healthy  atomic.Bool
 	errs     [len(storeOps)]atomic.Uint64
 	keyClash atomic.Bool // another hash_key is in use on this table (keycheck.go)
+	refusing atomic.Bool // Redis answers writes with OOM or READONLY (full.go)
 
 	writeBacks [len(writeBackCauses)]atomic.Uint64 // write-backs of the whole table, by cause (lost.go)
 	restored   atomic.Uint64                       // sessions they wrote that Redis no longer held
@@ -90,6 +91,10 @@ type Conn struct {
 	drains       map[string]bool          // drain flags set here, not yet in Redis
 	upEnds       map[string]time.Duration // upstreams evicted here, not yet in Redis: the life of their sessions' tombstones (0: none)
 	streams      map[string]string        // sessions with a GET stream open here: ID -> value
+	fresh        map[keyHash]string       // put here with the unconfirmed TTL, not yet used: hash -> dial (full.go)
+	confirms     map[keyHash]string       // first used since put, TTL not yet raised in Redis: hash -> dial
+	drops        map[keyHash]string       // dropped unconfirmed from the table, not yet from Redis: hash -> dial
+	maxQueued    int                      // the most puts queued: the table's bound
 	touched      time.Time                // when the open streams' sessions were last touched
 	runIDs       map[string]string        // each master's run_id, by address, to notice a restart (lost.go); nil before the first sync
 	evicted      int64                    // the masters' evicted_keys at the last sync
@@ -129,6 +134,7 @@ func newConn(t *session.Table, opts *redis.UniversalOptions, ks *keyspace, timeo
 		logger: logger.With(zap.String("table", t.Name())),
 		byHash: map[keyHash]string{}, puts: map[keyHash]string{}, ends: map[keyHash]pendingEnd{},
 		touches: map[string]string{}, drains: map[string]bool{}, upEnds: map[string]time.Duration{}, streams: map[string]string{},
+		fresh: map[keyHash]string{}, confirms: map[keyHash]string{}, drops: map[keyHash]string{}, maxQueued: max(t.MaxSessions(), writeBackBatch),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}),
 	}
 	c.healthy.Store(true)
@@ -183,6 +189,9 @@ func (c *Conn) Get(id string) session.Stored {
 	}
 	c.mu.Lock()
 	c.byHash[h] = id
+	if c.shortLived() && s.Dial != "" {
+		c.confirms[h] = s.Dial // this request is a use: the session may be unconfirmed in Redis
+	}
 	c.mu.Unlock()
 	return s
 }
@@ -226,9 +235,13 @@ func (c *Conn) Peek(id string) (string, session.PrincipalSum) {
 // the session is written back later.
 func (c *Conn) Put(id, dial string, bound session.PrincipalSum, record string) {
 	h, v := c.ks.hash(id), session.EncodeValue(dial, bound, record)
+	life := c.unconfirmedLife()
 	c.mu.Lock()
 	c.byHash[h] = id
 	delete(c.ends, h)
+	if life < c.ttl() {
+		c.fresh[h] = dial
+	}
 	c.mu.Unlock()
 	if !c.healthy.Load() {
 		c.queuePut(h, v)
@@ -238,12 +251,19 @@ func (c *Conn) Put(id, dial string, bound session.PrincipalSum, record string) {
 	defer cancel()
 	pipe := c.client.Pipeline()
 	pipe.Del(ctx, c.ks.tomb(h)) // an upstream opened a session with this ID again
-	c.writeSession(ctx, pipe, h, v, false)
+	c.writeSessionFor(ctx, pipe, h, v, false, life)
 	counts := c.countSessions(ctx, pipe, c.t.Upstreams())
-	if _, err := pipe.Exec(ctx); err != nil {
+	err, refusal := exec(ctx, pipe)
+	switch {
+	case err != nil:
 		c.fail(opPut, err)
 		c.queuePut(h, v)
 		return
+	case refusal != nil:
+		c.refused(opPut, refusal)
+		c.queuePut(h, v)
+	default:
+		c.accepted()
 	}
 	c.applyCounts(counts)
 }
@@ -258,12 +278,20 @@ func (c *Conn) Rekey(id string) {
 	if _, ok := c.byHash[h]; ok {
 		c.byHash[h] = id
 	}
+	if dial, ok := c.fresh[h]; ok { // confirmed: the table's TTL in Redis too
+		delete(c.fresh, h)
+		c.confirms[h] = dial
+	}
 	c.mu.Unlock()
 }
 
+// queuePut queues the write of session h, whose value is v, for when Redis
+// takes it; at most maxQueued are queued.
 func (c *Conn) queuePut(h keyHash, v string) {
 	c.mu.Lock()
-	c.puts[h] = v
+	if _, ok := c.puts[h]; ok || len(c.puts) < c.maxQueued {
+		c.puts[h] = v
+	}
 	c.mu.Unlock()
 }
 
@@ -271,7 +299,11 @@ func (c *Conn) queuePut(h keyHash, v string) {
 // key, its place in its upstream's set, and the upstream's record. With
 // onlyNew, a session Redis holds already is left as it is.
 func (c *Conn) writeSession(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool) *redis.StatusCmd {
-	ttl := c.ttl()
+	return c.writeSessionFor(ctx, pipe, h, v, onlyNew, c.ttl())
+}
+
+// writeSessionFor is writeSession with the session's TTL in Redis.
+func (c *Conn) writeSessionFor(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool, ttl time.Duration) *redis.StatusCmd {
 	now := time.Now()
 	args := redis.SetArgs{TTL: ttl}
 	if onlyNew {
@@ -356,6 +388,9 @@ func (c *Conn) End(id, dial string, reason session.EvictReason, tomb time.Durati
 	delete(c.puts, h)
 	delete(c.touches, id)
 	delete(c.streams, id)
+	delete(c.fresh, h)
+	delete(c.confirms, h)
+	delete(c.drops, h)
 	c.mu.Unlock()
 	if tomb > 0 && c.healthy.Load() && c.endNow(h, e) {
 		return
@@ -373,8 +408,8 @@ func (c *Conn) endNow(h keyHash, e pendingEnd) bool {
 	defer cancel()
 	pipe := c.client.Pipeline()
 	c.writeEnd(ctx, pipe, h, e)
-	if _, err := pipe.Exec(ctx); err != nil {
-		c.fail(opFlush, err)
+	if err, refusal := exec(ctx, pipe); err != nil || refusal != nil {
+		c.failWrite(opFlush, orErr(err, refusal))
 		return false
 	}
 	return true
@@ -405,6 +440,14 @@ func (c *Conn) Forget(id string) {
 	c.mu.Lock()
 	delete(c.byHash, h)
 	delete(c.streams, id)
+	if dial, ok := c.fresh[h]; ok { // dropped before its first use: from Redis too, unless used elsewhere
+		delete(c.fresh, h)
+		if _, queued := c.puts[h]; queued {
+			delete(c.puts, h)
+		} else {
+			c.drops[h] = dial
+		}
+	}
 	c.mu.Unlock()
 }
 

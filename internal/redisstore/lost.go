@@ -150,8 +150,11 @@ func (c *Conn) plantMarker(ctx context.Context) error {
 	pipe := c.client.Pipeline()
 	pipe.SetNX(ctx, c.ks.alive(), hex.EncodeToString(b[:]), 0)
 	got := pipe.Get(ctx, c.ks.alive())
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err, refusal := exec(ctx, pipe); err != nil {
 		return err
+	} else if refusal != nil {
+		c.refused(opSync, refusal)
+		return nil
 	}
 	c.mu.Lock()
 	c.marker = got.Val()

@@ -169,7 +169,7 @@ func (c *Conn) moveValue(id, old, new string) (string, error) {
 	cur, err := moveScript.Run(ctx, c.client, keys, old, new, c.ttl().Milliseconds(), h.String(),
 		now.Add(c.ttl()).UnixMilli(), now.UnixMilli(), to, c.ks.events(), msgMoved+" "+h.String()+" "+new).Text()
 	if err != nil {
-		c.fail(OpMove, err)
+		c.failWrite(OpMove, err)
 		c.queuePut(h, new)
 		return "", err
 	}

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"maps"
 	"strings"
 	"time"
@@ -30,6 +29,7 @@ func (c *Conn) flushLoop() {
 	defer c.wg.Done()
 	tick := time.NewTicker(flushEvery)
 	defer tick.Stop()
+	var flushed time.Time
 	for {
 		select {
 		case <-c.stop:
@@ -37,7 +37,9 @@ func (c *Conn) flushLoop() {
 		case <-c.kick:
 		case <-tick.C:
 		}
-		if c.healthy.Load() {
+		// While Redis refuses writes, retry once per sync, not per flush.
+		if c.healthy.Load() && (!c.refusing.Load() || time.Since(flushed) >= syncEvery) {
+			flushed = time.Now()
 			c.Flush()
 		}
 	}
@@ -50,19 +52,22 @@ type queued struct {
 	touches map[string]string
 	drains  map[string]bool
 	upEnds  map[string]time.Duration
+	confirm map[keyHash]string
+	drops   map[keyHash]string
 }
 
 func (q queued) empty() bool {
-	return len(q.puts)+len(q.ends)+len(q.touches)+len(q.drains)+len(q.upEnds) == 0
+	return len(q.puts)+len(q.ends)+len(q.touches)+len(q.drains)+len(q.upEnds)+len(q.confirm)+len(q.drops) == 0
 }
 
 // take empties the queues and returns what they held.
 func (c *Conn) take() queued {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	q := queued{c.puts, c.ends, c.touches, c.drains, c.upEnds}
+	q := queued{c.puts, c.ends, c.touches, c.drains, c.upEnds, c.confirms, c.drops}
 	c.puts, c.ends, c.touches = map[keyHash]string{}, map[keyHash]pendingEnd{}, map[string]string{}
 	c.drains, c.upEnds = map[string]bool{}, map[string]time.Duration{}
+	c.confirms, c.drops = map[keyHash]string{}, map[keyHash]string{}
 	return q
 }
 
@@ -88,6 +93,16 @@ func (c *Conn) requeue(q queued) {
 		}
 	}
 	maps.Copy(c.upEnds, q.upEnds)
+	for h, dial := range q.confirm {
+		if _, ended := c.ends[h]; !ended {
+			c.confirms[h] = dial
+		}
+	}
+	for h, dial := range q.drops {
+		if _, put := c.puts[h]; !put {
+			c.drops[h] = dial
+		}
+	}
 }
 
 // Flush writes the queued writes in one pipeline, after reading the
@@ -113,16 +128,19 @@ func (c *Conn) Flush() {
 		c.writeEnd(ctx, pipe, h, e)
 	}
 	c.writeDrains(ctx, pipe, q.drains)
+	c.confirmWrites(ctx, pipe, q.confirm)
+	c.dropWrites(ctx, pipe, q.drops)
 	if err := c.writeUpstreamEnds(ctx, pipe, q.upEnds); err != nil {
 		c.fail(opFlush, err)
 		c.requeue(q)
 		return
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		c.fail(opFlush, err)
-		c.requeue(q)
+	if err, refusal := exec(ctx, pipe); err != nil || refusal != nil {
+		c.failWrite(opFlush, orErr(err, refusal))
+		c.requeue(q) // writes that went through are written again: each is idempotent
 		return
 	}
+	c.accepted()
 	c.followTouched(touched)
 }
 
@@ -246,9 +264,15 @@ func (c *Conn) sync() {
 		draining: pipe.HGetAll(ctx, c.ks.draining()),
 		hashKeys: c.announceHashKey(ctx, pipe),
 	}
-	if err := execAllowingNil(ctx, pipe); err != nil {
+	err, refusal := exec(ctx, pipe)
+	if err != nil {
 		c.fail(opSync, err)
 		return
+	}
+	if refusal != nil {
+		c.refused(opSync, refusal) // the reads went through: the view is current
+	} else {
+		c.accepted()
 	}
 	marker := v.marker.Val()
 	cause := c.noticeLoss(st, marker)
@@ -272,24 +296,6 @@ func (c *Conn) sync() {
 	if err := c.syncUpstreams(ctx, v.records.Val()); err != nil {
 		c.fail(opSync, err)
 	}
-}
-
-// execAllowingNil sends pipe and returns the first error of its commands
-// other than redis.Nil (a GET of a missing key).
-func execAllowingNil(ctx context.Context, pipe redis.Pipeliner) error {
-	cmds, err := pipe.Exec(ctx)
-	if err == nil {
-		return nil
-	}
-	for _, cmd := range cmds {
-		if e := cmd.Err(); e != nil && !errors.Is(e, redis.Nil) {
-			return e
-		}
-	}
-	if len(cmds) == 0 {
-		return err
-	}
-	return nil
 }
 
 // applyDraining sets the local draining flags to Redis's, except those set
@@ -336,7 +342,7 @@ func (c *Conn) syncUpstreams(ctx context.Context, records []redis.Z) error {
 			pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: u.Dial()})
 		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err, _ := exec(ctx, pipe); err != nil { // a refused ZADD leaves the counts read
 		return err
 	}
 	return c.applyRecords(ctx, seen, counts, now)
@@ -371,7 +377,7 @@ func (c *Conn) applyRecords(ctx context.Context, seen map[string]int64, counts m
 	if pipe.Len() == 0 {
 		return nil
 	}
-	_, err := pipe.Exec(ctx)
+	err, _ := exec(ctx, pipe)
 	return err
 }
 
@@ -408,8 +414,12 @@ func (c *Conn) writeBackAll(cause string) {
 
 // writeBackFailed counts a failed write-back, which the next sync retries.
 func (c *Conn) writeBackFailed(err error) {
-	c.errs[opIndex(opWriteBack)].Add(1)
-	c.logger.Warn("writing sessions back to redis failed; the next sync retries", zap.Error(err))
+	if refusesWrites(err) {
+		c.refused(opWriteBack, err)
+	} else {
+		c.errs[opIndex(opWriteBack)].Add(1)
+		c.logger.Warn("writing sessions back to redis failed; the next sync retries", zap.Error(err))
+	}
 	c.mu.Lock()
 	c.writeBackDue = true
 	c.mu.Unlock()
@@ -425,8 +435,8 @@ func (c *Conn) writeBatch(batch []session.SessionRecord) (int, error) {
 	for _, s := range batch {
 		sets = append(sets, c.writeSession(ctx, pipe, c.ks.hash(s.ID), session.EncodeValue(s.Dial, s.Bound, s.Record), true))
 	}
-	if err := execAllowingNil(ctx, pipe); err != nil { // nil: Redis held the session already
-		return 0, err
+	if err, refusal := exec(ctx, pipe); err != nil || refusal != nil { // nil: Redis held the session already
+		return 0, orErr(err, refusal)
 	}
 	n := 0
 	for _, cmd := range sets {
@@ -454,8 +464,8 @@ func (c *Conn) writeBackDrains() error {
 	defer cancel()
 	pipe := c.client.Pipeline()
 	c.writeDrains(ctx, pipe, drains)
-	_, err := pipe.Exec(ctx)
-	return err
+	err, refusal := exec(ctx, pipe)
+	return orErr(err, refusal)
 }
 
 // subscribe applies what the other instances publish until the connection

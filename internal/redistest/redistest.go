@@ -5,6 +5,7 @@ package redistest
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
+	"github.com/redis/go-redis/v9"
 )
 
 // startTimeout bounds a redis-server's start.
@@ -95,4 +97,37 @@ func (s *Server) Do(args ...string) string {
 		return ""
 	}
 	return strings.TrimSpace(line[1:])
+}
+
+// ReplicaOf makes the server a replica of master and waits until it has
+// synced (master_link_status:up), at most startTimeout.
+func (s *Server) ReplicaOf(master *Server) {
+	s.t.Helper()
+	master.Do("CONFIG", "SET", "repl-diskless-sync-delay", "0") // the default waits 5 s for more replicas
+	host, port, _ := net.SplitHostPort(master.Addr)
+	if r := s.Do("REPLICAOF", host, port); r != "OK" {
+		s.t.Fatalf("REPLICAOF %s: %q", master.Addr, r)
+	}
+	if !testproc.Until(startTimeout, func() bool { return s.Info("replication", "master_link_status") == "up" }) {
+		s.t.Fatalf("%s did not sync with its master %s within %s", s.Addr, master.Addr, startTimeout)
+	}
+}
+
+// Info returns field of section of the server's INFO ("" when absent or
+// on error).
+func (s *Server) Info(section, field string) string {
+	rc := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer rc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := rc.Info(ctx, section).Result()
+	if err != nil {
+		return ""
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
