@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
@@ -478,6 +479,13 @@ func (a *App) checkPairs() error {
 	return errors.Join(errs...)
 }
 
+// tableWriter is a handler that learns sessions into a table: the
+// mcp_session handler.
+type tableWriter interface {
+	// sessionTable returns the name of the table the handler writes.
+	sessionTable() string
+}
+
 // checkRoutes walks routes in order; outer are the handlers met before
 // them in enclosing routes.
 func checkRoutes(routes caddyhttp.RouteList, outer []handlerSeen) error {
@@ -486,9 +494,9 @@ func checkRoutes(routes caddyhttp.RouteList, outer []handlerSeen) error {
 		inRoute := relevant(seen, route.MatcherSets)
 		for _, h := range route.Handlers {
 			switch h := h.(type) {
-			case *Handler:
-				inRoute = append(inRoute, handlerSeen{table: h.Table})
-				seen = append(seen, handlerSeen{table: h.Table, matchers: route.MatcherSets})
+			case tableWriter:
+				inRoute = append(inRoute, handlerSeen{table: h.sessionTable()})
+				seen = append(seen, handlerSeen{table: h.sessionTable(), matchers: route.MatcherSets})
 			case *caddyhttp.Subroute:
 				if err := checkRoutes(h.Routes, inRoute); err != nil {
 					return err
@@ -623,3 +631,19 @@ var (
 	_ caddy.Provisioner  = (*App)(nil)
 	_ caddy.CleanerUpper = (*App)(nil)
 )
+
+// unmarshalTable parses the argument of a policy's `table` option at the
+// cursor into dst, which must not be set yet.
+func unmarshalTable(d *caddyfile.Dispenser, dst *string) error {
+	if *dst != "" {
+		return d.Err("duplicate option 'table'")
+	}
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}

@@ -46,11 +46,6 @@ const (
 	// neither Go nor Caddy may retry it: the upstream may have read a POST.
 	// Caddy's own default is 2 minutes.
 	proxyIdleConnTimeout = time.Second
-	// proxyHostHeader sends upstreams on this machine their own host:port
-	// as Host, which the DNS-rebinding protection of MCP SDK servers on
-	// loopback requires, and every other upstream the client's Host (see
-	// hostForUpstream).
-	proxyHostHeader = "{mcp.host_for_upstream}"
 )
 
 // parseMCPSession sets up the handler from Caddyfile tokens.
@@ -327,22 +322,6 @@ func (s *SessionSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized mcp_session policy option '%s'", d.Val())
 		}
-	}
-	return nil
-}
-
-// unmarshalTable parses the argument of a policy's `table` option at the
-// cursor into dst, which must not be set yet.
-func unmarshalTable(d *caddyfile.Dispenser, dst *string) error {
-	if *dst != "" {
-		return d.Err("duplicate option 'table'")
-	}
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	*dst = d.Val()
-	if d.NextArg() {
-		return d.ArgErr()
 	}
 	return nil
 }

@@ -28,10 +28,6 @@ import (
 // messages are small; 1 MiB bounds the memory of a request in flight.
 const maxReplayBody = 1 << 20
 
-// maxReplayAnswer is the most bytes of an answer to a replayed initialize
-// the proxy reads to find its result.
-const maxReplayAnswer = 1 << 16
-
 // varFailedOver is true once a request's session failed over: the request
 // is not failed over again.
 const varFailedOver = "mcp_session.failed_over"

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,12 +26,6 @@ func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// HeaderSessionID is the MCP session header, in Go's canonical spelling.
-// Header names are case-insensitive (RFC 9110 §5.1); `mcp-session-id` and
-// `MCP-Session-Id` are the same field. Source: MCP 2025-03-26 transports,
-// §Session Management.
-const HeaderSessionID = mcpwire.HeaderSessionID
-
 // DefaultMaxSessionIDLength is the default limit of an Mcp-Session-Id value, in bytes.
 const DefaultMaxSessionIDLength = 2048
 
@@ -43,24 +36,6 @@ const (
 	// UnknownSessionForward sends a request with an unknown session to the fallback policy.
 	UnknownSessionForward = "forward"
 )
-
-// Request variables through which the handler and the selection policy
-// talk, besides the request's exchange (exchange.owner, exchange.selected).
-const (
-	// varGone is true when the pinned upstream was not in the pool, or
-	// failed active health checks for longer than the grace.
-	varGone = "mcp_session.upstream_gone"
-	// varUnavailable holds the Retry-After seconds (int) of a request whose
-	// pinned upstream fails active health checks, within the grace.
-	varUnavailable = "mcp_session.upstream_unavailable"
-	// varInit holds the *sessionInit of an initialize request the table
-	// keeps for failover once its session is learned.
-	varInit = "mcp_session.init"
-)
-
-// policyVars are the request variables the selection policy sets for a
-// request; they start afresh when the request is served again.
-var policyVars = []string{varGone, varUnavailable}
 
 // Handler gives MCP Streamable HTTP sessions affinity to the upstream that
 // created them. Order it before `reverse_proxy` and use the `mcp_session`
@@ -761,69 +736,12 @@ func (h *Handler) debug(msg, id, upstream string, fields ...zap.Field) {
 	}
 }
 
-// rebinding reports whether r arrived on a loopback address but names a
-// host that is not loopback: the signature of a DNS rebinding attack. The
-// rule is the MCP Go SDK's (mcp/streamable.go, DisableLocalhostProtection).
-//
-// The local address is checked whatever the listener's network: TCP for
-// HTTP/1.1 and HTTP/2, UDP for HTTP/3 over QUIC.
-func rebinding(r *http.Request) bool {
-	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	return ok && isLoopbackAddr(local) && !isLoopbackHost(r.Host)
-}
-
-// isLoopbackAddr reports whether a listener's local address is a loopback
-// IP address, for any network. Addresses without an IP (unix sockets) are not.
-func isLoopbackAddr(a net.Addr) bool {
-	switch a := a.(type) {
-	case *net.TCPAddr:
-		return a.IP.IsLoopback()
-	case *net.UDPAddr:
-		return a.IP.IsLoopback()
-	}
-	ap, err := netip.ParseAddrPort(a.String())
-	return err == nil && ap.Addr().IsLoopback()
-}
-
-// isLoopbackHost reports whether host, with or without a port, is
-// `localhost` or a loopback IP address.
-func isLoopbackHost(host string) bool {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	} else {
-		host = strings.Trim(host, "[]")
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.IsLoopback()
-}
-
-// eraOf returns the request's protocol era. A request naming a legacy
-// HTTP+SSE session in one of the default query parameters (see
-// readsQuerySession) is of a legacy session too.
-func eraOf(r *http.Request, sessionFields int) session.Era {
-	switch {
-	case sessionFields > 0:
-		return session.EraLegacySession
-	case readsQuerySession(r) && hasLegacySession(r.URL.RawQuery):
-		return session.EraLegacySession
-	case len(r.Header["Mcp-Method"]) > 0:
-		return session.EraModern
-	}
-	if v := r.Header["Mcp-Protocol-Version"]; len(v) > 0 && mcpwire.AtLeast(v[0], ModernProtocolVersion) {
-		return session.EraModern
-	}
-	return session.EraOther
-}
-
-// ModernProtocolVersion is the first MCP protocol version without sessions.
-// Versions are dates, so they compare as strings.
-const ModernProtocolVersion = mcpwire.ModernVersion
+// sessionTable returns the name of the session table h writes.
+func (h *Handler) sessionTable() string { return h.Table }
 
 // Interface guards
 var (
+	_ tableWriter                 = (*Handler)(nil)
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.Validator             = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)

@@ -12,7 +12,6 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
@@ -125,9 +124,6 @@ func (s *SessionSealer) Open(v string) (dial, id string, ok bool) {
 func (s *SessionSealer) open(v string) (key string, ss seal.Session, ok bool) {
 	return s.s.OpenSession(v)
 }
-
-// isSealVersion reports whether b is a format version of sealed IDs.
-func isSealVersion(b byte) bool { return seal.IsSessionVersion(b) }
 
 // sealedLength returns the length of the sealed session ID of ss, in bytes.
 func sealedLength(ss seal.Session) int { return seal.SessionLength(ss) }
@@ -257,24 +253,6 @@ func (h *Handler) tableKey(id string) string {
 	return id
 }
 
-// decodeSealed returns the decoded bytes of id if it has the encoding and
-// version of a sealed ID, without opening it.
-func decodeSealed(id string) (string, bool) {
-	raw, ok := seal.Decode(id)
-	if !ok || len(raw) == 0 || !isSealVersion(raw[0]) {
-		return "", false
-	}
-	return raw, true
-}
-
-// clientID returns the Mcp-Session-Id the client holds for a table key.
-func clientID(key string) string {
-	if len(key) > 0 && isSealVersion(key[0]) {
-		return seal.Encode(key)
-	}
-	return key
-}
-
 // sealResponse replaces every Mcp-Session-Id of a response with a value
 // for the client, so that no upstream session ID reaches the client in
 // the clear. On a pinned request (up set) whose table key is key, the
@@ -360,22 +338,4 @@ func (h *Handler) sealDial(r *http.Request, up *session.Upstream) (dial, sent st
 		return sel.Dial, ""
 	}
 	return "", ""
-}
-
-// selectedUpstream returns the upstream the selection policy picked last
-// for r, or nil.
-func selectedUpstream(r *http.Request) *reverseproxy.Upstream {
-	return exchangeOf(r).selected
-}
-
-// adminKey returns the table key of a session ID given to the admin API:
-// the ID itself if the table holds it, else a sealed ID's decoded bytes.
-func adminKey(t *session.Table, id string) string {
-	if _, ok := t.Info(id); ok {
-		return id
-	}
-	if key, ok := decodeSealed(id); ok {
-		return key
-	}
-	return id
 }
