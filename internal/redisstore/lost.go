@@ -51,7 +51,9 @@ type serverState struct {
 
 // readServers reads the state of every master: the one server, or with a
 // Redis Cluster each master in turn (ForEachMaster), so that a node's run_id
-// is only ever compared with the same node's.
+// is only ever compared with the same node's. A master of a cluster that
+// does not answer is left out (the keys' own reads tell whether the
+// table's are reachable); it errs only when none answers.
 func (c *Conn) readServers(ctx context.Context) (serverState, error) {
 	st := serverState{runIDs: map[string]string{}}
 	cc, ok := c.client.(*redis.ClusterClient)
@@ -61,14 +63,22 @@ func (c *Conn) readServers(ctx context.Context) (serverState, error) {
 		return st, err
 	}
 	var mu sync.Mutex
-	err := cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+	var failed error
+	_ = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
 		id, ev, err := infoOf(ctx, node)
 		mu.Lock()
 		defer mu.Unlock()
+		if err != nil {
+			failed = err
+			return nil
+		}
 		st.runIDs[node.Options().Addr], st.evicted = id, st.evicted+ev
-		return err
+		return nil
 	})
-	return st, err
+	if len(st.runIDs) == 0 {
+		return st, orErr(failed, errors.New("redis cluster: no master answered"))
+	}
+	return st, nil
 }
 
 // infoOf reads one server's run_id and evicted_keys in one round trip.

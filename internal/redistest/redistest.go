@@ -28,6 +28,7 @@ type Server struct {
 	Addr string
 	t    testing.TB
 	dir  string
+	args []string // more redis-server arguments
 	proc *testproc.Proc
 }
 
@@ -36,6 +37,12 @@ type Server struct {
 // redis-server is not installed, unless MCP_INTEROP_REQUIRED=1, which makes
 // it fail.
 func Start(t testing.TB) *Server {
+	t.Helper()
+	return startWith(t)
+}
+
+// startWith is Start with more redis-server arguments.
+func startWith(t testing.TB, args ...string) *Server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("MCP_INTEROP_REQUIRED") == "1" {
@@ -47,7 +54,7 @@ func Start(t testing.TB) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{t: t, dir: t.TempDir(), Addr: "127.0.0.1:" + strconv.Itoa(port)}
+	s := &Server{t: t, dir: t.TempDir(), Addr: "127.0.0.1:" + strconv.Itoa(port), args: args}
 	s.Restart()
 	t.Cleanup(s.Stop)
 	return s
@@ -57,8 +64,9 @@ func Start(t testing.TB) *Server {
 func (s *Server) Restart() {
 	s.t.Helper()
 	_, port, _ := net.SplitHostPort(s.Addr)
-	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", s.dir, "--protected-mode", "no", "--loglevel", "warning")
+	args := append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--protected-mode", "no", "--loglevel", "warning"}, s.args...)
+	cmd := exec.Command("redis-server", args...)
 	p, err := testproc.Start("redis-server", s.Addr, cmd, nil)
 	if err != nil {
 		s.t.Fatal(err)
