@@ -94,6 +94,7 @@ type Conn struct {
 	fresh        map[keyHash]string       // put here with the unconfirmed TTL, not yet used: hash -> dial (full.go)
 	confirms     map[keyHash]string       // first used since put, TTL not yet raised in Redis: hash -> dial
 	drops        map[keyHash]string       // dropped unconfirmed from the table, not yet from Redis: hash -> dial
+	moves        map[keyHash]pendingMove  // failovers recorded here while Redis did not answer (record.go)
 	maxQueued    int                      // the most puts queued: the table's bound
 	touched      time.Time                // when the open streams' sessions were last touched
 	runIDs       map[string]string        // each master's run_id, by address, to notice a restart (lost.go); nil before the first sync
@@ -134,7 +135,7 @@ func newConn(t *session.Table, opts *redis.UniversalOptions, ks *keyspace, timeo
 		logger: logger.With(zap.String("table", t.Name())),
 		byHash: map[keyHash]string{}, puts: map[keyHash]string{}, ends: map[keyHash]pendingEnd{},
 		touches: map[string]string{}, drains: map[string]bool{}, upEnds: map[string]time.Duration{}, streams: map[string]string{},
-		fresh: map[keyHash]string{}, confirms: map[keyHash]string{}, drops: map[keyHash]string{}, maxQueued: max(t.MaxSessions(), writeBackBatch),
+		fresh: map[keyHash]string{}, confirms: map[keyHash]string{}, drops: map[keyHash]string{}, moves: map[keyHash]pendingMove{}, maxQueued: max(t.MaxSessions(), writeBackBatch),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}),
 	}
 	c.healthy.Store(true)
@@ -391,6 +392,7 @@ func (c *Conn) End(id, dial string, reason session.EvictReason, tomb time.Durati
 	delete(c.fresh, h)
 	delete(c.confirms, h)
 	delete(c.drops, h)
+	delete(c.moves, h)
 	c.mu.Unlock()
 	if tomb > 0 && c.healthy.Load() && c.endNow(h, e) {
 		return
@@ -507,7 +509,7 @@ func (c *Conn) totalErrors() uint64 {
 // recovered marks Redis reachable again and logs the outage once.
 func (c *Conn) recovered() {
 	c.mu.Lock()
-	since, before, queued := c.outage, c.outErrs, len(c.puts)+len(c.ends)+len(c.drains)
+	since, before, queued := c.outage, c.outErrs, len(c.puts)+len(c.ends)+len(c.drains)+len(c.moves)
 	c.mu.Unlock()
 	c.healthy.Store(true)
 	c.logger.Info("redis store reachable again", zap.Duration("unreachable_for", time.Since(since).Round(time.Millisecond)),

@@ -220,3 +220,53 @@ func infoString(t *testing.T, addr, section, field string) string {
 	}
 	return infoField(info, field)
 }
+
+// TestRedisStoreOutageMoves: two instances hold a session whose upstream
+// dies while Redis is blackholed; each fails it over on its own, to
+// different upstream sessions. When Redis answers again they agree on one
+// within two seconds: the first move written wins the compare-and-set, and
+// the other instance follows it (before, each wrote its own value and they
+// alternated until a touch, 46 s in a measured run).
+func TestRedisStoreOutageMoves(t *testing.T) {
+	srv := redistest.Start(t)
+	relay := redistest.NewRelay(t, srv.Addr)
+	a := sharedTable(t, relay.Addr, "moves", 200*time.Millisecond)
+	b := sharedTable(t, relay.Addr, "moves", 200*time.Millisecond)
+	for _, tbl := range []*session.Table{a, b} {
+		tbl.SetFailover(session.FailoverReinitialize, 0)
+	}
+	init := &session.Init{Body: []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize"}`), Accept: "application/json, text/event-stream", ContentType: "application/json"}
+	a.LearnInit(testSessionID, "10.0.0.1:80", session.Origin{}, init)
+	if b.Lookup(testSessionID) == nil {
+		t.Fatal("b does not find the session")
+	}
+	relay.Blackhole(true)
+	for tbl, to := range map[*session.Table]string{a: "10.0.0.2:80", b: "10.0.0.3:80"} {
+		from, kept := tbl.InitOf(testSessionID)
+		if _, err := tbl.RecordMove(testSessionID, from, kept, tbl.UseUpstream(to), kept.MovedTo("ID-ON-"+to)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if dial(a) == dial(b) {
+		t.Fatalf("both instances moved the session to %s during the outage: the test shows nothing", dial(a))
+	}
+	relay.Blackhole(false)
+	back := time.Now()
+	if !testproc.Until(5*time.Second, func() bool { return dial(a) == dial(b) && dial(a) != "10.0.0.1:80" }) {
+		t.Fatalf("5 s after Redis answered again the instances disagree: a on %s, b on %s", dial(a), dial(b))
+	}
+	t.Logf("the instances agree on %s %s after Redis answered again", dial(a), time.Since(back).Round(10*time.Millisecond))
+	time.Sleep(1500 * time.Millisecond)
+	if dial(a) != dial(b) {
+		t.Errorf("the instances disagree again: a on %s, b on %s", dial(a), dial(b))
+	}
+}
+
+// dial returns the upstream table tbl has testSessionID on.
+func dial(tbl *session.Table) string {
+	up, _ := tbl.InitOf(testSessionID)
+	if up == nil {
+		return ""
+	}
+	return up.Dial()
+}

@@ -108,6 +108,9 @@ func (c *Conn) requeue(q queued) {
 // Flush writes the queued writes in one pipeline, after reading the
 // sessions of evicted upstreams.
 func (c *Conn) Flush() {
+	if !c.flushMoves() {
+		return
+	}
 	q := c.take()
 	if q.empty() {
 		return
