@@ -58,9 +58,37 @@ func TestReplicasRedisCluster(t *testing.T) {
 	}
 	t.Logf("keys per master: %v (a table's keys share one hash tag, so one slot)", perNode)
 
+	// The table's slot moves to another master under load.
 	owner := redistest.SlotOwner(t, nodes, "{caddy-mcp:shared}")
 	if owner == nil {
 		t.Fatal("no master owns the table's slot")
+	}
+	target := nodes[0]
+	if owner == target {
+		target = nodes[1]
+	}
+	migrated := make(chan *troubleLoad)
+	go func() { migrated <- runTroubleLoad(t, rs, known, 6*time.Second) }()
+	time.Sleep(time.Second)
+	moved := redistest.MigrateSlot(t, nodes, "{caddy-mcp:shared}", target, 5, 100*time.Millisecond)
+	mload := <-migrated
+	t.Logf("slot migration of %d keys from %s to %s, 5 keys every 100 ms, under load: %d requests, %d failed (%v), %d 5xx, slowest %s",
+		moved, owner.Addr, target.Addr, mload.requests, len(mload.failures), mload.failures, mload.fiveXX, mload.slowest.Round(time.Millisecond))
+	if mload.fiveXX != 0 || len(mload.failures) != 0 {
+		t.Errorf("requests failed during the slot migration: %v", mload.failures)
+	}
+	for id, learner := range mload.learned {
+		for _, r := range rs {
+			if ex := sessionCall(t, hc, tableURL(r, "shared"), id); ex.status != http.StatusOK {
+				t.Errorf("a session %s learned during the slot migration is %d on %s afterwards", learner.name, ex.status, r.name)
+			}
+		}
+	}
+	t.Logf("store errors during the migration: %.0f", metricSum(t, rs, "caddy_mcp_store_errors_total", map[string]string{"table": "shared"}))
+
+	owner = redistest.SlotOwner(t, nodes, "{caddy-mcp:shared}")
+	if owner != target {
+		t.Fatalf("the slot is on %v after the migration, want %s", owner, target.Addr)
 	}
 	loadDone := make(chan *troubleLoad)
 	go func() { loadDone <- runTroubleLoad(t, rs, known, 10*time.Second) }()

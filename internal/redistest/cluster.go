@@ -1,7 +1,9 @@
 package redistest
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
+	"github.com/redis/go-redis/v9"
 )
 
 // ClusterNodeTimeout is the cluster-node-timeout of StartCluster's nodes,
@@ -103,3 +106,58 @@ func (s *Server) Role() string { return s.Info("replication", "role") }
 
 // String names the server by its address.
 func (s *Server) String() string { return fmt.Sprintf("redis %s", s.Addr) }
+
+// MigrateSlot moves the slot of key from its master to the master to,
+// as redis-cli --cluster reshard does (SETSLOT IMPORTING and MIGRATING,
+// MIGRATE of batch keys at a time with pause between batches, SETSLOT
+// NODE on every master), and returns how many keys it moved.
+func MigrateSlot(t testing.TB, nodes []*Server, key string, to *Server, batch int, pause time.Duration) int {
+	t.Helper()
+	ctx := context.Background()
+	from := SlotOwner(t, nodes, key)
+	if from == nil || from == to {
+		t.Fatalf("the slot of %s is on %v, not to be moved to %s", key, from, to.Addr)
+	}
+	src, dst := redis.NewClient(&redis.Options{Addr: from.Addr}), redis.NewClient(&redis.Options{Addr: to.Addr})
+	defer src.Close()
+	defer dst.Close()
+	slot, err := src.ClusterKeySlot(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcID, dstID := src.ClusterMyID(ctx).Val(), dst.ClusterMyID(ctx).Val()
+	must := func(c *redis.Client, args ...any) {
+		if err := c.Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("%v on %s: %v", args, c.Options().Addr, err)
+		}
+	}
+	must(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID)
+	must(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID)
+	host, port, _ := net.SplitHostPort(to.Addr)
+	moved := 0
+	for {
+		keys, err := src.ClusterGetKeysInSlot(ctx, int(slot), batch).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", host, port, "", 0, 5000, "REPLACE", "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		must(src, args...)
+		moved += len(keys)
+		time.Sleep(pause)
+	}
+	for _, n := range nodes {
+		if n.Role() != "master" {
+			continue
+		}
+		c := redis.NewClient(&redis.Options{Addr: n.Addr})
+		must(c, "CLUSTER", "SETSLOT", slot, "NODE", dstID)
+		c.Close()
+	}
+	return moved
+}
