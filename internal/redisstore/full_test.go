@@ -11,6 +11,8 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestRedisStoreFull: a Redis at maxmemory under noeviction answers
@@ -20,7 +22,15 @@ import (
 // instance and reaches Redis once Redis has room again.
 func TestRedisStoreFull(t *testing.T) {
 	srv := redistest.Start(t)
-	a := sharedTable(t, srv.Addr, "full", time.Second)
+	core, logs := observer.New(zap.InfoLevel)
+	a, err := session.NewTable("full", 1<<20, time.Hour, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := &redis.UniversalOptions{Addrs: []string{srv.Addr}, DialTimeout: time.Second, MaxRetries: -1}
+	ca := New(a, opts, "caddy-mcp", "full", []byte(testHashKey), time.Second, zap.New(core))
+	t.Cleanup(func() { _ = ca.Destruct() })
+	a.SetStore(ca)
 	b := sharedTable(t, srv.Addr, "full", time.Second)
 	a.Learn("before", "10.0.0.1:80")
 	time.Sleep(1200 * time.Millisecond) // a sync
@@ -52,6 +62,11 @@ func TestRedisStoreFull(t *testing.T) {
 	}
 	if b.Lookup("during") == nil || !storeOf(a).Writable() {
 		t.Errorf("after Redis had room: b finds the session %v, a writable %v", b.Lookup("during") != nil, storeOf(a).Writable())
+	}
+	full, again, unreachable := logs.FilterMessageSnippet("Raise maxmemory").Len(), logs.FilterMessage("redis store: Redis takes writes again").Len(),
+		logs.FilterMessageSnippet("unreachable").Len()
+	if full != 1 || again != 1 || unreachable != 0 {
+		t.Errorf("a logged the full Redis %d times, its end %d times, an outage %d times; want 1, 1, 0", full, again, unreachable)
 	}
 }
 

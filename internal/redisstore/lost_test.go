@@ -11,6 +11,8 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestRedisStoreNoticesFlush: after FLUSHALL or FLUSHDB, while Redis keeps
@@ -269,4 +271,34 @@ func dial(tbl *session.Table) string {
 		return ""
 	}
 	return up.Dial()
+}
+
+// TestRedisStorePolicyWarning: at its first sync, an instance on a Redis
+// whose maxmemory is set and whose maxmemory-policy evicts logs one
+// warning naming the fix; on noeviction (the control, same run), none.
+func TestRedisStorePolicyWarning(t *testing.T) {
+	for policy, warns := range map[string]bool{"volatile-lru": true, "allkeys-lru": true, "noeviction": false} {
+		t.Run(policy, func(t *testing.T) {
+			srv := redistest.Start(t)
+			srv.Do("CONFIG", "SET", "maxmemory", "100mb")
+			srv.Do("CONFIG", "SET", "maxmemory-policy", policy)
+			core, logs := observer.New(zap.WarnLevel)
+			tbl, err := session.NewTable("policy", 100, time.Hour, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := &redis.UniversalOptions{Addrs: []string{srv.Addr}, DialTimeout: time.Second, MaxRetries: -1}
+			c := New(tbl, opts, "caddy-mcp", "policy", []byte(testHashKey), time.Second, zap.New(core))
+			t.Cleanup(func() { _ = c.Destruct() })
+			tbl.SetStore(c)
+			if !testproc.Until(3*time.Second, func() bool { return !c.policyUnread() }) {
+				t.Fatal("the store did not read maxmemory-policy within 3 s")
+			}
+			time.Sleep(1500 * time.Millisecond) // more syncs: still one warning
+			found := logs.FilterMessageSnippet("maxmemory-policy noeviction").Len()
+			if warns && found != 1 || !warns && found != 0 {
+				t.Errorf("maxmemory-policy %s: %d warnings naming the fix, want %v", policy, found, warns)
+			}
+		})
+	}
 }

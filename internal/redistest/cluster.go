@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -27,6 +28,9 @@ const ClusterNodeTimeout = 1000
 func StartCluster(t testing.TB, masters, replicas int) []*Server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-cli"); err != nil {
+		if os.Getenv("MCP_INTEROP_REQUIRED") == "1" {
+			t.Fatalf("redis-cli is not installed (.ci/install-deps installs redis-tools): %v", err)
+		}
 		t.Skipf("redis-cli is not installed: %v", err)
 	}
 	nodes := make([]*Server, masters*(1+replicas))
