@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -211,4 +212,51 @@ func runLiveLoad(t *testing.T, rs []*replica, ids []string, stop <-chan struct{}
 	}
 	wg.Wait()
 	return l
+}
+
+// TestReplicasRedisEvicts: a Redis with maxmemory and volatile-lru (the
+// default of managed services) that another application fills evicts live
+// sessions; the replica that learned each one writes it back, so that 2 s
+// after the other application stops, every live session works on every
+// replica, including those that had never seen it. The control, same run:
+// how many live sessions Redis had evicted (before, a replica that had not
+// seen them answered them 404 for about a minute).
+func TestReplicasRedisEvicts(t *testing.T) {
+	t.Parallel()
+	f := startSharedFleet(t)
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	live := map[string]*replica{}
+	for i := range 30 {
+		live[rawSession(t, hc, tableURL(f.rs[i%3], "shared"))] = f.rs[i%3]
+	}
+	time.Sleep(1200 * time.Millisecond) // a sync: every replica knows evicted_keys
+	var used int64
+	fmt.Sscan(f.redis.Info("memory", "used_memory"), &used)
+	f.redis.Do("CONFIG", "SET", "maxmemory", fmt.Sprint(used+256<<10))
+	f.redis.Do("CONFIG", "SET", "maxmemory-policy", "volatile-lru")
+	evictedBefore := f.redis.Info("stats", "evicted_keys")
+	value := strings.Repeat("v", 1024)
+	for i := range 3000 { // the other application: cache entries with a TTL
+		f.redis.Do("SET", fmt.Sprintf("other:%d", i), value, "EX", "3600")
+	}
+	f.redis.Do("CONFIG", "SET", "maxmemory", "0")
+	stopped := time.Now()
+	t.Logf("Redis evicted %s keys (from %s) while the other application wrote 3,000", f.redis.Info("stats", "evicted_keys"), evictedBefore)
+	time.Sleep(2 * time.Second)
+	failed := 0
+	for id, learner := range live {
+		for _, r := range f.rs {
+			if ex := sessionCall(t, hc, tableURL(r, "shared"), id); ex.status != http.StatusOK {
+				failed++
+				t.Errorf("%s after the evictions, a session %s learned is %d on %s", time.Since(stopped).Round(100*time.Millisecond), learner.name, ex.status, r.name)
+			}
+		}
+	}
+	wb := metricSum(t, f.rs, "caddy_mcp_store_write_backs_total", map[string]string{"table": "shared", "cause": "eviction"})
+	restored := metricSum(t, f.rs, "caddy_mcp_store_sessions_restored_total", map[string]string{"table": "shared"})
+	t.Logf("eviction write-backs on 3 replicas: %.0f, sessions restored: %.0f; live sessions failing on some replica 2 s later: %d of 90 calls", wb, restored, failed)
+	if restored == 0 {
+		t.Errorf("no session restored: Redis evicted none of the live sessions, and the test shows nothing")
+	}
 }
