@@ -304,6 +304,35 @@ type Handler struct {
 	// TypeScript SDK and mcp-go, the Python SDK, the Go SDK).
 	LegacySSEParams []string `json:"legacy_sse_params,omitempty"`
 
+	// Rules that learn the handles of MCP 2026-07-28 tools (state a
+	// server keeps in its memory and names in a tool result, such as a
+	// browser or a cursor) and pin the calls that carry them back in an
+	// `Mcp-Param-{Name}` header to the upstream that minted them (see
+	// [HandleRule] and docs/handles.md). A call whose tool no rule names
+	// costs nothing more: its result is not read. Default: none.
+	Handles []HandleRule `json:"handles,omitempty"`
+
+	// The table that holds the handles of `handles`, held by the
+	// `mcp_sessions` app like a session table: its `max_sessions`,
+	// `session_ttl` and `store` (configured in the app's `tables`) apply
+	// to handles, and it binds each handle to the principal of the call
+	// that minted it with this handler's `bind_principal`. Default: the
+	// session table's name followed by `_handles` (`default_handles`).
+	HandleTable string `json:"handle_table,omitempty"`
+
+	// What to do with a request carrying a handle the table does not
+	// hold, or whose upstream is gone: `forward` balances it, and the
+	// server that gets it answers the handle it does not know; `reject`
+	// answers `unknown_handle_status` with a JSON-RPC error (-32602)
+	// without contacting an upstream. A handle bound to another principal
+	// is always refused. Default: `forward`.
+	UnknownHandle string `json:"unknown_handle,omitempty"`
+
+	// The status of the answer to a request refused by `unknown_handle
+	// reject`, or carrying another principal's handle: a 4xx. Default: 404.
+	UnknownHandleStatus int `json:"unknown_handle_status,omitempty"`
+
+	handles        *handleRules // nil without Handles
 	table          *session.Table
 	app            *App         // the config's mcp_sessions app, which configures table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
@@ -361,6 +390,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.table, h.app = t, app
+	if err := h.provisionHandles(app); err != nil {
+		return err
+	}
 	h.warnedNoPolicy, h.warnedInitSize, h.warnedDeadline, h.warnedSlowInit = new(atomic.Bool), new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)
 	t.SetLogger(h.logger)
 	return nil
@@ -392,7 +424,7 @@ func (h *Handler) Validate() error {
 	case slices.ContainsFunc(h.LegacySSEParams, badQueryName):
 		return fmt.Errorf("legacy_sse_params %q has an empty name or one with '?', '&', '=', '#' or a space; list query parameter names such as %q", h.LegacySSEParams, DefaultLegacySSEParams)
 	}
-	return nil
+	return h.validateHandles()
 }
 
 // badQueryName reports whether name cannot be a URL query parameter's name
@@ -527,6 +559,9 @@ func (h *Handler) serveWithoutHeader(w http.ResponseWriter, r *http.Request, nex
 func (h *Handler) serveNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	if init := h.captureInit(r); init != nil {
 		caddyhttp.SetVar(r.Context(), varInit, init)
+	}
+	if h.handles != nil {
+		return h.serveHandles(w, r, next)
 	}
 	return h.forwardNew(w, r, next)
 }
