@@ -5,10 +5,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -192,5 +197,210 @@ func TestHandlesPinCallsToTheMintingServer(t *testing.T) {
 	}
 	if got := metricValue(families, "caddy_mcp_sessions_learned_total", table); got != clients {
 		t.Errorf("caddy_mcp_sessions_learned_total of the handle table = %v, want %d", got, clients)
+	}
+}
+
+// openCounters opens n counters through url, with a first count call each
+// answered by the minting server; it fails t otherwise.
+func openCounters(t *testing.T, ctx context.Context, url string, hc *http.Client, n int) ([]*mcp.ClientSession, []handleReport) {
+	t.Helper()
+	css, reps := make([]*mcp.ClientSession, n), make([]handleReport, n)
+	for i := range n {
+		cs, rep, err := openCounter(ctx, url, hc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cs.Close() })
+		countCalls(ctx, cs, &rep, 1)
+		if rep.ok() != 1 {
+			t.Fatalf("first count call of a handle minted by %s: answered by %v: %v", rep.minter, rep.servers, rep.errs)
+		}
+		css[i], reps[i] = cs, rep
+	}
+	return css, reps
+}
+
+// TestHandlesOfAKilledUpstream kills one of 3 sessionless servers: the
+// calls carrying its handles get another server's answer to an unknown
+// handle through a site with unknown_handle forward, and the proxy's 404
+// through one with unknown_handle reject; either way the handle is
+// forgotten. Handles of the other servers keep reaching them. A handle
+// never minted is refused by the reject site, balanced by the other.
+func TestHandlesOfAKilledUpstream(t *testing.T) {
+	backends := startEraBackends(t, "hk-", "modern", 3)
+	ups := upstreams(backends)
+	ps := startProxies(t, handleSite("handles-fwd", ups), handleSite("handles-rej", ups, "unknown_handle reject"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	const n = 9
+	fwdCS, fwd := openCounters(t, ctx, ps[0].url(), hc, n)
+	rejCS, rej := openCounters(t, ctx, ps[1].url(), hc, n)
+
+	victim := backends[0]
+	victim.Kill()
+	<-victim.Done()
+	waitClosesRead(t, victim.Addr())
+
+	check := func(site string, css []*mcp.ClientSession, reps []handleReport, wantGone func(handleReport) string) {
+		gone := 0
+		for i := range reps {
+			before := len(reps[i].servers)
+			countCalls(ctx, css[i], &reps[i], 1)
+			got, errText := reps[i].servers[before], strings.Join(reps[i].errs, "; ")
+			switch {
+			case reps[i].minter != victim.Name() && got != reps[i].minter:
+				t.Errorf("%s: a handle of live %s was answered by %q after %s died: %s", site, reps[i].minter, got, victim.Name(), errText)
+			case reps[i].minter == victim.Name():
+				gone++
+				if want := wantGone(reps[i]); !strings.Contains(errText, want) {
+					t.Errorf("%s: a handle of killed %s: %q, want an error containing %q", site, victim.Name(), errText, want)
+				}
+			}
+		}
+		if gone == 0 {
+			t.Fatalf("%s: no handle was minted by %s; the balancing spread %d handles over fewer servers", site, victim.Name(), n)
+		}
+	}
+	// forward: another server answers the handle it does not hold.
+	check("unknown_handle forward", fwdCS, fwd, func(handleReport) string { return "holds no counter" })
+	// reject: the proxy answers 404 without contacting an upstream (the
+	// go-sdk client reports the status; no go-sdk server answers a
+	// tools/call with 404).
+	check("unknown_handle reject", rejCS, rej, func(handleReport) string { return "Not Found" })
+
+	families, _ := scrape(t)
+	for _, table := range []string{"handles-fwd_handles", "handles-rej_handles"} {
+		if got := metricValue(families, "caddy_mcp_upstream_gone_total", map[string]string{"table": table}); got < 1 {
+			t.Errorf("caddy_mcp_upstream_gone_total{table=%q} = %v, want the killed server's handles", table, got)
+		}
+	}
+
+	// A handle never minted: balanced by one site, refused by the other.
+	for i, want := range []int{http.StatusOK, http.StatusNotFound} {
+		ex := sendWithHost(t, hc, http.MethodPost, ps[i].url(), ps[i].addr, map[string][]string{
+			"Content-Type": {"application/json"}, "Accept": {"application/json, text/event-stream"},
+			"Mcp-Protocol-Version": {modernVersion}, "Mcp-Method": {"tools/call"}, "Mcp-Name": {"count"},
+			"Mcp-Param-Handle": {"never-minted"},
+		}, countBody("never-minted"))
+		if ex.status != want {
+			t.Errorf("site %d: a never-minted handle got %d %s, want %d", i, ex.status, ex.body, want)
+		}
+	}
+}
+
+// countBody is a 2026-07-28 tools/call of count with handle.
+func countBody(handle string) string {
+	return `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"count","arguments":{"handle":"` + handle + `"},` +
+		`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}`
+}
+
+// countRequest sends one raw 2026-07-28 count call carrying handle in
+// Mcp-Param-Handle through url.
+func countRequest(t *testing.T, hc *http.Client, url, handle string) exchange {
+	t.Helper()
+	return send(t, hc, http.MethodPost, url, map[string][]string{
+		"Content-Type": {"application/json"}, "Accept": {"application/json, text/event-stream"},
+		"Mcp-Protocol-Version": {modernVersion}, "Mcp-Method": {"tools/call"}, "Mcp-Name": {"count"},
+		"Mcp-Param-Handle": {handle},
+	}, countBody(handle))
+}
+
+// TestHandlesOfAnUnavailableUpstream: while a server fails its active
+// health checks, within unhealthy_grace, the calls carrying its handles get
+// the proxy's 503 with Retry-After and the handles are kept: once it passes
+// again, they reach it and find their counters. The other server's handles
+// keep working meanwhile.
+func TestHandlesOfAnUnavailableUpstream(t *testing.T) {
+	dir := t.TempDir()
+	down := func(name string) string { return filepath.Join(dir, name+".down") }
+	backends := launchFleet(t, 2, "hu-", whoamiTimeout, func(name, addrFile string) *exec.Cmd {
+		return exec.Command(whoamiBin, "-name", name, "-listen", "127.0.0.1:0", "-addr-file", addrFile, "-era", "modern", "-down-file", down(name))
+	})
+	p := startProxy(t, handleSite("handles-unavail", upstreams(backends), "health_uri /healthz", "health_interval 250ms", "unhealthy_grace 1m", "fallback round_robin"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	css, reps := openCounters(t, ctx, p.url(), hc, 4)
+	byServer := map[string]int{}
+	for i, r := range reps {
+		byServer[r.minter] = i
+	}
+	sick, healthy := backends[0].Name(), backends[1].Name()
+	si, ok1 := byServer[sick]
+	hi, ok2 := byServer[healthy]
+	if !ok1 || !ok2 {
+		t.Fatalf("round robin minted the 4 handles on %v; want both servers", byServer)
+	}
+
+	if err := os.WriteFile(down(sick), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var ex exchange
+	if !testproc.Until(10*time.Second, func() bool {
+		ex = countRequest(t, hc, p.url(), reps[si].handle)
+		return ex.status == http.StatusServiceUnavailable
+	}) {
+		t.Fatalf("a handle of %s, failing health checks: %d %s; want 503", sick, ex.status, ex.body)
+	}
+	checkUnavailable(t, ex)
+	countCalls(ctx, css[hi], &reps[hi], 1)
+	if reps[hi].ok() != 2 {
+		t.Errorf("a handle of healthy %s while %s is down: answered by %v: %v", healthy, sick, reps[hi].servers, reps[hi].errs)
+	}
+
+	if err := os.Remove(down(sick)); err != nil {
+		t.Fatal(err)
+	}
+	if !testproc.Until(10*time.Second, func() bool {
+		ex = countRequest(t, hc, p.url(), reps[si].handle)
+		return ex.status == http.StatusOK
+	}) {
+		t.Fatalf("a handle of %s, passing health checks again: %d %s; want 200", sick, ex.status, ex.body)
+	}
+	countCalls(ctx, css[si], &reps[si], 1)
+	if last := reps[si].servers[len(reps[si].servers)-1]; last != sick {
+		t.Errorf("the kept handle of %s, back in service: answered by %q: %v", sick, last, reps[si].errs)
+	}
+}
+
+// TestHandlesAdminLookupAndEvict: the admin API finds a handle in the
+// handle table, with the upstream that minted it, and evicts it; the next
+// call carrying it is then an unknown handle (refused by unknown_handle
+// reject), while a handle left alone goes on working.
+func TestHandlesAdminLookupAndEvict(t *testing.T) {
+	backends := startEraBackends(t, "ha-", "modern", 2)
+	p := startProxy(t, handleSite("handles-admin", upstreams(backends), "unknown_handle reject"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	_, reps := openCounters(t, ctx, p.url(), hc, 2)
+	addr := map[string]string{}
+	for _, b := range backends {
+		addr[b.Name()] = b.Addr()
+	}
+
+	body := func(h string) string { return `{"table":"handles-admin_handles","session_id":"` + h + `"}` }
+	code, out := adminRaw(t, http.MethodPost, "/mcp_sessions/lookup", body(reps[0].handle))
+	var st struct {
+		Upstream string `json:"upstream"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); code != http.StatusOK || err != nil || st.Upstream != addr[reps[0].minter] {
+		t.Fatalf("lookup of a handle minted by %s (%s): %d %s", reps[0].minter, addr[reps[0].minter], code, out)
+	}
+	if code, out := adminRaw(t, http.MethodPost, "/mcp_sessions/evict", body(reps[0].handle)); code != http.StatusOK {
+		t.Fatalf("evict: %d %s", code, out)
+	}
+	if ex := countRequest(t, hc, p.url(), reps[0].handle); ex.status != http.StatusNotFound {
+		t.Errorf("the evicted handle: %d %s, want the proxy's 404", ex.status, ex.body)
+	}
+	if ex := countRequest(t, hc, p.url(), reps[1].handle); ex.status != http.StatusOK || !strings.Contains(ex.body, reps[1].minter) {
+		t.Errorf("a handle left alone: %d %s, want its server %s", ex.status, ex.body, reps[1].minter)
+	}
+	if code, out := adminRaw(t, http.MethodPost, "/mcp_sessions/lookup", body(reps[0].handle)); code != http.StatusNotFound {
+		t.Errorf("lookup of the evicted handle: %d %s, want 404", code, out)
 	}
 }
