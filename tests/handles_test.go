@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -402,5 +403,78 @@ func TestHandlesAdminLookupAndEvict(t *testing.T) {
 	}
 	if code, out := adminRaw(t, http.MethodPost, "/mcp_sessions/lookup", body(reps[0].handle)); code != http.StatusNotFound {
 		t.Errorf("lookup of the evicted handle: %d %s, want 404", code, out)
+	}
+}
+
+// handleTableRoutes routes /<table>/mcp of a replica to an mcp_proxy over
+// ups with that table and the counters' handle rule, for each table.
+func handleTableRoutes(ups string, tables ...string) string {
+	var b strings.Builder
+	for _, table := range tables {
+		fmt.Fprintf(&b, "handle_path /%s/* {\n\t\t%s\n\t}\n\t", table, handleSite(table, ups))
+	}
+	return b.String()
+}
+
+// crossReplicaCounts opens a counter through one replica's url per client
+// and makes each count call through the other's, with a client of its own
+// there; it returns the calls the minting server answered, of all.
+func crossReplicaCounts(t *testing.T, mint, use string, clients, calls int) (ok, all int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	reps := make([]handleReport, clients)
+	errs := make([]error, clients)
+	var wg sync.WaitGroup
+	for i := range reps {
+		wg.Go(func() {
+			minter, rep, err := openCounter(ctx, mint, hc)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			minter.Close()
+			user, _, err := openCounter(ctx, use, hc) // lists the tools there
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer user.Close()
+			countCalls(ctx, user, &rep, calls)
+			reps[i] = rep
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return handleTotals(reps)
+}
+
+// TestHandlesAcrossReplicasOnOneRedis: two Caddy replicas keep the handle
+// table in one Redis. Each client opens its counter through c1 and counts
+// through c2, which never saw the minting call: every call reaches the
+// minting server. The same through a handle table in memory (the negative
+// control, same replicas, same run): c2 does not know the handles, and
+// balances most calls to servers that do not hold them.
+func TestHandlesAcrossReplicasOnOneRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	bs := startEraBackends(t, "hr-", "modern", 3)
+	global := "mcp_sessions hshared_handles {\n\t\t" + redisStore(srv.Addr, sharedTimeout) + "\n\t}\n\t" + storeLog
+	rs := startStoreReplicas(t, 2, global, handleTableRoutes(upstreams(bs), "hshared", "hlocal"))
+	const clients, calls = 10, 10
+
+	ok, all := crossReplicaCounts(t, tableURL(rs[0], "hshared"), tableURL(rs[1], "hshared"), clients, calls)
+	if ok != clients*calls || all != clients*calls {
+		t.Errorf("handle table in Redis: %d of %d count calls through c2 reached the server that minted the handle through c1", ok, clients*calls)
+	}
+	lok, lall := crossReplicaCounts(t, tableURL(rs[0], "hlocal"), tableURL(rs[1], "hlocal"), clients, calls)
+	t.Logf("through c2, handles minted through c1: Redis table %d of %d calls reached the minting server; memory table %d of %d", ok, all, lok, lall)
+	if lok > lall/2 {
+		t.Errorf("negative control: with the handle table in memory, %d of %d calls through c2 reached the minting server; want most to miss", lok, lall)
 	}
 }
