@@ -92,6 +92,10 @@ var policyVars = []string{varGone, varUnavailable}
 // | an `initialize` or `server/discover` that no upstream (of at most three tried) sends response headers for within `initialize_timeout`, nor answers a probe for | 504 |
 // | a session whose upstream sends no response headers within `pinned_timeout` (off by default) | 504; the session is kept |
 // | a session whose upstream was removed, refused the connection, or failed active health checks for `unhealthy_grace` | 404, and the session is dropped (with `failover reinitialize`: see below) |
+// | a rule's `Mcp-Param-` header (`handles`) sent twice, empty, or as a Base64 sentinel that does not decode | 400 |
+// | a handle the handle table does not hold, with `unknown_handle reject`, or one bound to another principal | `unknown_handle_status` (404) |
+// | a handle whose upstream fails active health checks, within the grace | 503 with Retry-After; the handle is kept |
+// | a handle whose upstream is gone, with `unknown_handle reject` | 404, and the handle is dropped (with `forward`: dropped, and the request balanced) |
 //
 // An initialize request carrying a session the table does not hold, or
 // whose upstream is gone, starts a new session: the stale Mcp-Session-Id
@@ -121,8 +125,8 @@ var policyVars = []string{varGone, varUnavailable}
 // `{mcp.era}` | `legacy_session`, `modern_sessionless` or `other_sessionless`, as the `era` label of the requests metric
 // `{mcp.protocol_version}` | The `MCP-Protocol-Version` header, if sent once
 // `{mcp.session_fingerprint}` | The first 12 hex digits of the SHA-256 of `Mcp-Session-Id`, never the ID itself; empty without a session
-// `{mcp.pinned_upstream}` | The dial address of the upstream the session is pinned to: for `pinned` and `gone` the session's, for `learned` the one that created it; empty otherwise
-// `{mcp.decision}` | `balanced` (no session), `learned`, `pinned`, `unknown` (session not in the table, or bound to another principal), `gone` (its upstream is gone), `rejected` (answered 4xx by the proxy)
+// `{mcp.pinned_upstream}` | The dial address of the upstream the session (or the handle, see `handles`) is pinned to: for `pinned` and `gone` the session's, for `learned` the one that created it; empty otherwise
+// `{mcp.decision}` | `balanced` (no session), `learned`, `pinned`, `unknown` (session not in the table, or bound to another principal), `gone` (its upstream is gone), `rejected` (answered 4xx by the proxy); for a request carrying a handle, the same of the handle, and `learned` for a call whose result minted one
 // `{mcp.host_for_upstream}` | In `reverse_proxy`, once it has selected an upstream: the upstream's own host:port if it is on this machine (a loopback or unspecified address, `localhost`), `localhost:80` for a unix socket, and otherwise the client's Host unchanged; `mcp_proxy` sends it as `Host`
 //
 // An `mcp` matcher that ran before the handler sets the same placeholders;

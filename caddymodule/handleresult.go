@@ -135,8 +135,12 @@ func (hw *handleWriter) release() error {
 func (hw *handleWriter) finish() error {
 	if hw.mode == handleWatchJSON {
 		hw.mode = handleWatchNone
-		if handle, response := mcpwire.ResultHandle(hw.held, hw.rule.From); response {
-			hw.learn(handle)
+		// A compressed answer (a server's compression middleware) is read
+		// decoded; the client gets it as it came.
+		if body, err := decodedBody(hw.Header(), hw.held); err == nil {
+			if handle, response := mcpwire.ResultHandle(body, hw.rule.From); response {
+				hw.learn(handle)
+			}
 		}
 	}
 	hw.mode = handleWatchNone
