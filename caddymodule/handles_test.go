@@ -167,3 +167,38 @@ func TestHandleRulesValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestHandlesBoundToPrincipal: a handle minted by one principal is refused
+// to another, even with unknown_handle forward, and never reaches an
+// upstream; its own principal is pinned.
+func TestHandlesBoundToPrincipal(t *testing.T) {
+	h, _ := provisionHandler(t, &Handler{BindPrincipal: "{http.request.header.X-User}",
+		Handles: []HandleRule{{Tool: "open_counter", From: "/handle", Header: "Mcp-Param-Handle"}}})
+	mint := answering("u1:1", 200, "application/json", `{"jsonrpc":"2.0","id":1,"result":{"structuredContent":{"handle":"H-A"}}}`)
+	withHTTPPlaceholders := func(r *http.Request) *http.Request { caddyhttp.NewTestReplacer(r); return r }
+	if err := h.ServeHTTP(httptest.NewRecorder(), withHTTPPlaceholders(caddyRequest(`{}`, handleCall("open_counter", "X-User", "alice"))), mint); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		user    string
+		status  int
+		reached bool
+	}{{"alice", 200, true}, {"mallory", 404, false}} {
+		reached := false
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			reached = exchangeOf(r).owner != nil
+			w.WriteHeader(http.StatusOK)
+			return nil
+		})
+		rec := httptest.NewRecorder()
+		if err := h.ServeHTTP(rec, withHTTPPlaceholders(caddyRequest(`{}`, handleCall("count", "X-User", tc.user, "Mcp-Param-Handle", "H-A"))), next); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Code != tc.status || reached != tc.reached {
+			t.Errorf("%s: %d, pinned upstream reached %v; want %d, %v", tc.user, rec.Code, reached, tc.status, tc.reached)
+		}
+	}
+	if got := h.handles.table.Stats.PrincipalMismatches(); got != 1 {
+		t.Errorf("principal mismatches counted: %d, want 1", got)
+	}
+}

@@ -199,6 +199,19 @@ func TestHandlesPinCallsToTheMintingServer(t *testing.T) {
 	if got := metricValue(families, "caddy_mcp_sessions_learned_total", table); got != clients {
 		t.Errorf("caddy_mcp_sessions_learned_total of the handle table = %v, want %d", got, clients)
 	}
+
+	// Header and body disagreeing: pinned by the header, refused by the
+	// server (MCP 2026-07-28 transports, §Server Validation).
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	ex := send(t, hc, http.MethodPost, ps[0].url(), map[string][]string{
+		"Content-Type": {"application/json"}, "Accept": {"application/json, text/event-stream"},
+		"Mcp-Protocol-Version": {modernVersion}, "Mcp-Method": {"tools/call"}, "Mcp-Name": {"count"},
+		"Mcp-Param-Handle": {plugin[0].handle},
+	}, countBody("another-handle"))
+	if ex.status != http.StatusBadRequest || rpcErrorCode(ex.body) != -32020 {
+		t.Errorf("Mcp-Param-Handle and the body's handle differ: %d %s; want the server's 400 -32020", ex.status, ex.body)
+	}
 }
 
 // openCounters opens n counters through url, with a first count call each
