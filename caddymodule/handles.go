@@ -195,11 +195,10 @@ func (h *Handler) provisionHandles(app *App) error {
 	if h.UnknownHandleStatus == 0 {
 		h.UnknownHandleStatus = http.StatusNotFound
 	}
-	t, err := app.Table(h.HandleTable, TableConfig{BindPrincipal: h.BindPrincipal}, "the handles of an mcp_session handler")
+	t, err := app.Table(h.HandleTable, TableConfig{TableSettings: TableSettings{BindPrincipal: h.BindPrincipal}}, "the handles of an mcp_session handler")
 	if err != nil {
 		return err
 	}
-	t.SetLogger(h.logger)
 	h.handles = newHandleRules(h.Handles, t, h.UnknownHandle, h.UnknownHandleStatus)
 	return nil
 }

@@ -28,7 +28,7 @@ func BenchmarkHandles(b *testing.B) {
 	}
 	startApp(b, ctx)
 	for _, h := range []*Handler{plain, ruled} {
-		h.logger = zap.NewNop()
+		h.setLogger(zap.NewNop())
 	}
 	const known = "KNOWN-HANDLE-7QH2M"
 	ruled.handles.table.Learn(known, "10.0.0.1:8080")

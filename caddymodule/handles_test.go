@@ -172,7 +172,7 @@ func TestHandleRulesValidate(t *testing.T) {
 // to another, even with unknown_handle forward, and never reaches an
 // upstream; its own principal is pinned.
 func TestHandlesBoundToPrincipal(t *testing.T) {
-	h, _ := provisionHandler(t, &Handler{BindPrincipal: "{http.request.header.X-User}",
+	h, _ := provisionHandler(t, &Handler{TableSettings: TableSettings{BindPrincipal: "{http.request.header.X-User}"},
 		Handles: []HandleRule{{Tool: "open_counter", From: "/handle", Header: "Mcp-Param-Handle"}}})
 	mint := answering("u1:1", 200, "application/json", `{"jsonrpc":"2.0","id":1,"result":{"structuredContent":{"handle":"H-A"}}}`)
 	withHTTPPlaceholders := func(r *http.Request) *http.Request { caddyhttp.NewTestReplacer(r); return r }
