@@ -23,24 +23,14 @@ const HandleFromText = "text"
 func ResultHandle(msg []byte, from string) (handle string, response bool) {
 	var m struct {
 		ID     json.RawMessage `json:"id"`
-		Result json.RawMessage `json:"result"`
+		Result *toolResult     `json:"result"`
 		Error  json.RawMessage `json:"error"`
 	}
 	if json.Unmarshal(msg, &m) != nil || len(m.ID) == 0 || m.Result == nil && m.Error == nil {
 		return "", false
 	}
-	if m.Result == nil {
-		return "", true
-	}
-	var res struct {
-		Content []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		} `json:"content"`
-		StructuredContent json.RawMessage `json:"structuredContent"`
-		IsError           bool            `json:"isError"`
-	}
-	if json.Unmarshal(m.Result, &res) != nil || res.IsError {
+	res := m.Result
+	if res == nil || res.IsError {
 		return "", true
 	}
 	if from == HandleFromText {
@@ -52,6 +42,16 @@ func ResultHandle(msg []byte, from string) (handle string, response bool) {
 		return "", true
 	}
 	return primitiveAt(res.StructuredContent, from), true
+}
+
+// toolResult is what ResultHandle reads of a CallToolResult.
+type toolResult struct {
+	Content []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	} `json:"content"`
+	StructuredContent json.RawMessage `json:"structuredContent"`
+	IsError           bool            `json:"isError"`
 }
 
 // primitiveAt returns the string form of the primitive value at JSON
@@ -97,19 +97,20 @@ func member(v json.RawMessage, token string) json.RawMessage {
 // primitive returns the header form of a string, integer or boolean JSON
 // value (SEP-2243), or "" for any other.
 func primitive(v json.RawMessage) string {
-	var x any
-	dec := json.NewDecoder(bytes.NewReader(v))
-	dec.UseNumber()
-	if dec.Decode(&x) != nil {
+	v = bytes.TrimSpace(v)
+	if len(v) == 0 {
 		return ""
 	}
-	switch x := x.(type) {
-	case string:
-		return x
-	case bool:
-		return strconv.FormatBool(x)
-	case json.Number:
-		if i, err := x.Int64(); err == nil {
+	switch c := v[0]; {
+	case c == '"':
+		var x string
+		if json.Unmarshal(v, &x) == nil {
+			return x
+		}
+	case string(v) == "true" || string(v) == "false":
+		return string(v)
+	case c == '-' || c >= '0' && c <= '9':
+		if i, err := strconv.ParseInt(string(v), 10, 64); err == nil {
 			return strconv.FormatInt(i, 10)
 		}
 	}
