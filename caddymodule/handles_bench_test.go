@@ -33,13 +33,15 @@ func BenchmarkHandles(b *testing.B) {
 	const known = "KNOWN-HANDLE-7QH2M"
 	ruled.handles.table.Learn(known, "10.0.0.1:8080")
 	up := &reverseproxy.Upstream{Dial: "10.0.0.1:8080"}
-	minted := 0
+	minted, buf := int64(0), []byte(nil) // each result names a new handle, written without allocating
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		exchangeOf(r).selected = up // as the selection policy records its pick
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
 		minted++
-		_, err := w.Write([]byte(`{"jsonrpc":"2.0","id":7,"result":{"content":[],"structuredContent":{"handle":"H` + strconv.Itoa(minted) + `","server":"s1"}}}`))
+		buf = append(strconv.AppendInt(append(buf[:0], `{"jsonrpc":"2.0","id":7,"result":{"content":[],"structuredContent":{"handle":"H`...), minted, 10),
+			`","server":"s1"}}}`...)
+		_, err := w.Write(buf)
 		return err
 	})
 	run := func(b *testing.B, h *Handler, header map[string]string) {
