@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
@@ -85,9 +86,16 @@ func TestHandlesLearnFromResults(t *testing.T) {
 					return err
 				})
 			}
-			rec := httptest.NewRecorder()
-			if err := h.ServeHTTP(rec, caddyRequest(`{}`, handleCall(tc.tool)), next); err != nil {
+			rec, r := httptest.NewRecorder(), caddyRequest(`{}`, handleCall(tc.tool))
+			if err := h.ServeHTTP(rec, r, next); err != nil {
 				t.Fatal(err)
+			}
+			want := "balanced"
+			if tc.learned != "" {
+				want = "learned"
+			}
+			if got, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer).GetString("mcp.decision"); got != want {
+				t.Errorf("{mcp.decision} = %q, want %q", got, want)
 			}
 			body := rec.Body.String()
 			if tc.gzip {
@@ -116,13 +124,14 @@ func TestHandlesPinAndRefuse(t *testing.T) {
 		header        []string
 		status        int
 		owner         string // the upstream the policy is told to pick, "" for none
+		decision      string // {mcp.decision}
 	}{
-		{"known handle", "", []string{"Mcp-Param-Handle", "H-1"}, 200, "u1:1"},
-		{"known handle, sentinel", "", []string{"Mcp-Param-Handle", "=?base64?SC0x?="}, 200, "u1:1"},
-		{"unknown handle forwarded", "", []string{"Mcp-Param-Handle", "H-2"}, 200, ""},
-		{"unknown handle rejected", UnknownHandleReject, []string{"Mcp-Param-Handle", "H-2"}, 404, ""},
-		{"bad sentinel", "", []string{"Mcp-Param-Handle", "=?base64?%%?="}, 400, ""},
-		{"no rule header", UnknownHandleReject, []string{"Mcp-Param-Other", "H-2"}, 200, ""},
+		{"known handle", "", []string{"Mcp-Param-Handle", "H-1"}, 200, "u1:1", "pinned"},
+		{"known handle, sentinel", "", []string{"Mcp-Param-Handle", "=?base64?SC0x?="}, 200, "u1:1", "pinned"},
+		{"unknown handle forwarded", "", []string{"Mcp-Param-Handle", "H-2"}, 200, "", "unknown"},
+		{"unknown handle rejected", UnknownHandleReject, []string{"Mcp-Param-Handle", "H-2"}, 404, "", "unknown"},
+		{"bad sentinel", "", []string{"Mcp-Param-Handle", "=?base64?%%?="}, 400, "", "rejected"},
+		{"no rule header", UnknownHandleReject, []string{"Mcp-Param-Other", "H-2"}, 200, "", "balanced"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newRuledHandler(t, tc.unknown)
@@ -134,12 +143,16 @@ func TestHandlesPinAndRefuse(t *testing.T) {
 				}
 				return ok.ServeHTTP(w, r)
 			})
-			rec := httptest.NewRecorder()
-			if err := h.ServeHTTP(rec, caddyRequest(`{}`, handleCall("count", tc.header...)), next); err != nil {
+			rec, r := httptest.NewRecorder(), caddyRequest(`{}`, handleCall("count", tc.header...))
+			if err := h.ServeHTTP(rec, r, next); err != nil {
 				t.Fatal(err)
 			}
 			if rec.Code != tc.status || owner != tc.owner {
 				t.Errorf("status %d, pinned to %q; want %d, %q (%s)", rec.Code, owner, tc.status, tc.owner, rec.Body)
+			}
+			repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+			if got, _ := repl.GetString("mcp.decision"); got != tc.decision {
+				t.Errorf("{mcp.decision} = %q, want %q", got, tc.decision)
 			}
 		})
 	}
