@@ -215,6 +215,9 @@ func (h *Handler) validateHandles() error {
 		return fmt.Errorf("unknown_handle must be %q or %q, got %q", UnknownHandleForward, UnknownHandleReject, h.UnknownHandle)
 	case h.UnknownHandleStatus != 0 && (h.UnknownHandleStatus < 400 || h.UnknownHandleStatus > 499):
 		return fmt.Errorf("unknown_handle_status must be a 4xx status such as 404 or 410, got %d", h.UnknownHandleStatus)
+	case len(h.Handles) == 0 && (h.HandleTable != "" || h.UnknownHandle != "" || h.UnknownHandleStatus != 0):
+		return fmt.Errorf("handle_table and unknown_handle apply to handle rules, and there is none; " +
+			"add one such as 'handle open_browser /browser_id Mcp-Param-Browser', or leave them out")
 	case len(h.Handles) > 0 && h.HandleTable != "" && h.HandleTable == h.Table:
 		return fmt.Errorf("handle_table %q is the session table; give handles a table of their own, or leave it out for %q", h.HandleTable, h.Table+DefaultHandleTableSuffix)
 	}

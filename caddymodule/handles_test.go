@@ -172,6 +172,8 @@ func TestHandleRulesValidate(t *testing.T) {
 		{Handler{Handles: []HandleRule{{Tool: "t", From: "/a", Header: "Mcp-Param-a b"}}}, "not allowed in a header name"},
 		{Handler{UnknownHandle: "drop"}, "unknown_handle must be"},
 		{Handler{UnknownHandleStatus: 503}, "4xx status"},
+		{Handler{UnknownHandle: UnknownHandleReject}, "there is none"},
+		{Handler{HandleTable: "h"}, "there is none"},
 		{Handler{Table: "x", HandleTable: "x", Handles: []HandleRule{{Tool: "t", From: "/a", Header: "Mcp-Param-A"}}}, "is the session table"},
 	} {
 		err := tc.h.Validate()
