@@ -491,3 +491,20 @@ func TestHandlesAcrossReplicasOnOneRedis(t *testing.T) {
 		t.Errorf("negative control: with the handle table in memory, %d of %d calls through c2 reached the minting server; want most to miss", lok, lall)
 	}
 }
+
+// TestProxyCommandPinsHandles: `caddy mcp-proxy --handle` in front of the
+// 3 sessionless servers pins 10 clients × 10 count calls to the servers
+// that minted their handles.
+func TestProxyCommandPinsHandles(t *testing.T) {
+	bs := startEraBackends(t, "hc-", "modern", 3)
+	addr := freeAddr(t)
+	args := []string{"mcp-proxy", "--from", addr, "--admin", "off", "--status", "off", "--handle", "open_counter /handle Mcp-Param-Handle"}
+	for _, b := range bs {
+		args = append(args, "--to", b.Addr())
+	}
+	runProxyCommand(t, "mcp-proxy-handles", addr, args...)
+	const clients, calls = 10, 10
+	if ok, all := handleTotals(runHandleClients(t, "http://"+addr+"/mcp", clients, calls)); ok != clients*calls || all != clients*calls {
+		t.Errorf("caddy mcp-proxy --handle: %d of %d count calls reached the minting server", ok, clients*calls)
+	}
+}
