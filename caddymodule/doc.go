@@ -64,7 +64,7 @@
 //   - internal/mcpwire: the wire facts: the JSON-RPC head scanner and
 //     initialize check, the one JSON-RPC error body and writer, the SSE
 //     event parser, the Mcp-Session-Id checks, protocol versions, method
-//     labels.
+//     labels, the handle in a tool result (handle.go).
 //   - internal/seal: the one AEAD envelope of sealed session IDs and of the
 //     redis store's failover records.
 //
@@ -93,7 +93,9 @@
 //     initialize sent elsewhere), reinit.go (a stale initialize),
 //     failover.go, sealed.go (over internal/seal), legacysse.go (legacy
 //     HTTP+SSE streams), writer.go (the response the session is learned
-//     from).
+//     from), handles.go, handleserve.go and handleresult.go (2026-07-28
+//     handles: their rules, the requests carrying them, the results they
+//     are learned from).
 //   - Configuration on top: caddyfile.go (the matcher's and the upstream
 //     source's next to their modules, in matcher.go and unixsockets.go),
 //     command.go (the `caddy mcp-proxy` subcommand, which runs the
