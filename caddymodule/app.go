@@ -113,6 +113,23 @@ type TableConfig struct {
 	// is `1s`. Default: the table's `session_ttl`.
 	FailoverMaxAge caddy.Duration `json:"failover_max_age,omitempty"`
 
+	// Keeps the recent events of each session's SSE streams, so that a
+	// client resumes a broken stream with Last-Event-ID: `on` or `off`
+	// (see the handler's `journal`). Default: `off`.
+	Journal string `json:"journal,omitempty"`
+
+	// How long the journal keeps an event, and keeps reading an
+	// upstream's response after its client went away. Default: `5m`.
+	JournalWindow caddy.Duration `json:"journal_window,omitempty"`
+
+	// The most bytes of events the journal keeps per session. Default:
+	// 4194304 (4 MiB).
+	JournalSessionBytes int `json:"journal_session_bytes,omitempty"`
+
+	// The most bytes of events the journal keeps for the table. Default:
+	// 134217728 (128 MiB).
+	JournalTotalBytes int `json:"journal_total_bytes,omitempty"`
+
 	// How long the table keeps the record of an upstream that no config
 	// lists, that owns no session (on any instance, with a shared store) and
 	// that no request was sent to: its draining flag and metric series then
@@ -299,6 +316,10 @@ func (u *tableUse) merge(name string, cfg TableConfig, source string) error {
 		mergeSetting(name, "failover_max_age", &u.cfg.FailoverMaxAge, cfg.FailoverMaxAge, u.sources, source, "%s"),
 		mergeSetting(name, "max_unconfirmed_per_client", &u.cfg.MaxUnconfirmedPerClient, cfg.MaxUnconfirmedPerClient, u.sources, source, "%d"),
 		mergeSetting(name, "client_key", &u.cfg.ClientKey, cfg.ClientKey, u.sources, source, "%q"),
+		mergeSetting(name, "journal", &u.cfg.Journal, cfg.Journal, u.sources, source, "%q"),
+		mergeSetting(name, "journal_window", &u.cfg.JournalWindow, cfg.JournalWindow, u.sources, source, "%s"),
+		mergeSetting(name, "journal_session_bytes", &u.cfg.JournalSessionBytes, cfg.JournalSessionBytes, u.sources, source, "%d"),
+		mergeSetting(name, "journal_total_bytes", &u.cfg.JournalTotalBytes, cfg.JournalTotalBytes, u.sources, source, "%d"),
 	)
 }
 
@@ -391,6 +412,7 @@ func (a *App) startTable(name string, u *tableUse) error {
 	u.table.SetFailover(u.cfg.Failover, u.cfg.MaxInitializeSize)
 	u.table.SetFailoverMaxAge(time.Duration(u.cfg.FailoverMaxAge))
 	u.table.SetClientCap(u.cfg.MaxUnconfirmedPerClient, u.cfg.ClientKey)
+	configureJournal(u.table, u.cfg)
 	if cfg := a.Tables[name]; cfg != nil {
 		u.table.SetUpstreamTTL(time.Duration(cfg.UpstreamTTL))
 	}

@@ -74,6 +74,10 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    failover              reinitialize|off
 //	    max_initialize_size   <bytes>
 //	    failover_max_age      <duration>
+//	    journal               on|off
+//	    journal_window        <duration>
+//	    journal_session_bytes <size>
+//	    journal_total_bytes   <size>
 //	    max_unconfirmed_per_client <count>
 //	    client_key            <placeholder template>
 //	    initialize_timeout    <duration>|off
@@ -165,6 +169,27 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 			h.FailoverMaxAge = caddy.Duration(dur)
 			return nil
 		}
+	case "journal":
+		set = func(v string) error {
+			if v != JournalOn && v != JournalOff {
+				return d.Errf("journal: '%s' must be '%s' or '%s'", v, JournalOn, JournalOff)
+			}
+			h.Journal = v
+			return nil
+		}
+	case "journal_window":
+		set = func(v string) error {
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return d.Errf("journal_window: '%s' is not a positive duration such as 30s or 5m", v)
+			}
+			h.JournalWindow = caddy.Duration(dur)
+			return nil
+		}
+	case "journal_session_bytes":
+		set = func(v string) error { return parseSize(d, name, v, &h.JournalSessionBytes) }
+	case "journal_total_bytes":
+		set = func(v string) error { return parseSize(d, name, v, &h.JournalTotalBytes) }
 	case "max_unconfirmed_per_client":
 		set = func(v string) error { return parseCap(d, name, v, &h.MaxUnconfirmedPerClient) }
 	case "client_key":
@@ -403,6 +428,10 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    failover              reinitialize|off
 //	    max_initialize_size   <bytes>
 //	    failover_max_age      <duration>
+//	    journal               on|off
+//	    journal_window        <duration>
+//	    journal_session_bytes <size>
+//	    journal_total_bytes   <size>
 //	    max_unconfirmed_per_client <count>
 //	    client_key            <placeholder template>
 //	    initialize_timeout    <duration>|off
@@ -687,6 +716,10 @@ func newProxyHandler(policy *SessionSelection) *reverseproxy.Handler {
 //	    failover       reinitialize|off
 //	    max_initialize_size <bytes>
 //	    failover_max_age <duration>
+//	    journal        on|off
+//	    journal_window <duration>
+//	    journal_session_bytes <size>
+//	    journal_total_bytes <size>
 //	    upstream_ttl   <duration>
 //	    store          memory|redis [{ <redis options> }]
 //	    max_unconfirmed_per_client <count>
@@ -738,6 +771,7 @@ func (a *App) unmarshalTable(d *caddyfile.Dispenser) error {
 	cfg.MaxSessions, cfg.SessionTTL, cfg.BindPrincipal = h.MaxSessions, h.SessionTTL, expandShorthands(h.BindPrincipal)
 	cfg.Failover, cfg.MaxInitializeSize, cfg.FailoverMaxAge = h.Failover, h.MaxInitializeSize, h.FailoverMaxAge
 	cfg.MaxUnconfirmedPerClient, cfg.ClientKey = h.MaxUnconfirmedPerClient, expandShorthands(h.ClientKey)
+	cfg.Journal, cfg.JournalWindow, cfg.JournalSessionBytes, cfg.JournalTotalBytes = h.Journal, h.JournalWindow, h.JournalSessionBytes, h.JournalTotalBytes
 	return nil
 }
 
@@ -749,7 +783,8 @@ func unmarshalTableOption(d *caddyfile.Dispenser, cfg *TableConfig, h *Handler, 
 		return d.Errf("duplicate option '%s'", name)
 	}
 	switch name {
-	case "max_sessions", "session_ttl", "bind_principal", "failover", "max_initialize_size", "failover_max_age", "max_unconfirmed_per_client", "client_key":
+	case "max_sessions", "session_ttl", "bind_principal", "failover", "max_initialize_size", "failover_max_age", "max_unconfirmed_per_client", "client_key",
+		"journal", "journal_window", "journal_session_bytes", "journal_total_bytes":
 		_, err := h.unmarshalOption(d, seen)
 		return err
 	case "upstream_ttl":

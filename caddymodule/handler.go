@@ -241,6 +241,36 @@ type Handler struct {
 	// end. The minimum is `1s`. Default: the table's `session_ttl` (`24h`).
 	FailoverMaxAge caddy.Duration `json:"failover_max_age,omitempty"`
 
+	// Keeps the recent events of each session's SSE streams (POST
+	// responses and GET streams), as the `mcp_sessions` app's `journal`
+	// for this table (the same rules as `max_sessions`): `on` or `off`.
+	// With it on, the proxy gives every event an ID of its own (carrying
+	// the upstream's own ID, if any), keeps reading an upstream's response
+	// for `journal_window` after its client went away instead of
+	// cancelling it, and answers a GET whose Last-Event-ID it issued from
+	// the journal: the events after it, then the live rest of that stream
+	// (MCP 2025-11-25 transports, "Resumability and Redelivery"). A GET
+	// with an ID the journal no longer holds goes to the upstream with the
+	// upstream's own ID. See docs/behaviour.md, "Resumable streams".
+	// Default: `off`.
+	Journal string `json:"journal,omitempty"`
+
+	// How long the journal keeps an event, and keeps reading an upstream's
+	// response after its client went away, as the `mcp_sessions` app's
+	// `journal_window`. Default: `5m`.
+	JournalWindow caddy.Duration `json:"journal_window,omitempty"`
+
+	// The most bytes of events the journal keeps per session, the oldest
+	// pushed out first, as the `mcp_sessions` app's
+	// `journal_session_bytes`. Default: 4194304 (4 MiB).
+	JournalSessionBytes int `json:"journal_session_bytes,omitempty"`
+
+	// The most bytes of events the journal keeps for the whole table, the
+	// oldest of the session written least recently pushed out first, as
+	// the `mcp_sessions` app's `journal_total_bytes`. Default: 134217728
+	// (128 MiB).
+	JournalTotalBytes int `json:"journal_total_bytes,omitempty"`
+
 	// The most sessions one client may hold that have not been used since
 	// their initialize, as the `mcp_sessions` app's
 	// `max_unconfirmed_per_client` for this table. Default: 0, no cap.
@@ -356,6 +386,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		MaxSessions: h.MaxSessions, SessionTTL: h.SessionTTL, BindPrincipal: h.BindPrincipal,
 		Failover: h.Failover, MaxInitializeSize: h.MaxInitializeSize, FailoverMaxAge: h.FailoverMaxAge,
 		MaxUnconfirmedPerClient: h.MaxUnconfirmedPerClient, ClientKey: h.ClientKey,
+		Journal: h.Journal, JournalWindow: h.JournalWindow, JournalSessionBytes: h.JournalSessionBytes, JournalTotalBytes: h.JournalTotalBytes,
 	}, "an mcp_session handler")
 	if err != nil {
 		return err
@@ -389,6 +420,11 @@ func (h *Handler) Validate() error {
 	case h.FailoverMaxAge != 0 && time.Duration(h.FailoverMaxAge) < session.MinSessionTTL:
 		return fmt.Errorf("failover_max_age %s is below the minimum of %s; give a duration such as 1h, or leave it out for session_ttl",
 			time.Duration(h.FailoverMaxAge), session.MinSessionTTL)
+	case h.Journal != "" && h.Journal != JournalOn && h.Journal != JournalOff:
+		return fmt.Errorf("journal must be %q or %q, got %q", JournalOn, JournalOff, h.Journal)
+	case h.JournalWindow < 0 || h.JournalSessionBytes < 0 || h.JournalTotalBytes < 0:
+		return fmt.Errorf("journal_window, journal_session_bytes and journal_total_bytes must be positive, got %s, %d, %d",
+			time.Duration(h.JournalWindow), h.JournalSessionBytes, h.JournalTotalBytes)
 	case slices.ContainsFunc(h.LegacySSEParams, badQueryName):
 		return fmt.Errorf("legacy_sse_params %q has an empty name or one with '?', '&', '=', '#' or a space; list query parameter names such as %q", h.LegacySSEParams, DefaultLegacySSEParams)
 	}
@@ -575,6 +611,11 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 			h.table.StreamClosed(id)
 		}()
 	}
+	w, r, endJournal, done, err := h.journalHooks(w, r, id) // journal.go
+	if done {
+		return err
+	}
+	defer endJournal()
 	pw := newSessionWriter(w, h, r, id, up)
 	if pw.fo = h.failoverFor(w, r, id); pw.fo != nil && pw.fo.again && h.table.PastDrainDeadline(up) && h.failoverRefused(r, id) == "" {
 		return h.serveFailover(w, r, next, id, up, pw.fo, session.FailoverDrainDeadline)

@@ -361,6 +361,8 @@ type Table struct {
 	failoverConfig
 	// keyInfo holds what the table's keys are, and its logger.
 	keyInfo
+	// journalLink holds the table's event journal, nil while it is off.
+	journalLink
 
 	mu stripedLock // a session's read lock serves lookups that record nothing (lookupRecorded)
 	// unconfirmed holds the sessions not used since they were learned,
