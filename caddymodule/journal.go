@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/journal"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
@@ -34,6 +36,44 @@ const (
 // headerLastEventID is the header a client resumes a stream with (HTML
 // Living Standard §9.2.4; MCP 2025-11-25 transports).
 const headerLastEventID = "Last-Event-Id"
+
+// journalOption returns the parser of the journal setting name.
+func (s *TableSettings) journalOption(d *caddyfile.Dispenser, name string) func(string) error {
+	switch name {
+	case "journal":
+		return func(v string) error {
+			if v != JournalOn && v != JournalOff {
+				return d.Errf("journal: '%s' must be '%s' or '%s'", v, JournalOn, JournalOff)
+			}
+			s.Journal = v
+			return nil
+		}
+	case "journal_window":
+		return func(v string) error {
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return d.Errf("journal_window: '%s' is not a positive duration such as 30s or 5m", v)
+			}
+			s.JournalWindow = caddy.Duration(dur)
+			return nil
+		}
+	case "journal_session_bytes":
+		return func(v string) error { return parseSize(d, name, v, &s.JournalSessionBytes) }
+	}
+	return func(v string) error { return parseSize(d, name, v, &s.JournalTotalBytes) }
+}
+
+// validateJournal checks the journal settings of s.
+func (s TableSettings) validateJournal() error {
+	switch {
+	case s.Journal != "" && s.Journal != JournalOn && s.Journal != JournalOff:
+		return fmt.Errorf("journal must be %q or %q, got %q", JournalOn, JournalOff, s.Journal)
+	case s.JournalWindow < 0 || s.JournalSessionBytes < 0 || s.JournalTotalBytes < 0:
+		return fmt.Errorf("journal_window, journal_session_bytes and journal_total_bytes must be positive, got %s, %d, %d",
+			time.Duration(s.JournalWindow), s.JournalSessionBytes, s.JournalTotalBytes)
+	}
+	return nil
+}
 
 // configureJournal applies the journal settings of cfg to t: a journal in
 // this process's memory while the setting is on, kept across reloads.
