@@ -2,10 +2,13 @@ package tests
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // Resumable streams (docs/behaviour.md, "Resumable streams"): with the
@@ -161,4 +164,77 @@ func cutAndResume(t *testing.T, addr string) *callEvents {
 	}
 	_ = readEvents(rctx, r.Body, got, func(c *callEvents) bool { return c.results > 0 })
 	return got
+}
+
+// TestJournalFailoverMidStream: with `failover reinitialize`, a raw
+// client's connection is cut after three progress events of a slow call;
+// the proxy records three more, then the session's upstream is killed,
+// and the session's next POST fails it over to the other server. The
+// client's GET with its last event ID then gets, from the journal, the
+// events the dead upstream had sent, each once and in order, and no
+// result (the dead upstream never sent one). Journal off (control): the
+// client resumes nothing.
+func TestJournalFailoverMidStream(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("journal=%v", on), func(t *testing.T) {
+			srv := startBackends(t, 2, false)
+			table := fmt.Sprintf("journal-fo-%v", on)
+			p := startProxy(t, journalSite(upstreams(srv), table, on, "failover reinitialize"))
+			relay := redistest.NewRelay(t, p.addr)
+			url := "http://" + relay.Addr + "/mcp"
+			hc := newHTTPClient()
+			defer hc.CloseIdleConnections()
+			id := goSDKSession(t, hc, url)
+			_, before := rawWhoami(t, hc, url, id)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+
+			got := new(callEvents)
+			resp := postSSE(ctx, t, hc, url, id, progressCall(2, journalMillis, journalSteps))
+			if err := readEvents(ctx, resp.Body, got, func(c *callEvents) bool { return len(c.progress) == cutAfter }); err != nil {
+				t.Fatalf("before the cut: %v, %s", err, got)
+			}
+			relay.Cut()
+			if on { // the proxy goes on recording: wait for three more progress events
+				events := func() float64 {
+					families, _ := scrape(t)
+					return metricValue(families, "caddy_mcp_journal_events_total", map[string]string{"table": table})
+				}
+				recorded := events()
+				if !testproc.Until(5*time.Second, func() bool { return events() >= recorded+3 }) {
+					t.Fatalf("the journal recorded no more events after the cut (%v)", events())
+				}
+			} else {
+				time.Sleep(time.Second)
+			}
+			for _, s := range srv {
+				if s.Name() == before.Server {
+					s.Kill()
+				}
+			}
+			st, after := rawWhoami(t, hc, url, id)
+			if st != http.StatusOK || after.Server == before.Server {
+				t.Fatalf("whoami after the kill: %d from %q; want 200 from the other server than %q", st, after.Server, before.Server)
+			}
+
+			rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+			defer rcancel()
+			if r := resumeGET(rctx, t, hc, url, id, got.lastID); r.StatusCode == http.StatusOK && on {
+				_ = readEvents(rctx, r.Body, got, nil)
+			} else {
+				r.Body.Close()
+			}
+			t.Logf("journal %v: session moved from %s to %s; the client got %s", on, before.Server, after.Server, got)
+			contiguous := got.results == 0 && len(got.progress) > 0
+			for i, v := range got.progress {
+				contiguous = contiguous && v == float64(i+1)
+			}
+			switch {
+			case on && (!contiguous || len(got.progress) < cutAfter+3):
+				t.Errorf("journal on: got %s; want progress 1..k, k >= %d, once each and in order, and no result", got, cutAfter+3)
+			case !on && len(got.progress) != cutAfter:
+				t.Errorf("journal off: got %s; want only the %d events read before the cut", got, cutAfter)
+			}
+		})
+	}
 }
