@@ -323,7 +323,6 @@ func (a *App) startTable(name string, u *tableUse) error {
 	u.table.SetFailover(u.cfg.Failover, u.cfg.MaxInitializeSize)
 	u.table.SetFailoverMaxAge(time.Duration(u.cfg.FailoverMaxAge))
 	u.table.SetClientCap(u.cfg.MaxUnconfirmedPerClient, u.cfg.ClientKey)
-	configureJournal(u.table, u.cfg)
 	if cfg := a.Tables[name]; cfg != nil {
 		u.table.SetUpstreamTTL(time.Duration(cfg.UpstreamTTL))
 	}
@@ -336,6 +335,7 @@ func (a *App) startTable(name string, u *tableUse) error {
 		conn = c
 	}
 	u.table.SetStore(conn)
+	configureJournal(u.table, u.cfg) // journal.go: in Redis with the redis store
 	u.table.SetConfigured(a.configuredUpstreams(name))
 	return nil
 }

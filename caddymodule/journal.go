@@ -75,8 +75,10 @@ func (s TableSettings) validateJournal() error {
 	return nil
 }
 
-// configureJournal applies the journal settings of cfg to t: a journal in
-// this process's memory while the setting is on, kept across reloads.
+// configureJournal applies the journal settings of cfg to t, once its
+// store is set: while the setting is on, a journal in Redis with the
+// redis store, shared by the replicas, else in this process's memory;
+// either is kept across reloads.
 func configureJournal(t *session.Table, cfg TableConfig) {
 	if cfg.Journal != JournalOn {
 		t.SetJournal(nil, journal.Limits{})
@@ -85,6 +87,12 @@ func configureJournal(t *session.Table, cfg TableConfig) {
 	limits := journal.Limits{
 		Window: time.Duration(cfg.JournalWindow), SessionBytes: int64(cfg.JournalSessionBytes), TotalBytes: int64(cfg.JournalTotalBytes),
 	}.WithDefaults()
+	if shared, ok := t.Store().(interface {
+		Journal(journal.Limits) journal.Journal
+	}); ok {
+		t.SetJournal(shared.Journal(limits), limits)
+		return
+	}
 	j, _ := t.Journal()
 	m, _ := j.(*journal.Memory)
 	if m == nil {
@@ -452,8 +460,16 @@ func (jw *journalWriter) record(block []byte) []byte {
 	}
 	jw.seq++
 	ev := journal.Event{Seq: jw.seq, Upstream: upstreamID, Block: stripped}
-	if err := jw.j.Append(context.Background(), jw.session, jw.stream, ev); err != nil {
-		jw.failed = true // the client gets the upstream's IDs from here on, and can resume from the upstream
+	err := jw.j.Append(context.Background(), jw.session, jw.stream, ev)
+	switch {
+	case errors.Is(err, journal.ErrFull): // recorded, the last of the stream to be
+		jw.failed = true
+		_ = jw.j.End(context.Background(), jw.session, jw.stream)
+	case err != nil:
+		// The client gets the upstream's IDs from here on, and can resume
+		// from the upstream; a resume from the journal ends where it ends.
+		jw.failed = true
+		_ = jw.j.End(context.Background(), jw.session, jw.stream)
 		jw.logger.Warn("journal: recording an event failed; the rest of the stream is not journaled", zap.Error(err))
 		return block
 	}

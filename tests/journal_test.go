@@ -135,8 +135,19 @@ func TestJournalServerEventStore(t *testing.T) {
 // relay to addr and returns what the client got of the call.
 func cutAndResume(t *testing.T, addr string) *callEvents {
 	t.Helper()
+	return cutAndResumeVia(t, addr, "/mcp", "")
+}
+
+// cutAndResumeVia is cutAndResume with the MCP endpoint at path, resuming
+// through the proxy at resumeAddr ("": through the relay again).
+func cutAndResumeVia(t *testing.T, addr, path, resumeAddr string) *callEvents {
+	t.Helper()
 	relay := redistest.NewRelay(t, addr)
-	url := "http://" + relay.Addr + "/mcp"
+	url := "http://" + relay.Addr + path
+	resumeURL := url
+	if resumeAddr != "" {
+		resumeURL = "http://" + resumeAddr + path
+	}
 	hc := newHTTPClient()
 	defer hc.CloseIdleConnections()
 	id := goSDKSession(t, hc, url)
@@ -156,7 +167,7 @@ func cutAndResume(t *testing.T, addr string) *callEvents {
 	// end, then gives up.
 	rctx, rcancel := context.WithTimeout(ctx, journalMillis*time.Millisecond+2*time.Second)
 	defer rcancel()
-	r := resumeGET(rctx, t, hc, url, id, got.lastID)
+	r := resumeGET(rctx, t, hc, resumeURL, id, got.lastID)
 	if r.StatusCode != 200 {
 		r.Body.Close()
 		t.Logf("resuming GET after %q: %s", got.lastID, r.Status)
@@ -234,6 +245,42 @@ func TestJournalFailoverMidStream(t *testing.T) {
 				t.Errorf("journal on: got %s; want progress 1..k, k >= %d, once each and in order, and no result", got, cutAfter+3)
 			case !on && len(got.progress) != cutAfter:
 				t.Errorf("journal off: got %s; want only the %d events read before the cut", got, cutAfter)
+			}
+		})
+	}
+}
+
+// TestJournalAcrossReplicas: two Caddy replicas on one Redis, a table with
+// the redis store and the journal on. A raw client's call goes through
+// replica c1, whose connection is cut after three progress events; the
+// client resumes through replica c2: it gets the rest of the events, which
+// c1 goes on recording into Redis, and the result, each once. Control, in
+// the same run: a table without a store, whose sealed session IDs let c2
+// route the session, but whose journal is in c1's memory: c2 sends the
+// resume to the upstream, and the result is lost.
+func TestJournalAcrossReplicas(t *testing.T) {
+	global := func(f *fleet) string {
+		return fmt.Sprintf("mcp_sessions jshared {\n\t\tjournal on\n\t\t%s\n\t}\n\tmcp_sessions jlocal {\n\t\tjournal on\n\t}",
+			redisStore(f.redis.Addr, ""))
+	}
+	body := func(f *fleet) string {
+		ups := upstreams(f.srv)
+		return fmt.Sprintf("handle_path /jshared/* {\n\t\tmcp_proxy %s {\n\t\t\ttable jshared\n\t\t}\n\t}\n\t"+
+			"handle_path /jlocal/* {\n\t\tmcp_proxy %s {\n\t\t\ttable jlocal\n\t\t\tseal_session_ids {env.JOURNAL_SEAL_KEY}\n\t\t}\n\t}", ups, ups)
+	}
+	f := newFleet(t, withRedis(), withServers(1, false), withReplicas(2, "c", global, body, "JOURNAL_SEAL_KEY="+newSealKey(t)))
+	for _, tc := range []struct {
+		table  string
+		shared bool
+	}{{"jshared", true}, {"jlocal", false}} {
+		t.Run(tc.table, func(t *testing.T) {
+			got := cutAndResumeVia(t, f.rs[0].addr, "/"+tc.table+"/mcp", f.rs[1].addr)
+			t.Logf("%s: call through c1, resumed through c2: %s", tc.table, got)
+			switch {
+			case tc.shared && !got.complete(journalSteps):
+				t.Errorf("journal in Redis: got %s; want progress 1..%d once each, in order, and the result once", got, journalSteps)
+			case !tc.shared && got.results != 0:
+				t.Errorf("control, journal in c1's memory: got %s; c2 should not have had the rest", got)
 			}
 		})
 	}
