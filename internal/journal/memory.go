@@ -256,7 +256,12 @@ func (m *Memory) dropOldest(s *memSession) bool {
 			dropped = true
 		}
 		if len(st.events) == 0 && st.ended {
-			s.order = append(s.order[:i], s.order[i+1:]...)
+			if i == 0 {
+				s.order[0] = nil
+				s.order = s.order[1:] // the usual case, without a copy
+			} else {
+				s.order = append(s.order[:i], s.order[i+1:]...)
+			}
 			delete(s.streams, st.id)
 			continue
 		}

@@ -93,40 +93,51 @@ func (r *Redis) Append(ctx context.Context, session, stream string, ev Event) er
 		pipe.SAdd(ctx, sk+":streams", stream)
 		pipe.PExpire(ctx, sk+":streams", ttl)
 	}
-	sessionCount := r.countBytes(ctx, pipe, sk+":b:", cur, size, ttl)
-	totalCount := r.countBytes(ctx, pipe, r.prefix+"b:", cur, size, ttl)
+	sessionNow := countBytes(ctx, pipe, sk+":b:", cur, size, ttl)
+	totalNow := countBytes(ctx, pipe, r.prefix+"b:", cur, size, ttl)
+	older := pipe.MGet(ctx, append(olderSlices(sk+":b:", cur), olderSlices(r.prefix+"b:", cur)...)...)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return err
 	}
 	r.appended.Add(1)
+	vals := older.Val()
 	switch {
-	case sum(sessionCount) > l.SessionBytes:
+	case sessionNow.Val()+sum(vals[:slices-1]) > l.SessionBytes:
 		r.fullSession.Add(1)
 		return ErrFull
-	case sum(totalCount) > l.TotalBytes:
+	case totalNow.Val()+sum(vals[slices-1:]) > l.TotalBytes:
 		r.fullTotal.Add(1)
 		return ErrFull
 	}
 	return nil
 }
 
-// countBytes adds size to the counter of slice cur under prefix, and
-// reads the counters of the slices of the window.
-func (r *Redis) countBytes(ctx context.Context, pipe redis.Pipeliner, prefix string, cur, size int64, ttl time.Duration) []*redis.IntCmd {
+// countBytes adds size to the counter of slice cur under prefix.
+func countBytes(ctx context.Context, pipe redis.Pipeliner, prefix string, cur, size int64, ttl time.Duration) *redis.IntCmd {
 	key := prefix + strconv.FormatInt(cur, 10)
-	cmds := []*redis.IntCmd{pipe.IncrBy(ctx, key, size)}
+	cmd := pipe.IncrBy(ctx, key, size)
 	pipe.PExpire(ctx, key, ttl)
-	for i := int64(1); i < slices; i++ {
-		cmds = append(cmds, pipe.IncrBy(ctx, prefix+strconv.FormatInt(cur-i, 10), 0))
-	}
-	return cmds
+	return cmd
 }
 
-// sum adds the counters' values.
-func sum(cmds []*redis.IntCmd) int64 {
+// olderSlices returns the keys of the counters under prefix of the slices
+// of the window before cur.
+func olderSlices(prefix string, cur int64) []string {
+	keys := make([]string, 0, slices-1)
+	for i := int64(1); i < slices; i++ {
+		keys = append(keys, prefix+strconv.FormatInt(cur-i, 10))
+	}
+	return keys
+}
+
+// sum adds the counters read by MGET (nil for a missing one).
+func sum(vals []any) int64 {
 	var n int64
-	for _, c := range cmds {
-		n += c.Val()
+	for _, v := range vals {
+		if s, ok := v.(string); ok {
+			x, _ := strconv.ParseInt(s, 10, 64)
+			n += x
+		}
 	}
 	return n
 }
