@@ -118,15 +118,16 @@ func parseSize(d *caddyfile.Dispenser, name, v string, dst *int) error {
 // given a writer that records its SSE events and a context that outlives
 // the client's connection for the journal's window, which end must be
 // called with once the request is served. A DELETE ends the session's
-// journaled requests and drops its events once end is called.
+// journaled requests at once, and drops its events once end is called.
 func (h *Handler) journalHooks(w http.ResponseWriter, r *http.Request, id string) (_ http.ResponseWriter, _ *http.Request, end func(), done bool, err error) {
 	j, limits := h.table.Journal()
 	if _, inner := w.(*journalWriter); j == nil || inner { // off, or a failover serving the request again
 		return w, r, func() {}, false, nil
 	}
 	switch r.Method {
-	case http.MethodDelete:
-		return w, r, func() { endDetached(h.table, id); _ = j.Drop(context.Background(), id) }, false, nil
+	case http.MethodDelete: // the client ends the session: its calls read on for it end first
+		endDetached(h.table, id)
+		return w, r, func() { _ = j.Drop(context.Background(), id) }, false, nil
 	case http.MethodGet, http.MethodPost:
 	default:
 		return w, r, func() {}, false, nil

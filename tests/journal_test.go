@@ -285,3 +285,46 @@ func TestJournalAcrossReplicas(t *testing.T) {
 		})
 	}
 }
+
+// TestJournalDeleteEndsCall: a DELETE of the session still ends a call the
+// proxy goes on reading for a client that went away, and drops the
+// session's events: after it, the journal records no more of the call and
+// holds nothing of the session. Control, in the same run: before the
+// DELETE, the journal goes on recording the call after the cut.
+func TestJournalDeleteEndsCall(t *testing.T) {
+	srv := startBackends(t, 1, false)[0]
+	const table = "journal-delete"
+	p := startProxy(t, journalSite(srv.Addr(), table, true))
+	relay := redistest.NewRelay(t, p.addr)
+	url := "http://" + relay.Addr + "/mcp"
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	id := goSDKSession(t, hc, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	got := new(callEvents)
+	resp := postSSE(ctx, t, hc, url, id, progressCall(2, 5000, 20))
+	if err := readEvents(ctx, resp.Body, got, func(c *callEvents) bool { return len(c.progress) == cutAfter }); err != nil {
+		t.Fatalf("before the cut: %v, %s", err, got)
+	}
+	relay.Cut()
+	metric := func(name string) float64 {
+		families, _ := scrape(t)
+		return metricValue(families, name, map[string]string{"table": table})
+	}
+	atCut := metric("caddy_mcp_journal_events_total")
+	if !testproc.Until(5*time.Second, func() bool { return metric("caddy_mcp_journal_events_total") >= atCut+2 }) {
+		t.Fatalf("control: the journal recorded nothing after the cut (%v events)", metric("caddy_mcp_journal_events_total"))
+	}
+	atDelete := metric("caddy_mcp_journal_events_total")
+	ex := send(t, hc, http.MethodDelete, url, sid(id), "")
+	if ex.status/100 != 2 {
+		t.Fatalf("DELETE: %d %s", ex.status, ex.body)
+	}
+	time.Sleep(time.Second) // three progress events' time
+	after, sessions := metric("caddy_mcp_journal_events_total"), metric("caddy_mcp_journal_sessions")
+	t.Logf("events recorded: %v at the cut, %v at the DELETE, %v a second later; sessions held %v", atCut, atDelete, after, sessions)
+	if after > atDelete+2 || sessions != 0 { // events on their way while the DELETE was sent
+		t.Errorf("after the DELETE the journal recorded %v more events and holds %v sessions; want the call ended and nothing held", after-atDelete, sessions)
+	}
+}
