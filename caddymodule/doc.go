@@ -49,13 +49,16 @@
 // This package holds the Caddy modules and everything that touches
 // caddy.Context, caddyhttp or reverseproxy; the domain core lives below it
 // in internal packages that import no Caddy package:
-//   - internal/session: the session table (table.go), admission.go (which
-//     session leaves when the table is full), stripedlock.go, principal.go
-//     (the bind_principal digest), tablefailover.go (kept initialize
-//     requests, moves, drain deadlines), tableshare.go (the [session.Shared]
-//     store interface and the table's side of it), tombstone.go,
-//     upstreams.go (the upstream records, [session.Registry]), cooloff.go
-//     (stuck and refusing upstreams), settings.go, methodstats.go.
+//   - internal/session: the session table (table.go: lookups, learning,
+//     evictions), index.go (the sessions of this process: the LRU lists
+//     and the lock), admission.go (which session leaves when the table is
+//     full), janitor.go (the sweeps), stripedlock.go, principal.go (the
+//     bind_principal digest), tablefailover.go (kept initialize requests,
+//     moves, drain deadlines), tableshare.go (the [session.Shared] store
+//     interface and the table's side of it), tombstone.go, upstreams.go
+//     (the upstream records, [session.Registry]), cooloff.go (stuck and
+//     refusing upstreams), settings.go (the settings, and the lifetimes
+//     of sessions and tombstones), methodstats.go.
 //   - internal/redisstore: the redis store's connection (conn.go, sync.go,
 //     keys.go, keycheck.go, record.go: the sealed failover records).
 //   - internal/mcpwire: the wire facts: the JSON-RPC head scanner and
