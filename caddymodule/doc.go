@@ -93,7 +93,8 @@
 //     initialize sent elsewhere), reinit.go (a stale initialize),
 //     failover.go, sealed.go (over internal/seal), legacysse.go (legacy
 //     HTTP+SSE streams), writer.go (the response the session is learned
-//     from).
+//     from), journal.go (resumable streams, over internal/journal; its
+//     metrics in journalmetrics.go).
 //   - Configuration on top: caddyfile.go (the matcher's and the upstream
 //     source's next to their modules, in matcher.go and unixsockets.go),
 //     command.go (the `caddy mcp-proxy` subcommand, which runs the
