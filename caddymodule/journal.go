@@ -416,23 +416,20 @@ func (jw *journalWriter) Write(b []byte) (int, error) {
 	if jw.stream == "" {
 		return jw.pass(b)
 	}
-	jw.partial = append(jw.partial, b...)
-	rest := jw.partial
-	var out []byte
+	rest := b
+	if len(jw.partial) > 0 {
+		jw.partial = append(jw.partial, b...)
+		rest = jw.partial
+	}
 	for {
 		end := mcpwire.BlockEnd(rest)
 		if end < 0 {
 			break
 		}
-		out = append(out, jw.record(rest[:end])...)
+		_, _ = jw.pass(jw.record(rest[:end]))
 		rest = rest[end:]
 	}
 	jw.partial = append(jw.partial[:0], rest...)
-	if len(out) > 0 {
-		if _, err := jw.pass(out); err != nil {
-			return 0, err
-		}
-	}
 	return len(b), nil
 }
 
@@ -452,8 +449,8 @@ func (jw *journalWriter) pass(b []byte) (int, error) {
 // it: a block with an id or data field gets the proxy's ID in place of
 // the upstream's; comments and retry fields pass as they are.
 func (jw *journalWriter) record(block []byte) []byte {
-	stripped, upstreamID, hasID := stripIDs(block)
-	if !hasID && mcpwire.ParseEvent(block).DataLines == 0 {
+	stripped, upstreamID, hasID, hasData := stripIDs(block)
+	if !hasID && !hasData {
 		return block
 	}
 	if jw.failed {
@@ -478,24 +475,30 @@ func (jw *journalWriter) record(block []byte) []byte {
 }
 
 // stripIDs returns block without its id fields, the value of the last of
-// them, and whether it had one.
-func stripIDs(block []byte) (stripped []byte, id string, hasID bool) {
+// them, whether it had one, and whether it had a data field (HTML Living
+// Standard §9.2.6: a field is its line up to the first colon).
+func stripIDs(block []byte) (stripped []byte, id string, hasID, hasData bool) {
 	stripped = make([]byte, 0, len(block))
 	for from := 0; from < len(block); {
 		end, next := lineBounds(block, from)
 		line := block[from:end]
-		if name, value, found := bytes.Cut(line, []byte(":")); string(name) == "id" {
+		name, value, found := bytes.Cut(line, []byte(":"))
+		switch string(name) {
+		case "id":
 			hasID = true
 			if found {
 				value, _ = bytes.CutPrefix(value, []byte(" "))
 			}
 			id = string(value)
-		} else {
+		case "data":
+			hasData = true
+			fallthrough
+		default:
 			stripped = append(stripped, block[from:next]...)
 		}
 		from = next
 	}
-	return stripped, id, hasID
+	return stripped, id, hasID, hasData
 }
 
 // lineBounds returns the end of the line of block that starts at from,
