@@ -69,6 +69,10 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    failover              reinitialize|off
 //	    max_initialize_size   <bytes>
 //	    failover_max_age      <duration>
+//	    journal               on|off
+//	    journal_window        <duration>
+//	    journal_session_bytes <size>
+//	    journal_total_bytes   <size>
 //	    max_unconfirmed_per_client <count>
 //	    client_key            <placeholder template>
 //	    initialize_timeout    <duration>|off
@@ -223,6 +227,8 @@ func (s *TableSettings) unmarshalOption(d *caddyfile.Dispenser, seen map[string]
 			s.FailoverMaxAge = caddy.Duration(dur)
 			return nil
 		}
+	case "journal", "journal_window", "journal_session_bytes", "journal_total_bytes":
+		set = s.journalOption(d, name) // journal.go
 	case "max_unconfirmed_per_client":
 		set = func(v string) error { return parseCap(d, name, v, &s.MaxUnconfirmedPerClient) }
 	case "client_key":
@@ -458,6 +464,10 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    failover              reinitialize|off
 //	    max_initialize_size   <bytes>
 //	    failover_max_age      <duration>
+//	    journal               on|off
+//	    journal_window        <duration>
+//	    journal_session_bytes <size>
+//	    journal_total_bytes   <size>
 //	    max_unconfirmed_per_client <count>
 //	    client_key            <placeholder template>
 //	    initialize_timeout    <duration>|off
@@ -745,6 +755,10 @@ func newProxyHandler(policy *SessionSelection) *reverseproxy.Handler {
 //	    failover       reinitialize|off
 //	    max_initialize_size <bytes>
 //	    failover_max_age <duration>
+//	    journal        on|off
+//	    journal_window <duration>
+//	    journal_session_bytes <size>
+//	    journal_total_bytes <size>
 //	    upstream_ttl   <duration>
 //	    store          memory|redis [{ <redis options> }]
 //	    max_unconfirmed_per_client <count>

@@ -95,7 +95,8 @@
 //     HTTP+SSE streams), writer.go (the response the session is learned
 //     from), handles.go, handleserve.go and handleresult.go (2026-07-28
 //     handles: their rules, the requests carrying them, the results they
-//     are learned from).
+//     are learned from), journal.go (resumable streams, over
+//     internal/journal; its metrics in journalmetrics.go).
 //   - Configuration on top: caddyfile.go (the matcher's and the upstream
 //     source's next to their modules, in matcher.go and unixsockets.go),
 //     command.go (the `caddy mcp-proxy` subcommand, which runs the

@@ -332,7 +332,10 @@ func (h *Handler) Validate() error {
 	case slices.ContainsFunc(h.LegacySSEParams, badQueryName):
 		return fmt.Errorf("legacy_sse_params %q has an empty name or one with '?', '&', '=', '#' or a space; list query parameter names such as %q", h.LegacySSEParams, DefaultLegacySSEParams)
 	}
-	return h.validateHandles()
+	if err := h.validateHandles(); err != nil {
+		return err
+	}
+	return h.validateJournal()
 }
 
 // badQueryName reports whether name cannot be a URL query parameter's name
@@ -518,6 +521,11 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 			h.table.StreamClosed(id)
 		}()
 	}
+	w, r, endJournal, done, err := h.journalHooks(w, r, id) // journal.go
+	if done {
+		return err
+	}
+	defer endJournal()
 	pw := newSessionWriter(w, h, r, id, up)
 	if pw.fo = h.failover.failoverFor(w, r, id); pw.fo != nil && pw.fo.again && h.table.PastDrainDeadline(up) && h.failover.failoverRefused(r, id) == "" {
 		return h.serveFailover(w, r, next, id, up, pw.fo, session.FailoverDrainDeadline)

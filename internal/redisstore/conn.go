@@ -76,6 +76,7 @@ type Conn struct {
 	logger  *zap.Logger
 
 	healthy  atomic.Bool
+	journal  journalOnce // the table's event journal in Redis (journal.go)
 	errs     [len(storeOps)]atomic.Uint64
 	keyClash atomic.Bool // another hash_key is in use on this table (keycheck.go)
 	refusing atomic.Bool // Redis answers writes with OOM or READONLY (full.go)

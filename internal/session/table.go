@@ -359,6 +359,8 @@ type Table struct {
 	// lifetimes holds the TTL, the failover settings and what the table's
 	// keys are: how long sessions and their tombstones live.
 	lifetimes
+	// journalLink holds the table's event journal, nil while it is off.
+	journalLink
 
 	// index holds the sessions of this process, their kept initialize
 	// requests and the lock that guards them (index.go, admission.go).
