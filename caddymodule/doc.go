@@ -59,8 +59,12 @@
 //     (the upstream records, [session.Registry]), cooloff.go (stuck and
 //     refusing upstreams), settings.go (the settings, and the lifetimes
 //     of sessions and tombstones), methodstats.go.
-//   - internal/redisstore: the redis store's connection (conn.go, sync.go,
-//     keys.go, keycheck.go, record.go: the sealed failover records).
+//   - internal/redisstore: the redis store's connection (conn.go: a Conn
+//     is the table's layout in Redis, the health Redis's answers show, and
+//     the queue of writes not yet taken), sync.go (flushes and the
+//     once-a-second sync), keys.go, keycheck.go (hash_key clashes),
+//     record.go (the sealed failover records), lost.go (keys Redis lost
+//     while running), full.go (a full or read-only Redis), journal.go.
 //   - internal/mcpwire: the wire facts: the JSON-RPC head scanner and
 //     initialize check, the one JSON-RPC error body and writer, the SSE
 //     event parser, the Mcp-Session-Id checks, protocol versions, method
