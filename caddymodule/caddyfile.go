@@ -114,9 +114,9 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 	case "legacy_sse":
 		return unmarshalLegacySSE(d, seen, &h.DisableLegacySSE, &h.LegacySSEParams)
 	case "handle":
-		return h.unmarshalHandle(d)
+		return h.HandleSettings.unmarshalHandle(d)
 	case "unknown_handle":
-		return h.unmarshalUnknownHandle(d, seen)
+		return h.HandleSettings.unmarshalUnknownHandle(d, seen)
 	}
 	if n, err := h.TableSettings.unmarshalOption(d, seen); n != 0 || err != nil {
 		return n, err
@@ -265,7 +265,7 @@ func unmarshalSealKeys(d *caddyfile.Dispenser, seen map[string]bool, dst **Seale
 // many tokens it took. The order follows the handle's life: the tool
 // mints it, its result holds it there, and calls carry it back in the
 // header.
-func (h *Handler) unmarshalHandle(d *caddyfile.Dispenser) (int, error) {
+func (s *HandleSettings) unmarshalHandle(d *caddyfile.Dispenser) (int, error) {
 	args := d.RemainingArgs()
 	if len(args) != 3 {
 		return 0, d.Errf("handle needs three arguments, got %d: the tool whose result mints the handle (a name, or a pattern with *), "+
@@ -276,13 +276,13 @@ func (h *Handler) unmarshalHandle(d *caddyfile.Dispenser) (int, error) {
 	if err := rule.check(); err != nil {
 		return 0, d.Err(err.Error())
 	}
-	h.Handles = append(h.Handles, rule)
+	s.Handles = append(s.Handles, rule)
 	return 4, nil
 }
 
 // unmarshalUnknownHandle parses `unknown_handle forward|reject [<status>]`
 // at the cursor and returns how many tokens it took.
-func (h *Handler) unmarshalUnknownHandle(d *caddyfile.Dispenser, seen map[string]bool) (int, error) {
+func (s *HandleSettings) unmarshalUnknownHandle(d *caddyfile.Dispenser, seen map[string]bool) (int, error) {
 	if seen["unknown_handle"] {
 		return 0, d.Err("duplicate option 'unknown_handle'")
 	}
@@ -290,14 +290,14 @@ func (h *Handler) unmarshalUnknownHandle(d *caddyfile.Dispenser, seen map[string
 	args := d.RemainingArgs()
 	switch {
 	case len(args) == 1 && (args[0] == UnknownHandleForward || args[0] == UnknownHandleReject):
-		h.UnknownHandle = args[0]
+		s.UnknownHandle = args[0]
 		return 2, nil
 	case len(args) == 2 && args[0] == UnknownHandleReject:
 		status, err := strconv.Atoi(args[1])
 		if err != nil || status < 400 || status > 499 {
 			return 0, d.Errf("unknown_handle reject: '%s' is not a 4xx status; write such as 'unknown_handle reject 404'", args[1])
 		}
-		h.UnknownHandle, h.UnknownHandleStatus = args[0], status
+		s.UnknownHandle, s.UnknownHandleStatus = args[0], status
 		return 3, nil
 	}
 	return 0, d.Errf("unknown_handle takes 'forward', or 'reject' with an optional 4xx status such as 'unknown_handle reject 404'; got %q", strings.Join(args, " "))

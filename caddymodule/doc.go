@@ -85,11 +85,15 @@
 //     templates, the request's principal), transport.go, methods.go,
 //     store.go.
 //   - Tables, policies and operations: app.go (the table registry,
-//     NewTable), selection.go, leastsessions.go, health.go, redis.go,
-//     admin.go and adminbody.go, metrics.go, the status page in
-//     statuspage.go (its HTML and CSS beside it), statushandler.go and
-//     activity.go (its recent figures). They see the request path only
-//     through the exchange and the tableWriter interface.
+//     NewTable), tablesettings.go and journalsettings.go (the settings a
+//     handler and the app share), handles.go (the handle rules of
+//     2026-07-28 tools and their settings), matcher.go (the mcp matcher),
+//     selection.go, leastsessions.go,
+//     health.go, redis.go, admin.go and adminbody.go, metrics.go and
+//     journalmetrics.go, the status page in statuspage.go (its HTML and
+//     CSS beside it), statushandler.go and activity.go (its recent
+//     figures). They see the request path only through the exchange and
+//     the tableWriter interface.
 //   - The request path, the one cycle by design (the handler and the
 //     branches it takes): handler.go (Provision, ServeHTTP, the routing),
 //     observe.go (the exchange kept around serving), frozen.go and open.go
@@ -97,12 +101,12 @@
 //     initialize sent elsewhere), reinit.go (a stale initialize),
 //     failover.go, sealed.go (over internal/seal), legacysse.go (legacy
 //     HTTP+SSE streams), writer.go (the response the session is learned
-//     from), handles.go, handleserve.go and handleresult.go (2026-07-28
-//     handles: their rules, the requests carrying them, the results they
-//     are learned from), journal.go (resumable streams, over
-//     internal/journal; its metrics in journalmetrics.go).
+//     from), handleserve.go and handleresult.go (the requests carrying
+//     handles, the results they are learned from), journal.go (resumable
+//     streams, over internal/journal).
 //   - Configuration on top: caddyfile.go (the matcher's and the upstream
-//     source's next to their modules, in matcher.go and unixsockets.go),
+//     source's parsers next to their modules, in matcher.go and
+//     unixsockets.go),
 //     command.go (the `caddy mcp-proxy` subcommand, which runs the
 //     Caddyfile its flags stand for).
 package caddymodule

@@ -160,7 +160,7 @@ func (h *Handler) forward(sw *sessionWriter, next caddyhttp.Handler, bound time.
 // [Handler.InitializeTimeout]), or refuses it (refusal.go); the client gets
 // a held refusal only when no other upstream takes the session.
 func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	body, opens, f := h.opening(r)
+	body, opens, f := opening(r, h.table.Failover().MaxInit)
 	if f != nil {
 		decide(r, decisionRejected, "")
 		return f.write(w)
@@ -183,7 +183,7 @@ func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyh
 		switch {
 		case held != nil:
 			r = withOwnVars(r) // the attempt may still be dialing another upstream
-			h.leftRefusing(r, held)
+			leftRefusing(h.table, h.logger, r, held)
 			clear(w.Header())
 			maps.Copy(w.Header(), before)
 			if !retry {
@@ -197,14 +197,14 @@ func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyh
 		case !expired && (attempt == 1 || err == nil || sw.wroteHeader):
 			return err
 		case !expired: // no other upstream to send it to
-			return h.writeTimeout(w, r, fmt.Sprintf("no upstream sent response headers within %s (initialize_timeout)", bound))
+			return writeTimeout(w, r, fmt.Sprintf("no upstream sent response headers within %s (initialize_timeout)", bound))
 		}
 		r = withOwnVars(r) // the cut attempt may still be dialing
-		dial := h.leftStuck(r)
+		dial := leftStuck(h.table, r)
 		h.logger.Warn("upstream sent no response headers in time, nor answered a probe; it gets no new sessions for a while",
 			zap.String("upstream", dial), zap.Duration("initialize_timeout", bound), zap.Bool("retrying", retry))
 		if !retry {
-			return h.writeTimeout(w, r, fmt.Sprintf("no upstream sent response headers within %s (initialize_timeout)", bound))
+			return writeTimeout(w, r, fmt.Sprintf("no upstream sent response headers within %s (initialize_timeout)", bound))
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 	}
@@ -212,13 +212,13 @@ func (h *Handler) forwardNew(w http.ResponseWriter, r *http.Request, next caddyh
 
 // opening reports whether r opens a session: a POST of `initialize` (the
 // JSON-RPC method of its body) or of a 2026-07-28 `server/discover` (its
-// Mcp-Method header). It reads at most the body's first openingHead bytes,
-// or max_initialize_size if larger: a longer body is no initialize the
-// proxy sends again, and streams to one upstream. body is the whole
+// Mcp-Method header). It reads at most the body's first openingHead
+// bytes, or maxInit (max_initialize_size) if larger: a longer body is no
+// initialize the proxy sends again, and streams to one upstream. body is the whole
 // request body, to send to another upstream, or nil when it is longer or
 // could not be read whole. f refuses the request: the proxy holds
 // MaxBodyMemory of bodies already (refuseBodyMemory).
-func (h *Handler) opening(r *http.Request) (body []byte, opens bool, f *fault) {
+func opening(r *http.Request, maxInit int) (body []byte, opens bool, f *fault) {
 	if r.Method != http.MethodPost {
 		return nil, false, nil
 	}
@@ -232,7 +232,7 @@ func (h *Handler) opening(r *http.Request) (body []byte, opens bool, f *fault) {
 		}
 		return ex.raw, ex.fromHeaders() || ex.body.Method == "initialize", nil
 	}
-	limit := int64(max(openingHead, h.table.Failover().MaxInit))
+	limit := int64(max(openingHead, maxInit))
 	if r.ContentLength > limit {
 		return nil, ex.fromHeaders(), nil
 	}
@@ -254,15 +254,15 @@ func (h *Handler) opening(r *http.Request) (body []byte, opens bool, f *fault) {
 // writePinnedTimeout answers a request of session id whose upstream sent no
 // response headers within pinned_timeout: 504, the session kept.
 func (h *Handler) writePinnedTimeout(w http.ResponseWriter, r *http.Request, id string, up *session.Upstream) error {
-	h.leftStuck(r)
+	leftStuck(h.table, r)
 	h.debug("upstream_timeout", id, up.Dial())
-	return h.writeTimeout(w, r, fmt.Sprintf("the session's upstream sent no response headers within %s (pinned_timeout); "+
+	return writeTimeout(w, r, fmt.Sprintf("the session's upstream sent no response headers within %s (pinned_timeout); "+
 		"the session is kept: retry later", time.Duration(h.PinnedTimeout)))
 }
 
 // writeTimeout answers 504 with a JSON-RPC error carrying the request's
 // id when the proxy read it.
-func (h *Handler) writeTimeout(w http.ResponseWriter, r *http.Request, why string) error {
+func writeTimeout(w http.ResponseWriter, r *http.Request, why string) error {
 	f := &fault{status: http.StatusGatewayTimeout, code: CodeUpstreamTimeout, message: "Gateway Timeout: " + why}
 	if ex := exchangeOf(r); ex.body != nil {
 		f.id = ex.body.ID
@@ -270,27 +270,27 @@ func (h *Handler) writeTimeout(w http.ResponseWriter, r *http.Request, why strin
 	return f.write(w)
 }
 
-// leftStuck records that the upstream the request was last sent to let it
-// wait past its bound: the upstream is stuck, and this request is not sent
-// there again. It returns the upstream's dial address, "" if none was
+// leftStuck records in t that the upstream the request was last sent to
+// let it wait past its bound: the upstream is stuck, and this request is
+// not sent there again. It returns the upstream's dial address, "" if none was
 // selected.
-func (h *Handler) leftStuck(r *http.Request) string {
+func leftStuck(t *session.Table, r *http.Request) string {
 	sel := selectedUpstream(r)
 	if sel == nil {
 		return ""
 	}
-	h.table.MarkStuck(sel.Dial)
+	t.MarkStuck(sel.Dial)
 	tried, _ := caddyhttp.GetVar(r.Context(), varTried).([]string)
 	caddyhttp.SetVar(r.Context(), varTried, append(tried, sel.Dial))
 	return sel.Dial
 }
 
-// answered records that the upstream of r sent response headers: up, the
+// answered records in t that the upstream of r sent response headers: up, the
 // session's, or the one selected for a request without a session.
-func (h *Handler) answered(r *http.Request, up *session.Upstream) {
-	if up == nil && h.table.AnyStuck() {
+func answered(t *session.Table, r *http.Request, up *session.Upstream) {
+	if up == nil && t.AnyStuck() {
 		if sel := selectedUpstream(r); sel != nil {
-			up = h.table.KnownUpstream(sel.Dial)
+			up = t.KnownUpstream(sel.Dial)
 		}
 	}
 	if up != nil {

@@ -196,33 +196,8 @@ type Handler struct {
 	// TypeScript SDK and mcp-go, the Python SDK, the Go SDK).
 	LegacySSEParams []string `json:"legacy_sse_params,omitempty"`
 
-	// Rules that learn the handles of MCP 2026-07-28 tools (state a
-	// server keeps in its memory and names in a tool result, such as a
-	// browser or a cursor) and pin the calls that carry them back in an
-	// `Mcp-Param-{Name}` header to the upstream that minted them (see
-	// [HandleRule] and docs/handles.md). A call whose tool no rule names
-	// costs nothing more: its result is not read. Default: none.
-	Handles []HandleRule `json:"handles,omitempty"`
-
-	// The table that holds the handles of `handles`, held by the
-	// `mcp_sessions` app like a session table: its `max_sessions`,
-	// `session_ttl` and `store` (configured in the app's `tables`) apply
-	// to handles, and it binds each handle to the principal of the call
-	// that minted it with this handler's `bind_principal`. Default: the
-	// session table's name followed by `_handles` (`default_handles`).
-	HandleTable string `json:"handle_table,omitempty"`
-
-	// What to do with a request carrying a handle the table does not
-	// hold, or whose upstream is gone: `forward` balances it, and the
-	// server that gets it answers the handle it does not know; `reject`
-	// answers `unknown_handle_status` with a JSON-RPC error (-32602)
-	// without contacting an upstream. A handle bound to another principal
-	// is always refused. Default: `forward`.
-	UnknownHandle string `json:"unknown_handle,omitempty"`
-
-	// The status of the answer to a request refused by `unknown_handle
-	// reject`, or carrying another principal's handle: a 4xx. Default: 404.
-	UnknownHandleStatus int `json:"unknown_handle_status,omitempty"`
+	// The handles of MCP 2026-07-28 tools: see [HandleSettings].
+	HandleSettings
 
 	handles        *handleRules // nil without Handles
 	table          *session.Table
@@ -232,8 +207,9 @@ type Handler struct {
 	warnedSlowInit *atomic.Bool // the warning of an initialize slower than initialize_timeout was logged
 	logger         *zap.Logger
 
-	sealer   *sealing  // nil unless SealSessionIDs is set
-	failover *failover // moves the table's sessions when failover is on
+	sealer   *sealing    // nil unless SealSessionIDs is set
+	failover *failover   // moves the table's sessions when failover is on
+	journal  *journaling // the table's journal (journal.go)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -282,11 +258,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.table, h.app = t, app
-	if err := h.provisionHandles(app); err != nil {
+	if h.handles, err = h.HandleSettings.provision(app, h.Table, h.BindPrincipal); err != nil {
 		return err
 	}
 	h.warnedNoPolicy, h.warnedDeadline, h.warnedSlowInit = new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)
 	h.failover = &failover{table: t, maxIDLen: h.MaxSessionIDLength}
+	h.journal = &journaling{table: t}
 	if sealer != nil {
 		h.sealer = &sealing{SessionSealer: sealer, table: t, maxIDLen: h.MaxSessionIDLength}
 	}
@@ -296,7 +273,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 // setLogger makes l the logger of the handler, its table and its parts.
 func (h *Handler) setLogger(l *zap.Logger) {
-	h.logger, h.failover.logger = l, l
+	h.logger, h.failover.logger, h.journal.logger = l, l, l
 	if h.sealer != nil {
 		h.sealer.logger = l
 	}
@@ -332,7 +309,7 @@ func (h *Handler) Validate() error {
 	case slices.ContainsFunc(h.LegacySSEParams, badQueryName):
 		return fmt.Errorf("legacy_sse_params %q has an empty name or one with '?', '&', '=', '#' or a space; list query parameter names such as %q", h.LegacySSEParams, DefaultLegacySSEParams)
 	}
-	if err := h.validateHandles(); err != nil {
+	if err := h.HandleSettings.validate(h.Table); err != nil {
 		return err
 	}
 	return h.validateJournal()
@@ -521,7 +498,7 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 			h.table.StreamClosed(id)
 		}()
 	}
-	w, r, endJournal, done, err := h.journalHooks(w, r, id) // journal.go
+	w, r, endJournal, done, err := h.journal.journalHooks(w, r, id) // journal.go
 	if done {
 		return err
 	}

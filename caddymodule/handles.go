@@ -183,43 +183,76 @@ func (hr *handleRules) minter(method, name string) *HandleRule {
 	return nil
 }
 
-// provisionHandles checks the handler's handle rules and fetches their
-// table from app, which gets the handler's principal binding.
-func (h *Handler) provisionHandles(app *App) error {
-	if len(h.Handles) == 0 {
-		return nil
-	}
-	if h.HandleTable == "" {
-		h.HandleTable = h.Table + DefaultHandleTableSuffix
-	}
-	if h.UnknownHandleStatus == 0 {
-		h.UnknownHandleStatus = http.StatusNotFound
-	}
-	t, err := app.Table(h.HandleTable, TableConfig{TableSettings: TableSettings{BindPrincipal: h.BindPrincipal}}, "the handles of an mcp_session handler")
-	if err != nil {
-		return err
-	}
-	h.handles = newHandleRules(h.Handles, t, h.UnknownHandle, h.UnknownHandleStatus)
-	return nil
+// HandleSettings are the handle rules of an mcp_session handler (and so
+// of mcp_proxy), and what it does with handles it does not hold.
+type HandleSettings struct {
+	// Rules that learn the handles of MCP 2026-07-28 tools (state a
+	// server keeps in its memory and names in a tool result, such as a
+	// browser or a cursor) and pin the calls that carry them back in an
+	// `Mcp-Param-{Name}` header to the upstream that minted them (see
+	// [HandleRule] and docs/handles.md). A call whose tool no rule names
+	// costs nothing more: its result is not read. Default: none.
+	Handles []HandleRule `json:"handles,omitempty"`
+
+	// The table that holds the handles of `handles`, held by the
+	// `mcp_sessions` app like a session table: its `max_sessions`,
+	// `session_ttl` and `store` (configured in the app's `tables`) apply
+	// to handles, and it binds each handle to the principal of the call
+	// that minted it with this handler's `bind_principal`. Default: the
+	// session table's name followed by `_handles` (`default_handles`).
+	HandleTable string `json:"handle_table,omitempty"`
+
+	// What to do with a request carrying a handle the table does not
+	// hold, or whose upstream is gone: `forward` balances it, and the
+	// server that gets it answers the handle it does not know; `reject`
+	// answers `unknown_handle_status` with a JSON-RPC error (-32602)
+	// without contacting an upstream. A handle bound to another principal
+	// is always refused. Default: `forward`.
+	UnknownHandle string `json:"unknown_handle,omitempty"`
+
+	// The status of the answer to a request refused by `unknown_handle
+	// reject`, or carrying another principal's handle: a 4xx. Default: 404.
+	UnknownHandleStatus int `json:"unknown_handle_status,omitempty"`
 }
 
-// validateHandles checks the handle settings; its error says what to write.
-func (h *Handler) validateHandles() error {
-	for _, rule := range h.Handles {
+// provision fills in the defaults of s, for a handler of session table
+// table binding principals with bind, and fetches the handle table from
+// app; nil rules without any.
+func (s *HandleSettings) provision(app *App, table, bind string) (*handleRules, error) {
+	if len(s.Handles) == 0 {
+		return nil, nil
+	}
+	if s.HandleTable == "" {
+		s.HandleTable = table + DefaultHandleTableSuffix
+	}
+	if s.UnknownHandleStatus == 0 {
+		s.UnknownHandleStatus = http.StatusNotFound
+	}
+	t, err := app.Table(s.HandleTable, TableConfig{TableSettings: TableSettings{BindPrincipal: bind}}, "the handles of an mcp_session handler")
+	if err != nil {
+		return nil, err
+	}
+	return newHandleRules(s.Handles, t, s.UnknownHandle, s.UnknownHandleStatus), nil
+}
+
+// validate checks the handle settings of a handler of session table
+// table; its error says what to write.
+func (s *HandleSettings) validate(table string) error {
+	for _, rule := range s.Handles {
 		if err := rule.check(); err != nil {
 			return err
 		}
 	}
 	switch {
-	case h.UnknownHandle != "" && h.UnknownHandle != UnknownHandleForward && h.UnknownHandle != UnknownHandleReject:
-		return fmt.Errorf("unknown_handle must be %q or %q, got %q", UnknownHandleForward, UnknownHandleReject, h.UnknownHandle)
-	case h.UnknownHandleStatus != 0 && (h.UnknownHandleStatus < 400 || h.UnknownHandleStatus > 499):
-		return fmt.Errorf("unknown_handle_status must be a 4xx status such as 404 or 410, got %d", h.UnknownHandleStatus)
-	case len(h.Handles) == 0 && (h.HandleTable != "" || h.UnknownHandle != "" || h.UnknownHandleStatus != 0):
+	case s.UnknownHandle != "" && s.UnknownHandle != UnknownHandleForward && s.UnknownHandle != UnknownHandleReject:
+		return fmt.Errorf("unknown_handle must be %q or %q, got %q", UnknownHandleForward, UnknownHandleReject, s.UnknownHandle)
+	case s.UnknownHandleStatus != 0 && (s.UnknownHandleStatus < 400 || s.UnknownHandleStatus > 499):
+		return fmt.Errorf("unknown_handle_status must be a 4xx status such as 404 or 410, got %d", s.UnknownHandleStatus)
+	case len(s.Handles) == 0 && (s.HandleTable != "" || s.UnknownHandle != "" || s.UnknownHandleStatus != 0):
 		return fmt.Errorf("handle_table and unknown_handle apply to handle rules, and there is none; " +
 			"add one such as 'handle open_browser /browser_id Mcp-Param-Browser', or leave them out")
-	case len(h.Handles) > 0 && h.HandleTable != "" && h.HandleTable == h.Table:
-		return fmt.Errorf("handle_table %q is the session table; give handles a table of their own, or leave it out for %q", h.HandleTable, h.Table+DefaultHandleTableSuffix)
+	case len(s.Handles) > 0 && s.HandleTable != "" && s.HandleTable == table:
+		return fmt.Errorf("handle_table %q is the session table; give handles a table of their own, or leave it out for %q", s.HandleTable, table+DefaultHandleTableSuffix)
 	}
 	return nil
 }

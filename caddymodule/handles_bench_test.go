@@ -20,7 +20,7 @@ import (
 func BenchmarkHandles(b *testing.B) {
 	ctx := newContext(b)
 	plain := &Handler{Table: "bench/handles-none"}
-	ruled := &Handler{Table: "bench/handles", Handles: []HandleRule{{Tool: "open_counter", From: "/handle", Header: "Mcp-Param-Handle"}}}
+	ruled := &Handler{Table: "bench/handles", HandleSettings: HandleSettings{Handles: []HandleRule{{Tool: "open_counter", From: "/handle", Header: "Mcp-Param-Handle"}}}}
 	for _, h := range []*Handler{plain, ruled} {
 		if err := h.Provision(ctx); err != nil {
 			b.Fatal(err)

@@ -42,10 +42,10 @@ func answering(dial string, status int, ctype string, chunks ...string) caddyhtt
 }
 
 func newRuledHandler(t *testing.T, unknown string) *Handler {
-	h, _ := provisionHandler(t, &Handler{UnknownHandle: unknown, Handles: []HandleRule{
+	h, _ := provisionHandler(t, &Handler{HandleSettings: HandleSettings{UnknownHandle: unknown, Handles: []HandleRule{
 		{Tool: "open_*", From: "/handle", Header: "mcp-param-handle"},
 		{Tool: "repl", From: "text", Header: "Mcp-Param-Repl"},
-	}})
+	}}})
 	return h
 }
 
@@ -163,18 +163,18 @@ func TestHandleRulesValidate(t *testing.T) {
 		h    Handler
 		want string // in the error; "" for none
 	}{
-		{Handler{Handles: []HandleRule{{Tool: "t", From: "/a/0", Header: "Mcp-Param-A"}}}, ""},
-		{Handler{Handles: []HandleRule{{From: "/a", Header: "Mcp-Param-A"}}}, "needs the tool"},
-		{Handler{Handles: []HandleRule{{Tool: "t", Header: "Mcp-Param-A"}}}, "needs where"},
-		{Handler{Handles: []HandleRule{{Tool: "t", From: "a", Header: "Mcp-Param-A"}}}, "neither a JSON pointer"},
-		{Handler{Handles: []HandleRule{{Tool: "t", From: "/a"}}}, "needs the header"},
-		{Handler{Handles: []HandleRule{{Tool: "t", From: "/a", Header: "Mcp-Param-"}}}, "must be Mcp-Param- followed"},
-		{Handler{Handles: []HandleRule{{Tool: "t", From: "/a", Header: "Mcp-Param-a b"}}}, "not allowed in a header name"},
-		{Handler{UnknownHandle: "drop"}, "unknown_handle must be"},
-		{Handler{UnknownHandleStatus: 503}, "4xx status"},
-		{Handler{UnknownHandle: UnknownHandleReject}, "there is none"},
-		{Handler{HandleTable: "h"}, "there is none"},
-		{Handler{Table: "x", HandleTable: "x", Handles: []HandleRule{{Tool: "t", From: "/a", Header: "Mcp-Param-A"}}}, "is the session table"},
+		{Handler{HandleSettings: HandleSettings{Handles: []HandleRule{{Tool: "t", From: "/a/0", Header: "Mcp-Param-A"}}}}, ""},
+		{Handler{HandleSettings: HandleSettings{Handles: []HandleRule{{From: "/a", Header: "Mcp-Param-A"}}}}, "needs the tool"},
+		{Handler{HandleSettings: HandleSettings{Handles: []HandleRule{{Tool: "t", Header: "Mcp-Param-A"}}}}, "needs where"},
+		{Handler{HandleSettings: HandleSettings{Handles: []HandleRule{{Tool: "t", From: "a", Header: "Mcp-Param-A"}}}}, "neither a JSON pointer"},
+		{Handler{HandleSettings: HandleSettings{Handles: []HandleRule{{Tool: "t", From: "/a"}}}}, "needs the header"},
+		{Handler{HandleSettings: HandleSettings{Handles: []HandleRule{{Tool: "t", From: "/a", Header: "Mcp-Param-"}}}}, "must be Mcp-Param- followed"},
+		{Handler{HandleSettings: HandleSettings{Handles: []HandleRule{{Tool: "t", From: "/a", Header: "Mcp-Param-a b"}}}}, "not allowed in a header name"},
+		{Handler{HandleSettings: HandleSettings{UnknownHandle: "drop"}}, "unknown_handle must be"},
+		{Handler{HandleSettings: HandleSettings{UnknownHandleStatus: 503}}, "4xx status"},
+		{Handler{HandleSettings: HandleSettings{UnknownHandle: UnknownHandleReject}}, "there is none"},
+		{Handler{HandleSettings: HandleSettings{HandleTable: "h"}}, "there is none"},
+		{Handler{Table: "x", HandleSettings: HandleSettings{HandleTable: "x", Handles: []HandleRule{{Tool: "t", From: "/a", Header: "Mcp-Param-A"}}}}, "is the session table"},
 	} {
 		err := tc.h.Validate()
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
@@ -188,7 +188,7 @@ func TestHandleRulesValidate(t *testing.T) {
 // upstream; its own principal is pinned.
 func TestHandlesBoundToPrincipal(t *testing.T) {
 	h, _ := provisionHandler(t, &Handler{TableSettings: TableSettings{BindPrincipal: "{http.request.header.X-User}"},
-		Handles: []HandleRule{{Tool: "open_counter", From: "/handle", Header: "Mcp-Param-Handle"}}})
+		HandleSettings: HandleSettings{Handles: []HandleRule{{Tool: "open_counter", From: "/handle", Header: "Mcp-Param-Handle"}}}})
 	mint := answering("u1:1", 200, "application/json", `{"jsonrpc":"2.0","id":1,"result":{"structuredContent":{"handle":"H-A"}}}`)
 	withHTTPPlaceholders := func(r *http.Request) *http.Request { caddyhttp.NewTestReplacer(r); return r }
 	if err := h.ServeHTTP(httptest.NewRecorder(), withHTTPPlaceholders(caddyRequest(`{}`, handleCall("open_counter", "X-User", "alice"))), mint); err != nil {

@@ -36,7 +36,7 @@ func (h *Handler) serveHandles(w http.ResponseWriter, r *http.Request, next cadd
 		t.Stats.CountMismatch()
 		decide(r, decisionUnknown, "")
 		h.debug("handle_principal_mismatch", handle, "", headerField(header))
-		return h.writeHandleNotFound(w, header, "Handle not found")
+		return h.handles.writeNotFound(w, header, "Handle not found")
 	case up == nil:
 		return h.serveUnknownHandle(w, r, next, handle, header)
 	}
@@ -51,7 +51,7 @@ func (h *Handler) serveUnknownHandle(w http.ResponseWriter, r *http.Request, nex
 	decide(r, decisionUnknown, "")
 	h.debug("handle_unknown", handle, "", headerField(header))
 	if h.handles.reject {
-		return h.writeHandleNotFound(w, header, "Handle not found")
+		return h.handles.writeNotFound(w, header, "Handle not found")
 	}
 	return h.forwardMinting(w, r, next)
 }
@@ -86,7 +86,7 @@ func (h *Handler) servePinnedHandle(w http.ResponseWriter, r *http.Request, next
 	decide(r, decisionGone, up.Dial())
 	h.debug("handle_upstream_gone", handle, up.Dial(), headerField(header))
 	if h.handles.reject || !rewind(r, ex) {
-		return h.writeHandleNotFound(w, header, "Handle not found: the upstream that held it is gone")
+		return h.handles.writeNotFound(w, header, "Handle not found: the upstream that held it is gone")
 	}
 	r = withOwnVars(r) // the failed attempt may still be dialing
 	clearSelection(r)
@@ -124,10 +124,10 @@ func (h *Handler) forwardMinting(w http.ResponseWriter, r *http.Request, next ca
 	return err
 }
 
-// writeHandleNotFound refuses a request whose handle, carried in header,
+// writeNotFound refuses a request whose handle, carried in header,
 // the proxy does not route: unknown_handle_status with a JSON-RPC error.
-func (h *Handler) writeHandleNotFound(w http.ResponseWriter, header, message string) error {
-	return mcpwire.WriteError(w, h.handles.status, nil, CodeHandleNotFound,
+func (hr *handleRules) writeNotFound(w http.ResponseWriter, header, message string) error {
+	return mcpwire.WriteError(w, hr.status, nil, CodeHandleNotFound,
 		message+" ("+header+"); call the tool that opens one again")
 }
 

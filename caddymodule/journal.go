@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"math"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -14,9 +12,6 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/journal"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
 )
 
@@ -27,89 +22,15 @@ import (
 // breaks loses nothing: the proxy keeps reading the upstream's response
 // for the journal's window instead of cancelling it.
 
-// Values of [Handler.Journal].
-const (
-	JournalOn  = "on"
-	JournalOff = "off"
-)
-
 // headerLastEventID is the header a client resumes a stream with (HTML
 // Living Standard §9.2.4; MCP 2025-11-25 transports).
 const headerLastEventID = "Last-Event-Id"
 
-// journalOption returns the parser of the journal setting name.
-func (s *TableSettings) journalOption(d *caddyfile.Dispenser, name string) func(string) error {
-	switch name {
-	case "journal":
-		return func(v string) error {
-			if v != JournalOn && v != JournalOff {
-				return d.Errf("journal: '%s' must be '%s' or '%s'", v, JournalOn, JournalOff)
-			}
-			s.Journal = v
-			return nil
-		}
-	case "journal_window":
-		return func(v string) error {
-			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return d.Errf("journal_window: '%s' is not a positive duration such as 30s or 5m", v)
-			}
-			s.JournalWindow = caddy.Duration(dur)
-			return nil
-		}
-	case "journal_session_bytes":
-		return func(v string) error { return parseSize(d, name, v, &s.JournalSessionBytes) }
-	}
-	return func(v string) error { return parseSize(d, name, v, &s.JournalTotalBytes) }
-}
-
-// validateJournal checks the journal settings of s.
-func (s TableSettings) validateJournal() error {
-	switch {
-	case s.Journal != "" && s.Journal != JournalOn && s.Journal != JournalOff:
-		return fmt.Errorf("journal must be %q or %q, got %q", JournalOn, JournalOff, s.Journal)
-	case s.JournalWindow < 0 || s.JournalSessionBytes < 0 || s.JournalTotalBytes < 0:
-		return fmt.Errorf("journal_window, journal_session_bytes and journal_total_bytes must be positive, got %s, %d, %d",
-			time.Duration(s.JournalWindow), s.JournalSessionBytes, s.JournalTotalBytes)
-	}
-	return nil
-}
-
-// configureJournal applies the journal settings of cfg to t, once its
-// store is set: while the setting is on, a journal in Redis with the
-// redis store, shared by the replicas, else in this process's memory;
-// either is kept across reloads.
-func configureJournal(t *session.Table, cfg TableConfig) {
-	if cfg.Journal != JournalOn {
-		t.SetJournal(nil, journal.Limits{})
-		return
-	}
-	limits := journal.Limits{
-		Window: time.Duration(cfg.JournalWindow), SessionBytes: int64(cfg.JournalSessionBytes), TotalBytes: int64(cfg.JournalTotalBytes),
-	}.WithDefaults()
-	if shared, ok := t.Store().(interface {
-		Journal(journal.Limits) journal.Journal
-	}); ok {
-		t.SetJournal(shared.Journal(limits), limits)
-		return
-	}
-	j, _ := t.Journal()
-	m, _ := j.(*journal.Memory)
-	if m == nil {
-		m = journal.NewMemory(limits)
-	}
-	m.SetLimits(limits)
-	t.SetJournal(m, limits)
-}
-
-// parseSize parses v, a positive size such as 4MiB or 1048576, into dst.
-func parseSize(d *caddyfile.Dispenser, name, v string, dst *int) error {
-	n, err := humanize.ParseBytes(v)
-	if err != nil || n == 0 || n > math.MaxInt32*1024 {
-		return d.Errf("%s: '%s' is not a positive size such as 4MiB or 1048576", name, v)
-	}
-	*dst = int(n)
-	return nil
+// journaling is a handler's side of its table's journal (the events of
+// its sessions' SSE streams, kept for resumption; internal/journal).
+type journaling struct {
+	table  *session.Table
+	logger *zap.Logger
 }
 
 // journalHooks serves a pinned request of session id with the table's
@@ -119,26 +40,26 @@ func parseSize(d *caddyfile.Dispenser, name, v string, dst *int) error {
 // the client's connection for the journal's window, which end must be
 // called with once the request is served. A DELETE ends the session's
 // journaled requests at once, and drops its events once end is called.
-func (h *Handler) journalHooks(w http.ResponseWriter, r *http.Request, id string) (_ http.ResponseWriter, _ *http.Request, end func(), done bool, err error) {
-	j, limits := h.table.Journal()
+func (jn *journaling) journalHooks(w http.ResponseWriter, r *http.Request, id string) (_ http.ResponseWriter, _ *http.Request, end func(), done bool, err error) {
+	j, limits := jn.table.Journal()
 	if _, inner := w.(*journalWriter); j == nil || inner { // off, or a failover serving the request again
 		return w, r, func() {}, false, nil
 	}
 	switch r.Method {
 	case http.MethodDelete: // the client ends the session: its calls read on for it end first
-		endDetached(h.table, id)
+		endDetached(jn.table, id)
 		return w, r, func() { _ = j.Drop(context.Background(), id) }, false, nil
 	case http.MethodGet, http.MethodPost:
 	default:
 		return w, r, func() {}, false, nil
 	}
 	if r.Method == http.MethodGet {
-		if done, err := h.resume(w, r, id, j); done {
+		if done, err := jn.resume(w, r, id, j); done {
 			return w, r, func() {}, true, err
 		}
-		replaceGoneGETs(h.table, id)
+		replaceGoneGETs(jn.table, id)
 	}
-	jw, r, end := h.journaled(w, r, id, j, limits.Window)
+	jw, r, end := jn.journaled(w, r, id, j, limits.Window)
 	return jw, r, end, false, nil
 }
 
@@ -147,7 +68,7 @@ func (h *Handler) journalHooks(w http.ResponseWriter, r *http.Request, id string
 // rest of that stream, until it ends. For an ID the journal does not hold,
 // it sets Last-Event-ID to the upstream's own ID, or removes it if the
 // upstream sent none, for the upstream to answer (done false).
-func (h *Handler) resume(w http.ResponseWriter, r *http.Request, id string, j journal.Journal) (done bool, err error) {
+func (jn *journaling) resume(w http.ResponseWriter, r *http.Request, id string, j journal.Journal) (done bool, err error) {
 	values := r.Header.Values(headerLastEventID)
 	if len(values) != 1 {
 		return false, nil
@@ -166,9 +87,9 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, id string, j jo
 	})
 	switch {
 	case errors.Is(err, journal.ErrNotHeld) && !started:
-		countResume(h.table, false)
-		h.debug("resume_upstream", id, "")
-		endGoneStream(h.table, id, jid.Stream)
+		countResume(jn.table, false)
+		logDebug(jn.logger, "resume_upstream", id, "")
+		endGoneStream(jn.table, id, jid.Stream)
 		if jid.Upstream != "" {
 			r.Header.Set(headerLastEventID, jid.Upstream)
 		} else {
@@ -178,37 +99,9 @@ func (h *Handler) resume(w http.ResponseWriter, r *http.Request, id string, j jo
 	case !started && err == nil: // the stream ended with the event the client has
 		writeStreamHeaders(w)
 	}
-	countResume(h.table, true)
-	h.debug("resumed", id, "", zap.Bool("complete", err == nil))
+	countResume(jn.table, true)
+	logDebug(jn.logger, "resumed", id, "", zap.Bool("complete", err == nil))
 	return true, nil // an error is the client's going away again: it may resume again
-}
-
-// resumeCounts counts a table's GETs with a Last-Event-ID the proxy
-// issued, by who answered them.
-type resumeCounts struct{ journal, upstream atomic.Uint64 }
-
-// resumes holds the resumeCounts of each table (*session.Table).
-var resumes sync.Map
-
-// countResume counts a resuming GET of t, answered from the journal or not.
-func countResume(t *session.Table, fromJournal bool) {
-	v, _ := resumes.LoadOrStore(t, new(resumeCounts))
-	c := v.(*resumeCounts)
-	if fromJournal {
-		c.journal.Add(1)
-	} else {
-		c.upstream.Add(1)
-	}
-}
-
-// resumeCountsOf returns t's resuming GETs answered from the journal and
-// sent to the upstream.
-func resumeCountsOf(t *session.Table) (fromJournal, toUpstream uint64) {
-	if v, ok := resumes.Load(t); ok {
-		c := v.(*resumeCounts)
-		return c.journal.Load(), c.upstream.Load()
-	}
-	return 0, 0
 }
 
 // writeStreamHeaders writes the headers of a resumed SSE stream.
@@ -242,8 +135,8 @@ func eventBlock(stream string, ev journal.Event) []byte {
 
 // journaled wraps w in a journalWriter for session id, and gives r a
 // context that the client's going away cancels only after window.
-func (h *Handler) journaled(w http.ResponseWriter, r *http.Request, id string, j journal.Journal, window time.Duration) (*journalWriter, *http.Request, func()) {
-	jw := &journalWriter{ResponseWriter: w, j: j, session: id, logger: h.logger}
+func (jn *journaling) journaled(w http.ResponseWriter, r *http.Request, id string, j journal.Journal, window time.Duration) (*journalWriter, *http.Request, func()) {
+	jw := &journalWriter{ResponseWriter: w, j: j, session: id, logger: jn.logger}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	var mu sync.Mutex
 	var timer *time.Timer
@@ -253,7 +146,7 @@ func (h *Handler) journaled(w http.ResponseWriter, r *http.Request, id string, j
 		timer = time.AfterFunc(window, cancel)
 		mu.Unlock()
 	})
-	key := detachedKey{h.table, id}
+	key := detachedKey{jn.table, id}
 	addDetached(key, jw, journaledRequest{cancel: cancel, get: r.Method == http.MethodGet, done: make(chan struct{})})
 	return jw, r.WithContext(ctx), func() {
 		stop()

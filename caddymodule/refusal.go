@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 )
@@ -81,20 +82,20 @@ func (a *heldAnswer) write(w http.ResponseWriter) error {
 	return err
 }
 
-// leftRefusing records that the upstream the request was sent to refused
-// to open its session with answer a: the upstream gets no new sessions for
-// its cooloff, and this request is not sent there again. It returns the
+// leftRefusing records in t, and logs, that the upstream the request was
+// sent to refused to open its session with answer a: the upstream gets no
+// new sessions for its cooloff, and this request is not sent there again. It returns the
 // upstream's dial address, "" if none was selected.
-func (h *Handler) leftRefusing(r *http.Request, a *heldAnswer) string {
+func leftRefusing(t *session.Table, logger *zap.Logger, r *http.Request, a *heldAnswer) string {
 	sel := selectedUpstream(r)
 	if sel == nil {
 		return ""
 	}
 	cooloff := refusalCooloff(a.header, time.Now())
-	h.table.MarkRefusing(sel.Dial, cooloff)
+	t.MarkRefusing(sel.Dial, cooloff)
 	tried, _ := caddyhttp.GetVar(r.Context(), varTried).([]string)
 	caddyhttp.SetVar(r.Context(), varTried, append(tried, sel.Dial))
-	h.logger.Warn("upstream refused a new session; it gets no new sessions for a while, and the request goes to another upstream",
+	logger.Warn("upstream refused a new session; it gets no new sessions for a while, and the request goes to another upstream",
 		zap.String("upstream", sel.Dial), zap.Int("status", a.status), zap.Duration("cooloff", cooloff))
 	return sel.Dial
 }

@@ -61,7 +61,7 @@ func (sw *sessionWriter) observe(status int) {
 	} else if sw.fo != nil && sw.fo.sent != sw.id {
 		restoreSessionID(sw.Header(), sw.fo.sent, sw.id)
 	}
-	sw.h.answered(sw.r, sw.up)
+	answered(sw.h.table, sw.r, sw.up)
 	switch {
 	case sw.up != nil:
 		sw.h.evictAfter(sw.r, sw.id, status)
