@@ -120,6 +120,7 @@ var jsonNames = map[string][]string{
 	"localhost_protection": {"disable_localhost_protection"},
 	"legacy_sse":           {"legacy_sse_params", "disable_legacy_sse"},
 	"address":              {"addresses"},
+	"reclaim_header":       {"reclaim_headers"},
 }
 
 // adaptOption adapts a site whose directive (mcp_proxy, or reverse_proxy

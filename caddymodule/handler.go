@@ -304,6 +304,33 @@ type Handler struct {
 	// TypeScript SDK and mcp-go, the Python SDK, the Go SDK).
 	LegacySSEParams []string `json:"legacy_sse_params,omitempty"`
 
+	// Whether the proxy ends upstream the sessions its table forgets while
+	// the upstream may still hold them: `on` or `off`. A session forgotten
+	// for `session_ttl`, pushed out by `max_sessions`, evicted through the
+	// admin API, or whose upstream was gone or answered an initialize with
+	// its ID again, gets `DELETE <path>` with its `Mcp-Session-Id` (the
+	// upstream's own ID: the inner ID of a sealed one, the new upstream's
+	// after a failover) and the `MCP-Protocol-Version` its upstream last
+	// saw, sent to its upstream through this handler's reverse_proxy. The
+	// path is that of the last initialize the upstream answered. Sessions
+	// ended by the upstream's own answer (a DELETE passed through, a 404)
+	// are not sent again. MCP servers keep a session until its DELETE, and
+	// most clients never send one: a server with a session cap (the Python
+	// SDK 2.2 answers initialize 503 past 10,000) fills up, so it is on by
+	// default. Best effort: at most 4 in flight and 100 a second per
+	// handler, 3 s each, one try, a queue of 4096 that drops (counted) when
+	// full; never on a client's request path. With the redis store, only
+	// the instance whose write ends the session in Redis sends it.
+	// Handlers sharing a table should agree: the one that served last
+	// decides. Default: `on`.
+	Reclaim string `json:"reclaim,omitempty"`
+
+	// Headers the reclaim DELETEs carry, such as a static token the
+	// upstream's authentication accepts: name to value, each value a
+	// placeholder template evaluated for each DELETE (`{env.MCP_TOKEN}`).
+	// The proxy never keeps a client's credentials for them. Default: none.
+	ReclaimHeaders map[string]string `json:"reclaim_headers,omitempty"`
+
 	table          *session.Table
 	app            *App         // the config's mcp_sessions app, which configures table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
@@ -313,6 +340,8 @@ type Handler struct {
 	logger         *zap.Logger
 
 	sealer *SessionSealer // nil unless SealSessionIDs is set
+
+	reclaim *reclaimer // sends the DELETEs of forgotten sessions (reclaim.go)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -342,6 +371,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.InitializeTimeout == 0 {
 		h.InitializeTimeout = caddy.Duration(DefaultInitializeTimeout)
 	}
+	if h.Reclaim == "" {
+		h.Reclaim = ReclaimOn
+	}
 	if err := h.Validate(); err != nil {
 		return err
 	}
@@ -363,6 +395,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.table, h.app = t, app
 	h.warnedNoPolicy, h.warnedInitSize, h.warnedDeadline, h.warnedSlowInit = new(atomic.Bool), new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)
 	t.SetLogger(h.logger)
+	h.reclaim = newReclaimer(h)
+	return nil
+}
+
+// Cleanup stops the handler's reclaim DELETEs and removes its hook from
+// the table, if the table still has it. It never returns an error.
+func (h *Handler) Cleanup() error {
+	if h.reclaim != nil {
+		h.reclaim.close()
+	}
 	return nil
 }
 
@@ -386,6 +428,11 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("failover must be %q or %q, got %q", session.FailoverOff, session.FailoverReinitialize, h.Failover)
 	case h.MaxInitializeSize < 0:
 		return fmt.Errorf("max_initialize_size must be positive, got %d", h.MaxInitializeSize)
+	case h.Reclaim != "" && h.Reclaim != ReclaimOn && h.Reclaim != ReclaimOff:
+		return fmt.Errorf("reclaim must be %q or %q, got %q", ReclaimOn, ReclaimOff, h.Reclaim)
+	case h.badReclaimHeader():
+		name, _ := badReclaimHeader(h.ReclaimHeaders)
+		return fmt.Errorf("reclaim_headers: %q is not a header name, or one the proxy sets on each DELETE itself (Mcp-Session-Id, MCP-Protocol-Version, Host, Content-Length)", name)
 	case h.FailoverMaxAge != 0 && time.Duration(h.FailoverMaxAge) < session.MinSessionTTL:
 		return fmt.Errorf("failover_max_age %s is below the minimum of %s; give a duration such as 1h, or leave it out for session_ttl",
 			time.Duration(h.FailoverMaxAge), session.MinSessionTTL)
@@ -415,6 +462,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if err := h.app.Start(); err != nil {
 			return caddyhttp.Error(http.StatusServiceUnavailable, err)
 		}
+	}
+	if h.reclaim != nil {
+		h.reclaim.attachTo(r, next)
 	}
 	return h.observe(w, r, next)
 }
@@ -567,6 +617,7 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 	pin(r, up)
 	h.table.Stats.CountPinned()
 	h.debug("pinned", id, up.Dial())
+	up.SetProtocolVersion(exchangeOf(r).version)
 	if r.Method == http.MethodGet {
 		h.table.StreamOpened(id)
 		up.AddStreams(1)
@@ -710,6 +761,9 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 	origin := session.Origin{Principal: principalOf(r, h.table.BindPrincipal()), Client: placeholderValue(r, h.table.ClientKey())}
 	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*session.Init)
 	if key := h.tableKey(ids[0]); h.table.LearnInit(key, sel.Dial, origin, init) {
+		if h.reclaim != nil {
+			h.reclaim.learnedPath(r, h.table.UseUpstream(sel.Dial))
+		}
 		decide(r, decisionLearned, sel.Dial)
 		h.debug("learned", key, sel.Dial)
 	}
@@ -826,5 +880,6 @@ const ModernProtocolVersion = mcpwire.ModernVersion
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )

@@ -65,6 +65,7 @@ func provisionHandler(t testing.TB, h *Handler) (*Handler, *observer.ObservedLog
 		t.Fatalf("Provision: %v", err)
 	}
 	startApp(t, ctx)
+	t.Cleanup(func() { _ = h.Cleanup() })
 	core, logs := observer.New(zapcore.DebugLevel)
 	h.logger = zap.New(core)
 	return h, logs

@@ -159,6 +159,10 @@ type Upstream struct {
 	refusals      atomic.Uint64
 	evicted       atomic.Uint64 // its sessions that left the table, for any reason
 	movedAway     atomic.Uint64 // its sessions that this instance failed over to another upstream
+	// mcpPath and version are the request path of its last initialize and
+	// the last MCP-Protocol-Version its sessions used, for the DELETEs of
+	// forgotten sessions (forget.go).
+	mcpPath, version atomic.Pointer[string]
 }
 
 // Evicted returns how many of the upstream's sessions left the table, for
@@ -266,6 +270,9 @@ type Stats struct {
 
 	adopted atomic.Uint64 // sessions recorded from sealed session IDs
 
+	// Reclaims count the DELETEs sent for sessions the table forgot (forget.go).
+	Reclaims ReclaimStats
+
 	failovers failoverStats // tablefailover.go
 }
 
@@ -361,6 +368,8 @@ type Table struct {
 	failoverConfig
 	// keyInfo holds what the table's keys are, and its logger.
 	keyInfo
+	// forgetHooks holds the hook told of sessions the upstream may still hold (forget.go).
+	forgetHooks
 
 	mu stripedLock // a session's read lock serves lookups that record nothing (lookupRecorded)
 	// unconfirmed holds the sessions not used since they were learned,
@@ -978,6 +987,9 @@ func (t *Table) onEvict(id string, e entry) {
 	}
 	e.up.live.Add(-1)
 	e.up.evicted.Add(1)
+	if t.shared() == nil && t.reason.Reclaims() {
+		t.Reclaim(Forgotten{Key: id, Dial: e.up.dial, UpstreamID: t.inits[id].upstreamID(), Reason: t.reason})
+	}
 	delete(t.inits, id)
 	t.Stats.evictions[t.reason].Add(1) // valid: only the table's own code and Evict's checked reasons set it
 	switch {
