@@ -2,6 +2,7 @@ package tests
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -72,4 +73,49 @@ func reclaimCounts(t testing.TB, table string) (sent, ok, notFound, failed float
 		return metricValue(fams, "caddy_mcp_reclaim_results_total", map[string]string{"table": table, "result": r})
 	}
 	return metricValue(fams, "caddy_mcp_reclaim_sent_total", map[string]string{"table": table}), res("ok"), res("not_found"), res("failed")
+}
+
+// startReclaimFleet starts two go-sdk servers with a session cap (and
+// /capz), a Redis, and three Caddy replicas whose site routes
+// /reclaim-shared/mcp through the redis store, with a 2 s session_ttl, to
+// the first server, and /reclaim-sealed/mcp through sealed session IDs
+// without a store, with the same TTL, to the second: there every replica
+// that adopted a session forgets it on its own (the negative control).
+func startReclaimFleet(t *testing.T) *fleet {
+	srv := startBackendsWith(t, 2, false, func(string) []string { return []string{"-max-sessions", "1000"} })
+	global := func(f *fleet) string {
+		return fmt.Sprintf("mcp_sessions reclaim-shared {\n\t\tsession_ttl 2s\n\t\t%s\n\t}\n\t%s", redisStore(f.redis.Addr, sharedTimeout), storeLog)
+	}
+	body := func(f *fleet) string {
+		return fmt.Sprintf("handle_path /reclaim-shared/* {\n\t\tmcp_proxy %s {\n\t\t\ttable reclaim-shared\n\t\t}\n\t}\n\t"+
+			"handle_path /reclaim-sealed/* {\n\t\tmcp_proxy %s {\n\t\t\ttable reclaim-sealed\n\t\t\tsession_ttl 2s\n\t\t\tseal_session_ids {env.RECLAIM_SEAL_KEY}\n\t\t}\n\t}\n\t",
+			srv[0].Addr(), srv[1].Addr())
+	}
+	return newFleet(t, withRedis(), withServersOf(srv), withReplicas(3, "c", global, body, "RECLAIM_SEAL_KEY="+newSealKey(t)))
+}
+
+// openEverywhere opens n raw sessions of table, each through the next
+// replica in turn, and calls whoami in each through every replica, so
+// that every replica holds every session; it returns the client's IDs.
+func openEverywhere(t *testing.T, f *fleet, table string, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = mcpInitialize(t, f.hc, tableURL(f.rs[i%len(f.rs)], table))
+		for _, r := range f.rs {
+			if status, _ := rawWhoami(t, f.hc, tableURL(r, table), ids[i]); status != http.StatusOK {
+				t.Fatalf("whoami of a %s session through %s: %d", table, r.name, status)
+			}
+		}
+	}
+	return ids
+}
+
+// deleteCounts returns how many sessions of st got each number of DELETEs.
+func deleteCounts(st whoamisrv.CapStats) map[int]int {
+	out := map[int]int{}
+	for _, n := range st.Deletes {
+		out[n]++
+	}
+	return out
 }

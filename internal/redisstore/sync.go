@@ -109,11 +109,13 @@ func (c *Conn) Flush() {
 			touched[id] = cmd
 		}
 	}
+	ended := make(map[*redis.Cmd]*session.Forgotten, len(q.ends))
 	for h, e := range q.ends {
-		c.writeEnd(ctx, pipe, h, e)
+		ended[c.writeEnd(ctx, pipe, h, e)] = e.reclaim
 	}
 	c.writeDrains(ctx, pipe, q.drains)
-	if err := c.writeUpstreamEnds(ctx, pipe, q.upEnds); err != nil {
+	taken, err := c.writeUpstreamEnds(ctx, pipe, q.upEnds)
+	if err != nil {
 		c.fail(opFlush, err)
 		c.requeue(q)
 		return
@@ -124,17 +126,15 @@ func (c *Conn) Flush() {
 		return
 	}
 	c.followTouched(touched)
+	c.reclaimEnded(ended)
+	c.reclaimTaken(taken)
 }
 
-// writeEnd queues the removal of an ended session, and its tombstone if
-// it has one, and tells the instances.
-func (c *Conn) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) {
-	if e.tomb > 0 {
-		pipe.Set(ctx, c.ks.tomb(h), e.reason.String(), e.tomb)
-	}
-	pipe.Del(ctx, c.ks.session(h))
-	pipe.ZRem(ctx, c.ks.upstream(e.dial), h.String())
-	pipe.Publish(ctx, c.ks.events(), msgEnded+" "+e.reason.String()+" "+h.String())
+// writeEnd queues the removal of an ended session, with its reclaim
+// record, and its tombstone if it has one, and tells the instances
+// (endScript). Its command says whether this write ended the session.
+func (c *Conn) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) *redis.Cmd {
+	return c.writeEndScript(ctx, pipe, h, e)
 }
 
 // writeDrains queues the drain flags and tells the instances.
@@ -155,23 +155,29 @@ func (c *Conn) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains map
 
 // writeUpstreamEnds reads the sessions of each evicted upstream and queues
 // their removal, with their tombstones when they leave one, then tells the
-// instances.
-func (c *Conn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) error {
+// instances. It returns the commands that take each session's reclaim
+// record (takeScript), with what the table reclaims for each.
+func (c *Conn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) (map[*redis.Cmd]takenEnd, error) {
+	taken := map[*redis.Cmd]takenEnd{}
 	for dial, tomb := range dials {
 		members, err := c.client.ZRange(ctx, c.ks.upstream(dial), 0, -1).Result()
 		if err != nil {
-			return err
+			return nil, err
+		}
+		reason := session.EvictUpstreamGone
+		if tomb > 0 {
+			reason = session.EvictAdmin
 		}
 		for _, m := range members {
 			if tomb > 0 {
 				pipe.Set(ctx, c.ks.tag+":x:"+m, session.EvictAdmin.String(), tomb)
 			}
-			pipe.Del(ctx, c.ks.tag+":s:"+m)
+			taken[c.writeTake(ctx, pipe, m)] = takenEnd{member: m, f: session.Forgotten{Dial: dial, Reason: reason}}
 		}
 		pipe.Del(ctx, c.ks.upstream(dial))
 		pipe.Publish(ctx, c.ks.events(), msgUpstream+" "+dial)
 	}
-	return nil
+	return taken, nil
 }
 
 // syncLoop reads the cluster's view every syncEvery while Redis is
@@ -315,9 +321,9 @@ func (c *Conn) syncUpstreams(ctx context.Context, records []redis.Z) error {
 	}
 	pipe := c.client.Pipeline()
 	counts := map[string]*redis.IntCmd{}
+	expired := c.expiredMembers(ctx, pipe, seen, now)
 	for dial := range seen {
-		pipe.ZRemRangeByScore(ctx, c.ks.upstream(dial), "-inf", itoa(now.UnixMilli()))
-		counts[dial] = pipe.ZCard(ctx, c.ks.upstream(dial))
+		counts[dial] = pipe.ZCount(ctx, c.ks.upstream(dial), "("+itoa(now.UnixMilli()), "+inf")
 	}
 	for _, u := range c.t.Upstreams() {
 		if c.t.InUse(u) {
@@ -325,6 +331,9 @@ func (c *Conn) syncUpstreams(ctx context.Context, records []redis.Z) error {
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
+		return err
+	}
+	if err := c.reap(ctx, expired); err != nil {
 		return err
 	}
 	return c.applyRecords(ctx, seen, counts, now)

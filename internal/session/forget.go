@@ -64,6 +64,12 @@ func (f *forgetHooks) SetForgetHook(h *ForgetHook) { f.hook.Store(h) }
 // ClearForgetHook removes h if it is the table's hook, and reports whether it was.
 func (f *forgetHooks) ClearForgetHook(h *ForgetHook) bool { return f.hook.CompareAndSwap(h, nil) }
 
+// Reclaiming reports whether the table has a forget hook.
+func (f *forgetHooks) Reclaiming() bool {
+	h := f.hook.Load()
+	return h != nil && h.Fn != nil
+}
+
 // Reclaim hands s to the table's forget hook, if any, and reports whether
 // there was one. A shared store calls it for a session whose end its
 // write made.

@@ -765,7 +765,7 @@ func (t *Table) evict(id string, reason EvictReason, bury bool) bool {
 	if !reason.Valid() {
 		return false
 	}
-	dial, held := t.EvictHere(id, reason)
+	dial, upstreamID, held := t.evictHere(id, reason)
 	if bury && (!held || !reason.leavesTombstone()) { // else the eviction callback buried it
 		t.bury(id, TombEnded)
 	}
@@ -785,22 +785,34 @@ func (t *Table) evict(id string, reason EvictReason, bury bool) bool {
 	if bury && t.buries(id) {
 		life = t.tombLife(id)
 	}
-	c.End(id, dial, reason, life)
+	var reclaim *Forgotten
+	if reason.Reclaims() && t.Reclaiming() {
+		reclaim = &Forgotten{Key: strings.Clone(id), Dial: dial, UpstreamID: upstreamID, Reason: reason}
+	}
+	c.End(id, dial, reason, life, reclaim)
 	return true
 }
 
 // evictHere removes session id from this process's table only, and returns
 // its upstream's dial address and whether the table held it.
 func (t *Table) EvictHere(id string, reason EvictReason) (string, bool) {
+	dial, _, held := t.evictHere(id, reason)
+	return dial, held
+}
+
+// evictHere is EvictHere that also returns the ID the session's upstream
+// knows it by, when a failover changed it.
+func (t *Table) evictHere(id string, reason EvictReason) (dial, upstreamID string, held bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, list, ok := t.peek(id)
 	if !ok {
-		return "", false
+		return "", "", false
 	}
+	upstreamID = t.inits[id].upstreamID()
 	t.reason = reason
 	list.Remove(id)
-	return e.up.dial, true
+	return e.up.dial, upstreamID, true
 }
 
 // EvictUpstream removes every session of the upstream dialed at dial, for
