@@ -119,3 +119,41 @@ func deleteCounts(st whoamisrv.CapStats) map[int]int {
 	}
 	return out
 }
+
+// reclaimAfterTTL checks reclaim after session_ttl on two servers capped
+// at capN sessions: on, behind mcp_proxy with table <prefix>-on, and off,
+// behind one with reclaim off (table <prefix>-off), both with session_ttl
+// 1s. Each is filled through its proxy (capN initializes answered 200, the
+// next 503); once the tables forgot the sessions, on takes capN new ones,
+// each of the forgotten sessions got a DELETE answered 2xx, and off still
+// answers 503 with no DELETE sent.
+func reclaimAfterTTL(t *testing.T, hc *http.Client, prefix, on, off string, capN int) {
+	t.Helper()
+	site := func(addr, table, reclaim string) string {
+		return fmt.Sprintf("mcp_proxy %s {\n\t\ttable %s\n\t\tsession_ttl 1s\n\t\treclaim %s\n\t}", addr, table, reclaim)
+	}
+	ps := startProxies(t, site(on, prefix+"-on", "on"), site(off, prefix+"-off", "off"))
+	for i, p := range ps {
+		if got := initStatuses(t, hc, p.url(), capN+1); got[http.StatusOK] != capN || got[http.StatusServiceUnavailable] != 1 {
+			t.Fatalf("filling %s: statuses %v; want %d×200 then 503", []string{on, off}[i], got, capN)
+		}
+	}
+	waitEvicted(t, prefix+"-on", "ttl", capN)
+	waitEvicted(t, prefix+"-off", "ttl", capN)
+	if !testproc.Until(15*time.Second, func() bool { _, ok, _, _ := reclaimCounts(t, prefix+"-on"); return ok >= float64(capN) }) {
+		sent, ok, nf, failed := reclaimCounts(t, prefix+"-on")
+		t.Fatalf("reclaim: sent %v, ok %v, not_found %v, failed %v; want %d answered 2xx", sent, ok, nf, failed, capN)
+	}
+	if got := initStatuses(t, hc, ps[0].url(), capN); got[http.StatusOK] != capN {
+		t.Errorf("reclaim on: the next %d initializes got %v; want all 200", capN, got)
+	}
+	if sent, ok, _, failed := reclaimCounts(t, prefix+"-on"); sent != float64(capN) || ok != float64(capN) || failed != 0 {
+		t.Errorf("reclaim metrics: sent %v, ok %v, failed %v; want %d sent and answered 2xx", sent, ok, failed, capN)
+	}
+	if got := initStatuses(t, hc, ps[1].url(), 1); got[http.StatusServiceUnavailable] != 1 {
+		t.Errorf("reclaim off: the next initialize got %v; want 503", got)
+	}
+	if sent, _, _, _ := reclaimCounts(t, prefix+"-off"); sent != 0 {
+		t.Errorf("reclaim off: %v DELETEs sent", sent)
+	}
+}
