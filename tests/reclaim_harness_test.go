@@ -157,3 +157,60 @@ func reclaimAfterTTL(t *testing.T, hc *http.Client, prefix, on, off string, capN
 		t.Errorf("reclaim off: %v DELETEs sent", sent)
 	}
 }
+
+// fullServer is one run of the full-server scenario (see
+// TestFullServerTakesSessionsAgain).
+type fullServer struct {
+	opened, failed int // of the new sessions, while the capped server was full
+	onFull         int // new sessions that landed on the capped server while it was full
+	stockFailed    int // initializes stock round_robin failed, over the same servers
+	deletes        map[int]int
+	liveAfter      int  // sessions the capped server holds after the evictions
+	tookAgain      bool // a new session landed on it after the evictions
+}
+
+// runFullServer starts three whoami servers, the third capped at 3
+// sessions, behind mcp_proxy (table, with reclaim) and stock round_robin;
+// fills the capped one through the proxy, opens n new sessions through
+// each, evicts the capped server's sessions through the admin API, and
+// then opens sessions until one lands on the capped server, for at most
+// 10 s.
+func runFullServer(t *testing.T, table, reclaim string, n int) fullServer {
+	t.Helper()
+	servers := refusalFleet(t, "-max-sessions", "3")
+	full := servers[2]
+	ps := startProxies(t, fmt.Sprintf("mcp_proxy %s {\n\t\ttable %s\n\t\treclaim %s\n\t}", upstreams(servers), table, reclaim), stockRoundRobin(servers))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	before, failed := openRaw(t, hc, ps[0].url(), 9)
+	pinned := before[full.Name()]
+	if len(pinned) != 3 || len(failed) != 0 {
+		t.Fatalf("filling %s through the proxy: %v, failed %v; want 3 on it", full.Name(), before, failed)
+	}
+	var r fullServer
+	got, failedNew := openRaw(t, hc, ps[0].url(), n)
+	r.failed, r.onFull = len(failedNew), len(got[full.Name()])
+	for _, ids := range got {
+		r.opened += len(ids)
+	}
+	for range n {
+		if mcpPost(t, hc, ps[1].url(), "", initBody).status != http.StatusOK {
+			r.stockFailed++
+		}
+	}
+	for _, id := range pinned {
+		if st, err := adminDo(http.MethodPost, "/mcp_sessions/evict", map[string]string{"table": table, "session_id": id}, nil); st != http.StatusOK {
+			t.Fatalf("admin evict: %d %v", st, err)
+		}
+	}
+	if reclaim == "on" {
+		waitCapLive(t, hc, full.Addr(), 0)
+	}
+	r.tookAgain = testproc.Until(10*time.Second, func() bool {
+		got, _ := openRaw(t, hc, ps[0].url(), 1)
+		return len(got[full.Name()]) == 1
+	})
+	st := capz(t, hc, full.Addr())
+	r.deletes, r.liveAfter = deleteCounts(st), st.Live
+	return r
+}

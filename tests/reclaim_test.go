@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // TestReclaimFreesCappedServer: a server capped at N sessions, as the
@@ -77,5 +79,77 @@ func TestReclaimOncePerSessionAcrossReplicas(t *testing.T) {
 	ok := metricSum(t, f.rs, "caddy_mcp_reclaim_results_total", map[string]string{"table": "reclaim-shared", "result": "ok"})
 	if sent != n || ok != n {
 		t.Errorf("redis store: the replicas sent %v DELETEs, %v answered 2xx; want %d and %d", sent, ok, n, n)
+	}
+}
+
+// TestFullServerTakesSessionsAgain: one of three upstreams is full (a
+// go-sdk server capped at 3 sessions, answering initialize 503 past them,
+// as the Python SDK 2.2 does). 100 new sessions through mcp_proxy all open
+// on the other two (the control, same run: stock round_robin hands the
+// 503 to some); then an operator evicts the full server's sessions through
+// the admin API, the proxy DELETEs each of them there once, and the server
+// takes new sessions again, without a restart. The control for that: the
+// same with reclaim off, where the server stays full and never gets a
+// session again.
+func TestFullServerTakesSessionsAgain(t *testing.T) {
+	const n = 100
+	on := runFullServer(t, "reclaim-full-on", "on", n)
+	if on.opened != n || on.failed != 0 || on.onFull != 0 {
+		t.Errorf("mcp_proxy with one upstream full: %d/%d opened, %d failed, %d on the full one; want all opened elsewhere", on.opened, n, on.failed, on.onFull)
+	}
+	if on.stockFailed == 0 {
+		t.Errorf("the control, stock round_robin: no initialize failed; want some 503s from the full server")
+	}
+	if on.deletes[1] != 3 || len(on.deletes) != 1 || !on.tookAgain {
+		t.Errorf("after evicting its sessions: DELETEs per session %v, took a new session %v; want 3 sessions DELETEd once, and new sessions there", on.deletes, on.tookAgain)
+	}
+	off := runFullServer(t, "reclaim-full-off", "off", n)
+	if len(off.deletes) != 0 || off.liveAfter != 3 || off.tookAgain {
+		t.Errorf("the control, reclaim off: DELETEs %v, %d live, took a new session %v; want none, 3, false", off.deletes, off.liveAfter, off.tookAgain)
+	}
+	t.Logf("mcp_proxy %d/%d new sessions opened with one upstream full; stock round_robin %d/%d", on.opened, n, n-on.stockFailed, n)
+}
+
+// TestReclaimPushedOutSessions: a table of max_sessions 3. Three sessions
+// in use, then two new ones: the first new one pushes out the least
+// recently used session in use (lru), the second pushes out the first new
+// one, never used (unconfirmed). Both are DELETEd upstream, once, and no
+// other. The control, same run: the same with reclaim off, no DELETE.
+func TestReclaimPushedOutSessions(t *testing.T) {
+	servers := startBackendsWith(t, 2, false, func(string) []string { return []string{"-max-sessions", "100"} })
+	site := func(i int, reclaim string) string {
+		return fmt.Sprintf("mcp_proxy %s {\n\t\ttable reclaim-push-%s\n\t\tmax_sessions 3\n\t\treclaim %s\n\t}", servers[i].Addr(), reclaim, reclaim)
+	}
+	ps := startProxies(t, site(0, "on"), site(1, "off"))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	var want [2][]string // per proxy: the sessions pushed out
+	for i, p := range ps {
+		var used []string
+		for range 3 {
+			used = append(used, mcpInitialize(t, hc, p.url()))
+		}
+		for _, id := range used {
+			if status, _ := rawWhoami(t, hc, p.url(), id); status != http.StatusOK {
+				t.Fatalf("whoami: %d", status)
+			}
+		}
+		fresh := mcpPost(t, hc, p.url(), "", initBody).header.Get("Mcp-Session-Id")
+		mcpPost(t, hc, p.url(), "", initBody)
+		want[i] = []string{used[0], fresh}
+	}
+	table := "reclaim-push-on"
+	waitEvicted(t, table, "lru", 1)
+	waitEvicted(t, table, "unconfirmed", 1)
+	if !testproc.Until(10*time.Second, func() bool { _, ok, _, _ := reclaimCounts(t, table); return ok >= 2 }) {
+		t.Fatal("the pushed-out sessions were not DELETEd in 10 s")
+	}
+	st := capz(t, hc, servers[0].Addr())
+	if len(st.Deletes) != 2 || st.Deletes[want[0][0]] != 1 || st.Deletes[want[0][1]] != 1 || st.Live != 3 {
+		t.Errorf("DELETEs at the server %v, %d live; want one each for the pushed-out %v, 3 live", st.Deletes, st.Live, want[0])
+	}
+	waitEvicted(t, "reclaim-push-off", "unconfirmed", 1)
+	if st := capz(t, hc, servers[1].Addr()); len(st.Deletes) != 0 || st.Live != 5 {
+		t.Errorf("the control, reclaim off: DELETEs %v, %d live; want none, 5", st.Deletes, st.Live)
 	}
 }
