@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -112,4 +113,17 @@ func (l *lockedNext) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.next.ServeHTTP(w, r)
+}
+
+// TestReclaimQueueDrops checks that the table's lock never waits for a
+// full queue: past reclaimQueue waiting sessions, each one more is dropped
+// and counted.
+func TestReclaimQueueDrops(t *testing.T) {
+	h, _ := provisionHandler(t, &Handler{MaxSessions: 10})
+	for i := range reclaimQueue + 7 { // no request served: no sender takes any
+		h.reclaim.enqueue(session.Forgotten{Key: fmt.Sprint(i), Dial: "10.0.0.1:8080", Reason: session.EvictTTL})
+	}
+	if n := h.table.Stats.Reclaims.Dropped.Load(); n != 7 {
+		t.Errorf("dropped %d, want 7", n)
+	}
 }
