@@ -153,3 +153,37 @@ func TestReclaimPushedOutSessions(t *testing.T) {
 		t.Errorf("the control, reclaim off: DELETEs %v, %d live; want none, 5", st.Deletes, st.Live)
 	}
 }
+
+// TestReclaimAfterFailover: a session that failed over (failover
+// reinitialize) to another upstream, then evicted through the admin API,
+// is DELETEd on its new upstream under the ID that upstream gave it; the
+// client's ID, which the new upstream never issued, gets no DELETE there
+// (what a proxy that sent the client's ID would do).
+func TestReclaimAfterFailover(t *testing.T) {
+	servers := startBackendsWith(t, 2, false, func(string) []string { return []string{"-max-sessions", "100"} })
+	p := startProxy(t, failoverSite(upstreams(servers), "reclaim-failover", true))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	id := mcpInitialize(t, hc, p.url())
+	status, first := rawWhoami(t, hc, p.url(), id)
+	if status != http.StatusOK {
+		t.Fatalf("whoami: %d", status)
+	}
+	dead, alive := servers[0], servers[1]
+	if first.Server != dead.Name() {
+		dead, alive = alive, dead
+	}
+	dead.Kill()
+	waitClosesRead(t, dead.Addr())
+	status, moved := rawWhoami(t, hc, p.url(), id)
+	if status != http.StatusOK || moved.Server != alive.Name() || moved.Session == id {
+		t.Fatalf("after the kill: %d from %s as %q; want 200 from %s under a new upstream ID", status, moved.Server, moved.Session, alive.Name())
+	}
+	if st, err := adminDo(http.MethodPost, "/mcp_sessions/evict", map[string]string{"table": "reclaim-failover", "session_id": id}, nil); st != http.StatusOK {
+		t.Fatalf("admin evict: %d %v", st, err)
+	}
+	st := waitCapLive(t, hc, alive.Addr(), 0)
+	if st.Deletes[moved.Session] != 1 || st.Deletes[id] != 0 {
+		t.Errorf("DELETEs at the new upstream %v; want one of its own ID %s, none of the client's %s", st.Deletes, moved.Session, id)
+	}
+}
