@@ -54,7 +54,7 @@ func newPluginFixture(b *testing.B, sessions int) *pluginFixture {
 	b.Cleanup(cancel)
 	table := "bench-" + rand.Text() + string(rune('a'+fixtureSeq.Add(1)%26))
 	f := &pluginFixture{
-		h:   &caddymodule.Handler{Table: table, MaxSessions: max(sessions, 1)},
+		h:   &caddymodule.Handler{Table: table, TableSettings: caddymodule.TableSettings{MaxSessions: max(sessions, 1)}},
 		sel: &caddymodule.SessionSelection{Table: table},
 		pool: reverseproxy.UpstreamPool{
 			{Host: new(reverseproxy.Host), Dial: "10.0.0.1:8080"},

@@ -53,3 +53,7 @@ func decodedBody(header http.Header, body []byte) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// maxReplayAnswer is the most bytes of an answer to a replayed initialize
+// the proxy reads to find its result.
+const maxReplayAnswer = 1 << 16

@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
@@ -55,63 +56,9 @@ type App struct {
 
 // TableConfig is the configuration of one session table.
 type TableConfig struct {
-	// The most sessions the table holds. When it is full, a new session
-	// pushes out the oldest session not used since its initialize (so that
-	// a flood of initialize requests cannot evict sessions in use), and only
-	// when there is none the least recently used session; a session with an
-	// open GET stream is never pushed out. Each session costs about 170
-	// bytes plus its ID. Default: 100000 (about 20 MiB when full).
-	MaxSessions int `json:"max_sessions,omitempty"`
-
-	// How long a session may go unused before the table forgets it. Every
-	// request of the session counts as use, recorded exactly: a session used
-	// more often than session_ttl never expires. A session whose GET stream
-	// is open through the proxy does not expire while the stream is open.
-	// The minimum is `1s`. Default: `24h`.
-	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
-
-	// Binds each session to the principal of the request that opened it: a
-	// placeholder template, evaluated for the initialize request, whose
-	// value the table keeps as a keyed hash (HMAC-SHA256 under a random
-	// per-process key; with the redis store, under a key derived from its
-	// hash_key, so that every Caddy instance checks the binding). A later request of the session whose template
-	// evaluates to another value gets the same 404 as an unknown session,
-	// never reaches the upstream, and neither ends nor refreshes the
-	// session (MCP 2025-11-25, Security Best Practices, "Session
-	// Hijacking": bind session state to the user). Placeholders without a
-	// value evaluate to empty; a session opened with an empty principal is
-	// unbound and any request may use it.
-	//
-	// Any placeholder works: `{http.auth.user.id}` (set by Caddy's
-	// authentication handlers), `{http.request.header.Authorization}` (a
-	// static API key; an OAuth client that refreshes its token mid-session
-	// would lose its session), `{http.request.tls.client.fingerprint}`, or
-	// `{http.request.cookie.NAME}`. `off` turns binding off. A template
-	// without a placeholder fails to load; one naming placeholders that
-	// neither Caddy's http server, its standard modules nor this plugin set
-	// (a typo, or a Caddyfile shorthand such as `{header.X}` in JSON) is
-	// logged as a warning when the config loads, since a `map` or another
-	// plugin may set them. Default:
-	// `{http.auth.user.id}`, which binds sessions when Caddy authenticates
-	// the request (and survives token refresh), and leaves them unbound
-	// when it does not.
-	BindPrincipal string `json:"bind_principal,omitempty"`
-
-	// What to do with a session whose upstream is gone: `off` ends it,
-	// `reinitialize` moves it to another upstream by replaying its kept
-	// initialize request (see the handler's `failover`). Default: `off`.
-	Failover string `json:"failover,omitempty"`
-
-	// The largest initialize request body, in bytes, kept per session for
-	// failover; a session opened with a larger one cannot fail over.
-	// Default: 4096.
-	MaxInitializeSize int `json:"max_initialize_size,omitempty"`
-
-	// How old a sealed session ID may be, counted from the initialize that
-	// opened its session, and still fail over; an older one whose upstream
-	// is gone gets 404 (see the handler's `failover_max_age`). The minimum
-	// is `1s`. Default: the table's `session_ttl`.
-	FailoverMaxAge caddy.Duration `json:"failover_max_age,omitempty"`
+	// The table's settings, which mcp_session handlers of the table may
+	// set too; places in one config that set one must agree.
+	TableSettings
 
 	// How long the table keeps the record of an upstream that no config
 	// lists, that owns no session (on any instance, with a shared store) and
@@ -123,28 +70,6 @@ type TableConfig struct {
 	// module of the `mcp_sessions.stores` namespace, `memory` or `redis`.
 	// Default: `memory`.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=mcp_sessions.stores inline_key=type"`
-
-	// The most sessions one client may hold that have not been used since
-	// their initialize. A client's next one pushes out its own oldest, so
-	// that one client flooding initialize requests cannot push out the new
-	// sessions of others before they are used. (Sessions that have been
-	// used are never pushed out by new ones while unused ones are left,
-	// whatever this setting.) Clients behind one NAT or gateway share an
-	// address: set it well above the sessions such a client opens at once.
-	// Default: 0, no cap.
-	MaxUnconfirmedPerClient int `json:"max_unconfirmed_per_client,omitempty"`
-
-	// The placeholder template that names a request's client for
-	// `max_unconfirmed_per_client`; a request for which it evaluates to
-	// empty is not capped. A template without a placeholder fails to load
-	// (every request would be one client); one naming placeholders that
-	// neither Caddy's http server, its standard modules nor this plugin set
-	// is logged as a warning when the config loads (they evaluate to empty,
-	// unless a `map` or another plugin sets them). Default:
-	// `{http.vars.client_ip}`, the client's IP address as Caddy's server
-	// determines it: from the headers of the proxies the server's
-	// `trusted_proxies` trusts, otherwise the connection's.
-	ClientKey string `json:"client_key,omitempty"`
 }
 
 // tableUse is one table of the config: its merged settings, where each
@@ -478,6 +403,13 @@ func (a *App) checkPairs() error {
 	return errors.Join(errs...)
 }
 
+// tableWriter is a handler that learns sessions into a table: the
+// mcp_session handler.
+type tableWriter interface {
+	// sessionTable returns the name of the table the handler writes.
+	sessionTable() string
+}
+
 // checkRoutes walks routes in order; outer are the handlers met before
 // them in enclosing routes.
 func checkRoutes(routes caddyhttp.RouteList, outer []handlerSeen) error {
@@ -486,9 +418,9 @@ func checkRoutes(routes caddyhttp.RouteList, outer []handlerSeen) error {
 		inRoute := relevant(seen, route.MatcherSets)
 		for _, h := range route.Handlers {
 			switch h := h.(type) {
-			case *Handler:
-				inRoute = append(inRoute, handlerSeen{table: h.Table})
-				seen = append(seen, handlerSeen{table: h.Table, matchers: route.MatcherSets})
+			case tableWriter:
+				inRoute = append(inRoute, handlerSeen{table: h.sessionTable()})
+				seen = append(seen, handlerSeen{table: h.sessionTable(), matchers: route.MatcherSets})
 			case *caddyhttp.Subroute:
 				if err := checkRoutes(h.Routes, inRoute); err != nil {
 					return err
@@ -623,3 +555,19 @@ var (
 	_ caddy.Provisioner  = (*App)(nil)
 	_ caddy.CleanerUpper = (*App)(nil)
 )
+
+// unmarshalTable parses the argument of a policy's `table` option at the
+// cursor into dst, which must not be set yet.
+func unmarshalTable(d *caddyfile.Dispenser, dst *string) error {
+	if *dst != "" {
+		return d.Err("duplicate option 'table'")
+	}
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}

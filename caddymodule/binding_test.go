@@ -57,12 +57,12 @@ func TestServeHTTPPrincipalMismatch(t *testing.T) {
 func TestConflictingBindPrincipalInOneConfig(t *testing.T) {
 	ctx := newContext(t)
 	name := "bind-conflict/" + t.Name()
-	for _, h := range []*Handler{{Table: name, BindPrincipal: "{http.auth.user.id}"}, {Table: name}} {
+	for _, h := range []*Handler{{Table: name, TableSettings: TableSettings{BindPrincipal: "{http.auth.user.id}"}}, {Table: name}} {
 		if err := h.Provision(ctx); err != nil {
 			t.Fatalf("agreeing settings: %v", err)
 		}
 	}
-	b := &Handler{Table: name, BindPrincipal: "{http.request.header.Authorization}"}
+	b := &Handler{TableSettings: TableSettings{BindPrincipal: "{http.request.header.Authorization}"}, Table: name}
 	err := b.Provision(ctx)
 	if err == nil || !strings.Contains(err.Error(), "bind_principal") || !strings.Contains(err.Error(), "Authorization") {
 		t.Fatalf("conflicting bind_principal in one config: err = %v, want one that names the option and the value", err)

@@ -159,7 +159,7 @@ func bigPost(method string, size int, known bool) (*http.Request, string) {
 // to the upstream, which gets it byte for byte, while the proxy holds no
 // more than the head. Everything is given back when the request ends.
 func TestLargeSessionlessPostStreams(t *testing.T) {
-	h, _ := provisionHandler(t, &Handler{Failover: FailoverReinitialize})
+	h, _ := provisionHandler(t, &Handler{TableSettings: TableSettings{Failover: FailoverReinitialize}})
 	before := bodyMemory.Held()
 	for _, method := range []string{"initialize", "tools/call"} {
 		for _, known := range []bool{true, false} {

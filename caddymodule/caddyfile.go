@@ -46,11 +46,6 @@ const (
 	// neither Go nor Caddy may retry it: the upstream may have read a POST.
 	// Caddy's own default is 2 minutes.
 	proxyIdleConnTimeout = time.Second
-	// proxyHostHeader sends upstreams on this machine their own host:port
-	// as Host, which the DNS-rebinding protection of MCP SDK servers on
-	// loopback requires, and every other upstream the client's Host (see
-	// hostForUpstream).
-	proxyHostHeader = "{mcp.host_for_upstream}"
 )
 
 // parseMCPSession sets up the handler from Caddyfile tokens.
@@ -110,75 +105,21 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 	name := d.Val()
 	switch name {
 	case "seal_session_ids":
-		return h.unmarshalSealKeys(d, seen)
+		return unmarshalSealKeys(d, seen, &h.SealSessionIDs)
 	case "legacy_sse":
-		return h.unmarshalLegacySSE(d, seen)
+		return unmarshalLegacySSE(d, seen, &h.DisableLegacySSE, &h.LegacySSEParams)
 	case "reclaim_header":
 		return h.unmarshalReclaimHeader(d)
+	}
+	if n, err := h.TableSettings.unmarshalOption(d, seen); n != 0 || err != nil {
+		return n, err
 	}
 	var set func(string) error
 	switch name {
 	case "table":
 		set = func(v string) error { h.Table = v; return nil }
-	case "max_sessions":
-		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxSessions) }
 	case "max_session_id_length":
 		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxSessionIDLength) }
-	case "session_ttl":
-		set = func(v string) error {
-			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return d.Errf("session_ttl: '%s' is not a positive duration such as 30m or 24h", v)
-			}
-			if dur < session.MinSessionTTL {
-				return d.Errf("session_ttl: '%s' is below the minimum of %s", v, session.MinSessionTTL)
-			}
-			h.SessionTTL = caddy.Duration(dur)
-			return nil
-		}
-	case "bind_principal":
-		set = func(v string) error {
-			if v == "" {
-				return d.Errf("bind_principal: give a placeholder template, such as {http.auth.user.id}, or off")
-			}
-			if err := checkBindPrincipal(v); err != nil {
-				return d.Err(err.Error())
-			}
-			h.BindPrincipal = v
-			return nil
-		}
-	case "failover":
-		set = func(v string) error {
-			if v != session.FailoverOff && v != session.FailoverReinitialize {
-				return d.Errf("failover: '%s' must be '%s' or '%s'", v, session.FailoverReinitialize, session.FailoverOff)
-			}
-			h.Failover = v
-			return nil
-		}
-	case "max_initialize_size":
-		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxInitializeSize) }
-	case "failover_max_age":
-		set = func(v string) error {
-			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return d.Errf("failover_max_age: '%s' is not a positive duration such as 1h or 24h", v)
-			}
-			if dur < session.MinSessionTTL {
-				return d.Errf("failover_max_age: '%s' is below the minimum of %s", v, session.MinSessionTTL)
-			}
-			h.FailoverMaxAge = caddy.Duration(dur)
-			return nil
-		}
-	case "max_unconfirmed_per_client":
-		set = func(v string) error { return parseCap(d, name, v, &h.MaxUnconfirmedPerClient) }
-	case "client_key":
-		set = func(v string) error {
-			if err := checkClientKey(v); err != nil {
-				return d.Err(err.Error())
-			}
-			h.ClientKey = v
-			return nil
-		}
 	case "initialize_timeout":
 		set = func(v string) error { return parseTimeout(d, name, v, -1, &h.InitializeTimeout) }
 	case "pinned_timeout":
@@ -210,6 +151,13 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 	default:
 		return 0, nil
 	}
+	return unmarshalSetting(d, name, seen, set)
+}
+
+// unmarshalSetting parses the one argument of option name at the cursor
+// with set, and returns the tokens it took. It rejects an option given
+// twice.
+func unmarshalSetting(d *caddyfile.Dispenser, name string, seen map[string]bool, set func(string) error) (int, error) {
 	if seen[name] {
 		return 0, d.Errf("duplicate option '%s'", name)
 	}
@@ -224,9 +172,79 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 	return 2, set(v)
 }
 
+// unmarshalOption parses the table setting at the dispenser's cursor and
+// returns how many tokens it took, its name included, or 0 if it is not a
+// table setting. It rejects a setting given twice.
+func (s *TableSettings) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) (int, error) {
+	name := d.Val()
+	var set func(string) error
+	switch name {
+	case "max_sessions":
+		set = func(v string) error { return parsePositiveInt(d, name, v, &s.MaxSessions) }
+	case "session_ttl":
+		set = func(v string) error {
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return d.Errf("session_ttl: '%s' is not a positive duration such as 30m or 24h", v)
+			}
+			if dur < session.MinSessionTTL {
+				return d.Errf("session_ttl: '%s' is below the minimum of %s", v, session.MinSessionTTL)
+			}
+			s.SessionTTL = caddy.Duration(dur)
+			return nil
+		}
+	case "bind_principal":
+		set = func(v string) error {
+			if v == "" {
+				return d.Errf("bind_principal: give a placeholder template, such as {http.auth.user.id}, or off")
+			}
+			if err := checkBindPrincipal(v); err != nil {
+				return d.Err(err.Error())
+			}
+			s.BindPrincipal = v
+			return nil
+		}
+	case "failover":
+		set = func(v string) error {
+			if v != session.FailoverOff && v != session.FailoverReinitialize {
+				return d.Errf("failover: '%s' must be '%s' or '%s'", v, session.FailoverReinitialize, session.FailoverOff)
+			}
+			s.Failover = v
+			return nil
+		}
+	case "max_initialize_size":
+		set = func(v string) error { return parsePositiveInt(d, name, v, &s.MaxInitializeSize) }
+	case "failover_max_age":
+		set = func(v string) error {
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return d.Errf("failover_max_age: '%s' is not a positive duration such as 1h or 24h", v)
+			}
+			if dur < session.MinSessionTTL {
+				return d.Errf("failover_max_age: '%s' is below the minimum of %s", v, session.MinSessionTTL)
+			}
+			s.FailoverMaxAge = caddy.Duration(dur)
+			return nil
+		}
+	case "max_unconfirmed_per_client":
+		set = func(v string) error { return parseCap(d, name, v, &s.MaxUnconfirmedPerClient) }
+	case "client_key":
+		set = func(v string) error {
+			if err := checkClientKey(v); err != nil {
+				return d.Err(err.Error())
+			}
+			s.ClientKey = v
+			return nil
+		}
+	default:
+		return 0, nil
+	}
+	return unmarshalSetting(d, name, seen, set)
+}
+
 // unmarshalSealKeys parses `seal_session_ids <key> [<key>...]` at the
-// cursor and returns how many tokens it took.
-func (h *Handler) unmarshalSealKeys(d *caddyfile.Dispenser, seen map[string]bool) (int, error) {
+// cursor into dst and returns how many tokens it took.
+func unmarshalSealKeys(d *caddyfile.Dispenser, seen map[string]bool, dst **SealedSessionIDs) (int, error) {
 	if seen["seal_session_ids"] {
 		return 0, d.Err("duplicate option 'seal_session_ids'; list every key on one line, the sealing key first")
 	}
@@ -235,7 +253,7 @@ func (h *Handler) unmarshalSealKeys(d *caddyfile.Dispenser, seen map[string]bool
 	if len(keys) == 0 {
 		return 0, d.Err("seal_session_ids needs at least one key, such as 'seal_session_ids {env.MCP_SESSION_KEY}'")
 	}
-	h.SealSessionIDs = &SealedSessionIDs{Keys: keys}
+	*dst = &SealedSessionIDs{Keys: keys}
 	return 1 + len(keys), nil
 }
 
@@ -255,8 +273,9 @@ func parseTimeout(d *caddyfile.Dispenser, name, v string, off caddy.Duration, ds
 }
 
 // unmarshalLegacySSE parses `legacy_sse off|<query parameters...>` at the
-// cursor and returns how many tokens it took.
-func (h *Handler) unmarshalLegacySSE(d *caddyfile.Dispenser, seen map[string]bool) (int, error) {
+// cursor into off (legacy_sse off) or params, and returns how many tokens
+// it took.
+func unmarshalLegacySSE(d *caddyfile.Dispenser, seen map[string]bool, off *bool, params *[]string) (int, error) {
 	if seen["legacy_sse"] {
 		return 0, d.Err("duplicate option 'legacy_sse'; list every query parameter on one line")
 	}
@@ -266,7 +285,7 @@ func (h *Handler) unmarshalLegacySSE(d *caddyfile.Dispenser, seen map[string]boo
 	case len(args) == 0:
 		return 0, d.Err("legacy_sse needs 'off' or the query parameters that carry the session, such as 'legacy_sse session_id'")
 	case len(args) == 1 && args[0] == "off":
-		h.DisableLegacySSE = true
+		*off = true
 	case slices.Contains(args, "off"):
 		return 0, d.Err("legacy_sse: 'off' cannot be listed with query parameters")
 	case slices.ContainsFunc(args, badQueryName):
@@ -274,7 +293,7 @@ func (h *Handler) unmarshalLegacySSE(d *caddyfile.Dispenser, seen map[string]boo
 	case slices.Contains(args, "on"):
 		return 0, d.Errf("legacy_sse: 'on' would be read as a query parameter name; legacy SSE sessions are pinned by default, by %s: leave legacy_sse out, or list the parameter names", strings.Join(DefaultLegacySSEParams, ", "))
 	default:
-		h.LegacySSEParams = args
+		*params = args
 	}
 	return 1 + len(args), nil
 }
@@ -363,22 +382,6 @@ func (s *SessionSelection) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized mcp_session policy option '%s'", d.Val())
 		}
-	}
-	return nil
-}
-
-// unmarshalTable parses the argument of a policy's `table` option at the
-// cursor into dst, which must not be set yet.
-func unmarshalTable(d *caddyfile.Dispenser, dst *string) error {
-	if *dst != "" {
-		return d.Err("duplicate option 'table'")
-	}
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	*dst = d.Val()
-	if d.NextArg() {
-		return d.ArgErr()
 	}
 	return nil
 }
@@ -764,32 +767,29 @@ func (a *App) unmarshalTable(d *caddyfile.Dispenser) error {
 	}
 	cfg := new(TableConfig)
 	a.Tables[name] = cfg
-	h := Handler{}
 	seen := map[string]bool{}
 	for d.NextBlock(0) {
-		if err := unmarshalTableOption(d, cfg, &h, seen); err != nil {
+		if err := unmarshalTableOption(d, cfg, seen); err != nil {
 			return err
 		}
 	}
 	// The adapter expands placeholder shorthands such as {client_ip} in
 	// site blocks only: a global option must do it itself.
-	cfg.MaxSessions, cfg.SessionTTL, cfg.BindPrincipal = h.MaxSessions, h.SessionTTL, expandShorthands(h.BindPrincipal)
-	cfg.Failover, cfg.MaxInitializeSize, cfg.FailoverMaxAge = h.Failover, h.MaxInitializeSize, h.FailoverMaxAge
-	cfg.MaxUnconfirmedPerClient, cfg.ClientKey = h.MaxUnconfirmedPerClient, expandShorthands(h.ClientKey)
+	cfg.BindPrincipal, cfg.ClientKey = expandShorthands(cfg.BindPrincipal), expandShorthands(cfg.ClientKey)
 	return nil
 }
 
-// unmarshalTableOption parses the table option at the cursor: the bounds
-// go to h, which parses them as the handler does, the rest to cfg.
-func unmarshalTableOption(d *caddyfile.Dispenser, cfg *TableConfig, h *Handler, seen map[string]bool) error {
+// unmarshalTableOption parses the table option at the cursor into cfg:
+// the table settings as the handler parses them, and the app's own.
+func unmarshalTableOption(d *caddyfile.Dispenser, cfg *TableConfig, seen map[string]bool) error {
+	if n, err := cfg.TableSettings.unmarshalOption(d, seen); n != 0 || err != nil {
+		return err
+	}
 	name := d.Val()
 	if seen[name] {
 		return d.Errf("duplicate option '%s'", name)
 	}
 	switch name {
-	case "max_sessions", "session_ttl", "bind_principal", "failover", "max_initialize_size", "failover_max_age", "max_unconfirmed_per_client", "client_key":
-		_, err := h.unmarshalOption(d, seen)
-		return err
 	case "upstream_ttl":
 		seen[name] = true
 		return unmarshalDuration(d, &cfg.UpstreamTTL)

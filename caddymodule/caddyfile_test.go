@@ -42,22 +42,21 @@ func TestHandlerUnmarshalCaddyfile(t *testing.T) {
 			max_session_id_length 64
 			unknown_session       forward
 		}`, want: Handler{
+			TableSettings:      TableSettings{MaxSessions: 5000, SessionTTL: caddy.Duration(90 * time.Minute)},
 			Table:              "mcp",
-			MaxSessions:        5000,
-			SessionTTL:         caddy.Duration(90 * time.Minute),
 			MaxSessionIDLength: 64,
 			UnknownSession:     UnknownSessionForward,
 		}},
 		{input: `mcp_session {
 			session_ttl 1d
 			unknown_session reject
-		}`, want: Handler{SessionTTL: caddy.Duration(24 * time.Hour), UnknownSession: UnknownSessionReject}},
+		}`, want: Handler{TableSettings: TableSettings{SessionTTL: caddy.Duration(24 * time.Hour)}, UnknownSession: UnknownSessionReject}},
 		{input: `mcp_session {
 			bind_principal {http.request.header.Authorization}
-		}`, want: Handler{BindPrincipal: "{http.request.header.Authorization}"}},
+		}`, want: Handler{TableSettings: TableSettings{BindPrincipal: "{http.request.header.Authorization}"}}},
 		{input: `mcp_session {
 			bind_principal off
-		}`, want: Handler{BindPrincipal: session.BindPrincipalOff}},
+		}`, want: Handler{TableSettings: TableSettings{BindPrincipal: session.BindPrincipalOff}}},
 		{input: `mcp_session {
 			legacy_sse off
 		}`, want: Handler{DisableLegacySSE: true}},

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 )
 
 // Caddy's server timeouts bound the writing of a response as a whole:
@@ -47,10 +46,11 @@ type writeLimits struct {
 // liftWriteLimits lifts the server's write timeout for r, a GET or a
 // POST, whose response ex writes, while the upstream answers (see above),
 // and records the limits to put back. It does nothing when neither a
-// write timeout nor write_idle's minimum rate is set.
-func (h *Handler) liftWriteLimits(ex *exchange, r *http.Request) {
+// write timeout nor write_idle's minimum rate is set. It returns the
+// server's write timeout and why it could not be lifted, if it could not.
+func liftWriteLimits(ex *exchange, r *http.Request) (time.Duration, error) {
 	if r.Method != http.MethodGet && r.Method != http.MethodPost {
-		return
+		return 0, nil
 	}
 	var timeout time.Duration
 	if srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); srv != nil {
@@ -58,14 +58,14 @@ func (h *Handler) liftWriteLimits(ex *exchange, r *http.Request) {
 	}
 	_, idle := caddyhttp.IdleTimeoutsFromContext(r.Context())
 	if timeout <= 0 && (idle == nil || idle.Deadline.MinRate <= 0) {
-		return
+		return 0, nil
 	}
 	l := writeLimits{on: true, timeout: max(timeout, 0), idle: idle}
 	if err := l.setDeadline(ex.ResponseWriter, time.Time{}); err != nil {
-		h.warnWriteLimits(err, timeout)
-		return
+		return timeout, err
 	}
 	ex.limits = l
+	return timeout, nil
 }
 
 // atHeaders puts the limits back at the response's final headers, written
@@ -114,16 +114,6 @@ func (l *writeLimits) setDeadline(w http.ResponseWriter, d time.Time) error {
 		return nil
 	}
 	return err
-}
-
-// warnWriteLimits logs once per handler that the server's write timeout
-// cuts the site's streams, because its deadline could not be lifted.
-func (h *Handler) warnWriteLimits(err error, timeout time.Duration) {
-	if h.warnedDeadline.CompareAndSwap(false, true) {
-		h.logger.Warn("the server's write timeout (servers > timeouts > write) cuts this site's MCP streams, and tool calls "+
-			"that take longer: a handler before mcp_session hides the response's write deadline; "+
-			"remove the write timeout, or that handler", zap.Duration("write_timeout", timeout), zap.Error(err))
-	}
 }
 
 // isEventStream reports whether header makes a response an SSE stream.

@@ -49,15 +49,21 @@
 // This package holds the Caddy modules and everything that touches
 // caddy.Context, caddyhttp or reverseproxy; the domain core lives below it
 // in internal packages that import no Caddy package:
-//   - internal/session: the session table (table.go), admission.go (which
-//     session leaves when the table is full), stripedlock.go, principal.go
-//     (the bind_principal digest), tablefailover.go (kept initialize
-//     requests, moves, drain deadlines), tableshare.go (the [session.Shared]
-//     store interface and the table's side of it), tombstone.go,
-//     upstreams.go (the upstream records, [session.Registry]), cooloff.go
-//     (stuck and refusing upstreams), settings.go, methodstats.go.
+//   - internal/session: the session table (table.go: lookups, learning,
+//     evictions), index.go (the sessions of this process: the LRU lists
+//     and the lock), admission.go (which session leaves when the table is
+//     full), janitor.go (the sweeps), stripedlock.go, principal.go (the
+//     bind_principal digest), tablefailover.go (kept initialize requests,
+//     moves, drain deadlines), tableshare.go (the [session.Shared] store
+//     interface and the table's side of it), tombstone.go, upstreams.go
+//     (the upstream records, [session.Registry]), cooloff.go (stuck and
+//     refusing upstreams), settings.go (the settings, and the lifetimes
+//     of sessions and tombstones), methodstats.go, forget.go (the hook
+//     told of forgotten sessions their upstream may still hold, and the
+//     reclaim counters).
 //   - internal/redisstore: the redis store's connection (conn.go, sync.go,
-//     keys.go, keycheck.go, record.go: the sealed failover records).
+//     keys.go, keycheck.go, record.go: the sealed failover records;
+//     reclaim.go: which instance reclaims a session that ends in Redis).
 //   - internal/mcpwire: the wire facts: the JSON-RPC head scanner and
 //     initialize check, the one JSON-RPC error body and writer, the SSE
 //     event parser, the Mcp-Session-Id checks, protocol versions, method
@@ -65,27 +71,35 @@
 //   - internal/seal: the one AEAD envelope of sealed session IDs and of the
 //     redis store's failover records.
 //
-// Here:
-//   - Caddyfile parsing: caddyfile.go (the matcher's and the upstream
-//     source's next to their modules, in matcher.go and unixsockets.go).
-//   - The app and its tables: app.go (the table registry, NewTable).
-//   - The request path: handler.go (Provision and ServeHTTP), exchange.go
-//     (the facts of one request, parsed once), body.go and jsonrpc.go (the
-//     request body's reads and the proxy's own answers), writer.go (the
-//     response the session is learned from), selection.go, leastsessions.go,
-//     health.go, frozen.go, refusal.go, host.go, reinit.go (a stale
-//     initialize), placeholders.go, templates.go (placeholder templates,
-//     the request's principal).
-//   - Failover: failover.go.
-//   - Sealed session IDs: sealed.go, over internal/seal (the envelope of
-//     sealed IDs and of the redis store's failover records).
-//   - Legacy HTTP+SSE: legacysse.go.
-//   - The stores: store.go (the Store interface, memory), redis.go (the
-//     redis store's settings, over internal/redisstore).
-//   - Operations: admin.go, metrics.go, methods.go (the method label), the
-//     status page in statuspage.go (its HTML and CSS beside it),
-//     statushandler.go and activity.go (its recent figures).
-//   - transport.go, unixsockets.go and matcher.go: their modules.
-//   - command.go: the `caddy mcp-proxy` subcommand, which runs the
-//     Caddyfile its flags stand for.
+// Here, in four layers; a file uses names of its own layer and of the
+// layers before it, never of a later one:
+//   - The request's facts: exchange.go (what one request is and what was
+//     decided for it, its request variables and era), decision.go (the
+//     {mcp.decision} values), placeholders.go, body.go and bodymemory.go
+//     (the body's reads and their memory budget), jsonrpc.go and answer.go
+//     (the proxy's own answers, decoded upstream answers), deadline.go
+//     (write limits lifted while an upstream answers), host.go,
+//     sessionkey.go (table keys and the IDs clients hold), legacyquery.go
+//     (a legacy session named in a query), templates.go (placeholder
+//     templates, the request's principal), transport.go, methods.go,
+//     store.go.
+//   - Tables, policies and operations: app.go (the table registry,
+//     NewTable), selection.go, leastsessions.go, health.go, redis.go,
+//     admin.go and adminbody.go, metrics.go, the status page in
+//     statuspage.go (its HTML and CSS beside it), statushandler.go and
+//     activity.go (its recent figures). They see the request path only
+//     through the exchange and the tableWriter interface.
+//   - The request path, the one cycle by design (the handler and the
+//     branches it takes): handler.go (Provision, ServeHTTP, the routing),
+//     observe.go (the exchange kept around serving), frozen.go and open.go
+//     (bounded waits for upstream answers), refusal.go (a refused
+//     initialize sent elsewhere), reinit.go (a stale initialize),
+//     failover.go, sealed.go (over internal/seal), legacysse.go (legacy
+//     HTTP+SSE streams), writer.go (the response the session is learned
+//     from), reclaim.go (the DELETEs of sessions the table forgot, sent
+//     through the handler's next handler).
+//   - Configuration on top: caddyfile.go (the matcher's and the upstream
+//     source's next to their modules, in matcher.go and unixsockets.go),
+//     command.go (the `caddy mcp-proxy` subcommand, which runs the
+//     Caddyfile its flags stand for).
 package caddymodule

@@ -37,7 +37,7 @@ var docBlocks = []docBlock{
 		name:     "mcp_proxy",
 		parse:    func(opt string) error { return adaptOption("mcp_proxy", opt) },
 		sections: []string{"mcp_proxy", "the-mcp_sessions-global-option"},
-		structs:  []string{"Handler", "SessionSelection", "TableConfig"},
+		structs:  []string{"Handler", "TableSettings", "SessionSelection", "TableConfig"},
 	},
 	{
 		name: "mcp_session",
@@ -45,7 +45,7 @@ var docBlocks = []docBlock{
 			return new(Handler).UnmarshalCaddyfile(caddyfile.NewTestDispenser("mcp_session {\n" + opt + "\n}"))
 		},
 		sections: []string{"mcp_proxy"},
-		structs:  []string{"Handler"},
+		structs:  []string{"Handler", "TableSettings"},
 	},
 	{
 		name: "lb_policy mcp_session",
@@ -78,7 +78,7 @@ var docBlocks = []docBlock{
 			return err
 		},
 		sections: []string{"the-mcp_sessions-global-option", "mcp_proxy"},
-		structs:  []string{"TableConfig"},
+		structs:  []string{"TableConfig", "TableSettings"},
 	},
 	{
 		name: "store redis",

@@ -341,3 +341,71 @@ var (
 	_ io.ReaderFrom       = (*exchange)(nil)
 	_ error               = (*fault)(nil)
 )
+
+// eraOf returns the request's protocol era. A request naming a legacy
+// HTTP+SSE session in one of the default query parameters (see
+// readsQuerySession) is of a legacy session too.
+func eraOf(r *http.Request, sessionFields int) session.Era {
+	switch {
+	case sessionFields > 0:
+		return session.EraLegacySession
+	case readsQuerySession(r) && hasLegacySession(r.URL.RawQuery):
+		return session.EraLegacySession
+	case len(r.Header["Mcp-Method"]) > 0:
+		return session.EraModern
+	}
+	if v := r.Header["Mcp-Protocol-Version"]; len(v) > 0 && mcpwire.AtLeast(v[0], ModernProtocolVersion) {
+		return session.EraModern
+	}
+	return session.EraOther
+}
+
+// ModernProtocolVersion is the first MCP protocol version without sessions.
+// Versions are dates, so they compare as strings.
+const ModernProtocolVersion = mcpwire.ModernVersion
+
+// selectedUpstream returns the upstream the selection policy picked last
+// for r, or nil.
+func selectedUpstream(r *http.Request) *reverseproxy.Upstream {
+	return exchangeOf(r).selected
+}
+
+// varTried is the request variable holding the dial addresses of the
+// upstreams that let this request wait past its bound ([]string).
+const varTried = "mcp_session.tried"
+
+// triedBy reports whether the request already waited past its bound for
+// the upstream dialed at dial.
+func triedBy(r *http.Request, dial string) bool {
+	tried, _ := caddyhttp.GetVar(r.Context(), varTried).([]string)
+	for _, d := range tried {
+		if d == dial {
+			return true
+		}
+	}
+	return false
+}
+
+// Request variables through which the handler and the selection policy
+// talk, besides the request's exchange (exchange.owner, exchange.selected).
+const (
+	// varGone is true when the pinned upstream was not in the pool, or
+	// failed active health checks for longer than the grace.
+	varGone = "mcp_session.upstream_gone"
+	// varUnavailable holds the Retry-After seconds (int) of a request whose
+	// pinned upstream fails active health checks, within the grace.
+	varUnavailable = "mcp_session.upstream_unavailable"
+	// varInit holds the *sessionInit of an initialize request the table
+	// keeps for failover once its session is learned.
+	varInit = "mcp_session.init"
+)
+
+// policyVars are the request variables the selection policy sets for a
+// request; they start afresh when the request is served again.
+var policyVars = []string{varGone, varUnavailable}
+
+// HeaderSessionID is the MCP session header, in Go's canonical spelling.
+// Header names are case-insensitive (RFC 9110 §5.1); `mcp-session-id` and
+// `MCP-Session-Id` are the same field. Source: MCP 2025-03-26 transports,
+// §Session Management.
+const HeaderSessionID = mcpwire.HeaderSessionID

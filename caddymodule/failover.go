@@ -28,13 +28,24 @@ import (
 // messages are small; 1 MiB bounds the memory of a request in flight.
 const maxReplayBody = 1 << 20
 
-// maxReplayAnswer is the most bytes of an answer to a replayed initialize
-// the proxy reads to find its result.
-const maxReplayAnswer = 1 << 16
-
 // varFailedOver is true once a request's session failed over: the request
 // is not failed over again.
 const varFailedOver = "mcp_session.failed_over"
+
+// failover fails the sessions of one mcp_session handler over: it keeps
+// what a session's requests need to be sent again, replays the session's
+// kept initialize on another upstream, and records the move in the table.
+// The handler decides when (serveFailover); failover does the moving.
+type failover struct {
+	table    *session.Table
+	logger   *zap.Logger
+	maxIDLen int // the handler's max_session_id_length
+}
+
+// debug logs msg at debug level for session id, as [Handler.debug] does.
+func (f *failover) debug(msg, id, upstream string, fields ...zap.Field) {
+	logDebug(f.logger, msg, id, upstream, fields...)
+}
 
 // errNoFailover is why a replayed initialize was refused.
 var errNoFailover = errors.New("no upstream took the replayed initialize")
@@ -43,8 +54,8 @@ var errNoFailover = errors.New("no upstream took the replayed initialize")
 // fails sessions over, and returns what the table keeps of it if it is an
 // initialize request within max_initialize_size; nil otherwise. The body
 // passes on unchanged.
-func (h *Handler) captureInit(r *http.Request) *session.Init {
-	fs := h.table.Failover()
+func (f *failover) captureInit(r *http.Request) *session.Init {
+	fs := f.table.Failover()
 	if !fs.On || r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || r.ContentLength > int64(fs.MaxInit) {
 		return nil
 	}
@@ -85,8 +96,8 @@ type pinnedFailover struct {
 // over, or "" if it may: it ended or expired here (a tombstone), or its
 // sealed ID is older than failover_max_age or does not say its age. The
 // shared store's word comes later, in failOver.
-func (h *Handler) failoverRefused(r *http.Request, id string) session.Refusal {
-	switch h.table.Buried(id) {
+func (f *failover) failoverRefused(r *http.Request, id string) session.Refusal {
+	switch f.table.Buried(id) {
 	case session.TombEnded:
 		return session.RefusedEnded
 	case session.TombExpired:
@@ -96,7 +107,7 @@ func (h *Handler) failoverRefused(r *http.Request, id string) session.Refusal {
 		if ex.issued == 0 {
 			return session.RefusedUnknownAge
 		}
-		if time.Since(time.Unix(ex.issued, 0)) > h.table.FailoverMaxAge() {
+		if time.Since(time.Unix(ex.issued, 0)) > f.table.FailoverMaxAge() {
 			return session.RefusedTooOld
 		}
 	}
@@ -107,11 +118,11 @@ func (h *Handler) failoverRefused(r *http.Request, id string) session.Refusal {
 // over, and sets the Mcp-Session-Id it sends to the one its upstream knows;
 // nil when the table does not fail sessions over or the session has no kept
 // initialize. A request that failed over once may not again.
-func (h *Handler) failoverFor(w http.ResponseWriter, r *http.Request, id string) *pinnedFailover {
-	if !h.table.Failover().On {
+func (f *failover) failoverFor(w http.ResponseWriter, r *http.Request, id string) *pinnedFailover {
+	if !f.table.Failover().On {
 		return nil
 	}
-	_, init := h.table.InitOf(id)
+	_, init := f.table.InitOf(id)
 	if init == nil {
 		return nil
 	}
@@ -190,40 +201,40 @@ func (pf *pinnedFailover) cause(r *http.Request, err error, wrote bool, dial str
 // under the ID pf.sent, to another upstream for cause, and returns r
 // prepared to be sent there (see prepareRetry). Concurrent requests of the session share one failover; a
 // request that finds the session moved already follows it.
-func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, from *session.Upstream, pf *pinnedFailover, cause session.FailoverCause) (*session.Upstream, *http.Request, error) {
-	v, err := h.table.Flight(id, func() (any, error) {
+func (f *failover) failOver(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string, from *session.Upstream, pf *pinnedFailover, cause session.FailoverCause) (*session.Upstream, *http.Request, error) {
+	v, err := f.table.Flight(id, func() (any, error) {
 		// Moved by a request before this one: the kept record changed, or,
 		// when this request looked the session up before that move and read
 		// its record after (servePinned does the two apart), the upstream
 		// did. Failing over again would open a second upstream session and
 		// orphan the first.
-		if up, init := h.table.InitOf(id); up != nil && init != nil && (init != pf.init || up != from) {
+		if up, init := f.table.InitOf(id); up != nil && init != nil && (init != pf.init || up != from) {
 			return session.FailoverResult{Up: up, Init: init}, nil
 		}
 		// A DELETE may have ended the session while this request was on
 		// its way, here or, as the store says, on another instance.
 		var err error
-		if why := h.failoverRefused(r, id); why != "" {
+		if why := f.failoverRefused(r, id); why != "" {
 			err = why
 		}
 		var res session.FailoverResult
 		if err == nil {
 			var moved, ended bool
-			if res, moved, ended = h.table.MovedInStore(id, from, pf.init); ended {
+			if res, moved, ended = f.table.MovedInStore(id, from, pf.init); ended {
 				err = session.RefusedGone
 			} else if !moved {
-				res, err = h.reinitialize(r, next, id, from, pf.init, cause != session.FailoverUpstream404)
+				res, err = f.reinitialize(r, next, id, from, pf.init, cause != session.FailoverUpstream404)
 			}
 		}
-		h.table.Stats.CountFailover(cause, session.FailoverOutcome(res, err))
-		h.logFailover(id, from, res, cause, err)
+		f.table.Stats.CountFailover(cause, session.FailoverOutcome(res, err))
+		f.logFailover(id, from, res, cause, err)
 		return res, err
 	})
 	if err != nil {
 		return nil, nil, err
 	}
 	res := v.(session.FailoverResult)
-	return res.Up, h.prepareRetry(w, r, pf, res.Init.UpstreamID), nil
+	return res.Up, f.prepareRetry(w, r, pf, res.Init.UpstreamID), nil
 }
 
 // reinitialize replays the session's initialize on an upstream the
@@ -231,7 +242,7 @@ func (h *Handler) failOver(w http.ResponseWriter, r *http.Request, next caddyhtt
 // draining, not just restarted: it did not answer 404), then sends
 // notifications/initialized there, and records the new upstream and its
 // session ID.
-func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id string, from *session.Upstream, init *session.Init, leaving bool) (session.FailoverResult, error) {
+func (f *failover) reinitialize(r *http.Request, next caddyhttp.Handler, id string, from *session.Upstream, init *session.Init, leaving bool) (session.FailoverResult, error) {
 	want := r.Header.Get(HeaderProtocolVersion)
 	body := atVersion(init.Body, want)
 	asked := requestedVersion(body)
@@ -247,7 +258,7 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 		var to *session.Upstream
 		var newID, version string
 		var err error
-		ir, to, newID, version, err = h.replayOnce(r, next, ir, body)
+		ir, to, newID, version, err = f.replayOnce(r, next, ir, body)
 		switch {
 		case err != nil && len(skipped) > 0:
 			return session.FailoverResult{}, fmt.Errorf("%w: %s; every other upstream that answered negotiated another protocol version than the session's %s (%s)",
@@ -257,7 +268,7 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 		case !sameVersion(want, asked, version):
 			// The client keeps sending its negotiated MCP-Protocol-Version:
 			// an upstream of another version would refuse every request.
-			h.endOrphan(r, next, to, newID, version)
+			f.endOrphan(r, next, to, newID, version)
 			skip := to.Dial() + " negotiated " + version
 			if slices.Contains(skipped, skip) { // the policy has nothing else
 				return session.FailoverResult{}, fmt.Errorf("%w: every upstream that answered negotiated another protocol version than the session's %s (%s)",
@@ -269,13 +280,13 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 			ir.Body, ir.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 			continue
 		}
-		if err := h.notifyInitialized(r, next, to, newID, version); err != nil {
-			h.endOrphan(r, next, to, newID, version)
+		if err := f.notifyInitialized(r, next, to, newID, version); err != nil {
+			f.endOrphan(r, next, to, newID, version)
 			return session.FailoverResult{}, err
 		}
-		res, err := h.table.RecordMove(id, from, init, to, init.MovedTo(newID))
+		res, err := f.table.RecordMove(id, from, init, to, init.MovedTo(newID))
 		if err != nil || res.Followed { // no client will use the new upstream session
-			h.endOrphan(r, next, to, newID, version)
+			f.endOrphan(r, next, to, newID, version)
 		}
 		return res, err
 	}
@@ -285,18 +296,18 @@ func (h *Handler) reinitialize(r *http.Request, next caddyhttp.Handler, id strin
 // (see sendReplay) and returns the request it sent last, the upstream, the
 // session ID it opened, and the protocol version it negotiated. An upstream session that opened but
 // cannot be used is ended at once (endOrphan).
-func (h *Handler) replayOnce(r *http.Request, next caddyhttp.Handler, ir *http.Request, body []byte) (last *http.Request, to *session.Upstream, newID, version string, err error) {
+func (f *failover) replayOnce(r *http.Request, next caddyhttp.Handler, ir *http.Request, body []byte) (last *http.Request, to *session.Upstream, newID, version string, err error) {
 	ans, ir, err := sendReplay(next, ir, body)
 	if err != nil || !ans.ok() {
 		return ir, nil, "", "", fmt.Errorf("%w: status %d, error %v", errNoFailover, ans.status, err)
 	}
 	newID, sel := ans.header.Get(HeaderSessionID), selectedUpstream(ir)
-	if sel == nil || len(ans.header[HeaderSessionID]) != 1 || mcpwire.CheckSessionID(newID, h.MaxSessionIDLength) != "" {
+	if sel == nil || len(ans.header[HeaderSessionID]) != 1 || mcpwire.CheckSessionID(newID, f.maxIDLen) != "" {
 		return ir, nil, "", "", fmt.Errorf("%w: the answer carried no usable Mcp-Session-Id", errNoFailover)
 	}
-	to = h.table.UseUpstream(sel.Dial)
+	to = f.table.UseUpstream(sel.Dial)
 	if version, err = ans.initializeResult(); err != nil {
-		h.endOrphan(r, next, to, newID, "")
+		f.endOrphan(r, next, to, newID, "")
 		return ir, nil, "", "", fmt.Errorf("%w: %s", errNoFailover, err)
 	}
 	return ir, to, newID, version, nil
@@ -391,7 +402,7 @@ func unsent(err error) bool {
 // and that no client uses, because another instance moved the session
 // first: it sends DELETE, and ignores the answer (a server that does not
 // support it forgets the session when its own timeout runs out).
-func (h *Handler) endOrphan(r *http.Request, next caddyhttp.Handler, to *session.Upstream, newID, version string) {
+func (f *failover) endOrphan(r *http.Request, next caddyhttp.Handler, to *session.Upstream, newID, version string) {
 	dr := subrequest(r, nil)
 	dr.Method, dr.Body, dr.ContentLength = http.MethodDelete, http.NoBody, 0
 	dr.Header.Set(HeaderSessionID, newID)
@@ -404,7 +415,7 @@ func (h *Handler) endOrphan(r *http.Request, next caddyhttp.Handler, to *session
 
 // notifyInitialized sends notifications/initialized of session newID,
 // negotiated at version, to upstream to.
-func (h *Handler) notifyInitialized(r *http.Request, next caddyhttp.Handler, to *session.Upstream, newID, version string) error {
+func (f *failover) notifyInitialized(r *http.Request, next caddyhttp.Handler, to *session.Upstream, newID, version string) error {
 	nr := subrequest(r, []byte(`{"jsonrpc":"2.0","method":"notifications/initialized"}`))
 	nr.Header.Set("Accept", "application/json, text/event-stream")
 	nr.Header.Set("Content-Type", "application/json")
@@ -461,7 +472,7 @@ func setInitHeaders(h http.Header, init *session.Init) {
 // which knows it as upstreamID: its own request variables (see
 // withOwnVars), without the handler's and policy's, the new ID, the kept
 // body, and w's headers as before the attempt.
-func (h *Handler) prepareRetry(w http.ResponseWriter, r *http.Request, pf *pinnedFailover, upstreamID string) *http.Request {
+func (f *failover) prepareRetry(w http.ResponseWriter, r *http.Request, pf *pinnedFailover, upstreamID string) *http.Request {
 	r = withOwnVars(r)
 	clearSelection(r)
 	caddyhttp.SetVar(r.Context(), varFailedOver, true)
@@ -485,9 +496,9 @@ func (h *Handler) serveFailover(w http.ResponseWriter, r *http.Request, next cad
 		h.table.Evict(id, session.EvictUpstream404)
 		return writeSessionNotFound(w, "Session not found")
 	}
-	to, retry, err := h.failOver(w, r, next, id, from, pf, cause)
+	to, retry, err := h.failover.failOver(w, r, next, id, from, pf, cause)
 	if err != nil {
-		return h.serveFailoverFailed(w, r, id, pf, err)
+		return h.failover.serveFailoverFailed(w, r, id, pf, err)
 	}
 	err = h.servePinned(w, retry, next, id, to)
 	decide(r, decisionFailedOver, to.Dial())
@@ -497,21 +508,21 @@ func (h *Handler) serveFailover(w http.ResponseWriter, r *http.Request, next cad
 // serveFailoverFailed answers the request of a session no upstream took
 // over, or that may not fail over (err is then a failoverRefusal), with the
 // 404 the client would get without failover, and ends the session.
-func (h *Handler) serveFailoverFailed(w http.ResponseWriter, r *http.Request, id string, pf *pinnedFailover, err error) error {
+func (f *failover) serveFailoverFailed(w http.ResponseWriter, r *http.Request, id string, pf *pinnedFailover, err error) error {
 	var refused session.Refusal // "" unless err is one
 	_ = errors.As(err, &refused)
 	if pf.held {
 		clear(w.Header())
 		maps.Copy(w.Header(), pf.header)
-		h.table.Evict(id, session.EvictUpstream404)
+		f.table.Evict(id, session.EvictUpstream404)
 		if refused != "" {
 			return writeSessionNotFound(w, "Session not found: "+string(refused))
 		}
 		return writeSessionNotFound(w, "Session not found")
 	}
-	h.table.Stats.CountGone()
+	f.table.Stats.CountGone()
 	decide(r, decisionGone, "")
-	h.table.Evict(id, session.EvictUpstreamGone)
+	f.table.Evict(id, session.EvictUpstreamGone)
 	if refused != "" {
 		return writeSessionNotFound(w, "Session not found: its upstream is gone, and "+string(refused))
 	}
@@ -521,18 +532,18 @@ func (h *Handler) serveFailoverFailed(w http.ResponseWriter, r *http.Request, id
 // logFailover logs a failover at info level, its failure at warn level,
 // and a refused one at debug level (a client with a leaked or ended ID
 // controls how often).
-func (h *Handler) logFailover(id string, from *session.Upstream, res session.FailoverResult, cause session.FailoverCause, err error) {
+func (f *failover) logFailover(id string, from *session.Upstream, res session.FailoverResult, cause session.FailoverCause, err error) {
 	fields := []zap.Field{zap.String("session", fingerprint(id)), zap.String("from", from.Dial()), zap.Stringer("cause", cause)}
 	var refused session.Refusal
 	switch {
 	case errors.As(err, &refused):
-		h.debug("failover_refused", id, from.Dial(), zap.Stringer("cause", cause), zap.String("why", string(refused)))
+		f.debug("failover_refused", id, from.Dial(), zap.Stringer("cause", cause), zap.String("why", string(refused)))
 	case err != nil:
-		h.logger.Warn("failover failed; the session ends", append(fields, zap.Error(err))...)
+		f.logger.Warn("failover failed; the session ends", append(fields, zap.Error(err))...)
 	case res.Followed:
-		h.logger.Info("failover: followed the move another instance recorded in the store", append(fields, zap.String("to", res.Up.Dial()))...)
+		f.logger.Info("failover: followed the move another instance recorded in the store", append(fields, zap.String("to", res.Up.Dial()))...)
 	default:
-		h.logger.Info("failover", append(fields, zap.String("to", res.Up.Dial()))...)
+		f.logger.Info("failover", append(fields, zap.String("to", res.Up.Dial()))...)
 	}
 }
 

@@ -173,8 +173,7 @@ func BenchmarkServePinnedFailover(b *testing.B) {
 			if _, init := f.h.table.InitOf("S1"); (init != nil) != on {
 				b.Fatalf("initialize kept: %v, want %v", init != nil, on)
 			}
-			f.h.logger = zap.NewNop()
-			f.h.table.SetLogger(f.h.logger)
+			f.h.setLogger(zap.NewNop())
 			const call = `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`
 			b.ReportAllocs()
 			for b.Loop() {
@@ -283,9 +282,9 @@ func TestFailoverAfterAMoveSeenHalfway(t *testing.T) {
 
 	r := bodyRequest(`{"jsonrpc":"2.0","id":3,"method":"ping"}`, "OLD")
 	w := httptest.NewRecorder()
-	pf := f.h.failoverFor(w, r, "OLD") // the record after the move
+	pf := f.h.failover.failoverFor(w, r, "OLD") // the record after the move
 	f.proxy.respond = up
-	got, retry, err := f.h.failOver(w, r, f.proxy, "OLD", from, pf, session.FailoverRefused)
+	got, retry, err := f.h.failover.failOver(w, r, f.proxy, "OLD", from, pf, session.FailoverRefused)
 	if err != nil {
 		t.Fatalf("failover of the late request: %v", err)
 	}

@@ -39,10 +39,6 @@ const CodeUpstreamTimeout = -32004
 // upstream sent no response headers in time.
 var errHeaderTimeout = errors.New("the upstream sent no response headers in time")
 
-// varTried is the request variable holding the dial addresses of the
-// upstreams that let this request wait past its bound ([]string).
-const varTried = "mcp_session.tried"
-
 // The states of a headerWait.
 const (
 	headersAwaited int32 = iota
@@ -287,18 +283,6 @@ func (h *Handler) leftStuck(r *http.Request) string {
 	tried, _ := caddyhttp.GetVar(r.Context(), varTried).([]string)
 	caddyhttp.SetVar(r.Context(), varTried, append(tried, sel.Dial))
 	return sel.Dial
-}
-
-// triedBy reports whether the request already waited past its bound for
-// the upstream dialed at dial.
-func triedBy(r *http.Request, dial string) bool {
-	tried, _ := caddyhttp.GetVar(r.Context(), varTried).([]string)
-	for _, d := range tried {
-		if d == dial {
-			return true
-		}
-	}
-	return false
 }
 
 // answered records that the upstream of r sent response headers: up, the

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,12 +26,6 @@ func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// HeaderSessionID is the MCP session header, in Go's canonical spelling.
-// Header names are case-insensitive (RFC 9110 §5.1); `mcp-session-id` and
-// `MCP-Session-Id` are the same field. Source: MCP 2025-03-26 transports,
-// §Session Management.
-const HeaderSessionID = mcpwire.HeaderSessionID
-
 // DefaultMaxSessionIDLength is the default limit of an Mcp-Session-Id value, in bytes.
 const DefaultMaxSessionIDLength = 2048
 
@@ -43,24 +36,6 @@ const (
 	// UnknownSessionForward sends a request with an unknown session to the fallback policy.
 	UnknownSessionForward = "forward"
 )
-
-// Request variables through which the handler and the selection policy
-// talk, besides the request's exchange (exchange.owner, exchange.selected).
-const (
-	// varGone is true when the pinned upstream was not in the pool, or
-	// failed active health checks for longer than the grace.
-	varGone = "mcp_session.upstream_gone"
-	// varUnavailable holds the Retry-After seconds (int) of a request whose
-	// pinned upstream fails active health checks, within the grace.
-	varUnavailable = "mcp_session.upstream_unavailable"
-	// varInit holds the *sessionInit of an initialize request the table
-	// keeps for failover once its session is learned.
-	varInit = "mcp_session.init"
-)
-
-// policyVars are the request variables the selection policy sets for a
-// request; they start afresh when the request is served again.
-var policyVars = []string{varGone, varUnavailable}
 
 // Handler gives MCP Streamable HTTP sessions affinity to the upstream that
 // created them. Order it before `reverse_proxy` and use the `mcp_session`
@@ -134,25 +109,9 @@ type Handler struct {
 	// Default: `default`.
 	Table string `json:"table,omitempty"`
 
-	// The most sessions the table holds, as the `mcp_sessions` app's
-	// `max_sessions` for this table; the app's default applies when neither
-	// sets it. Places in one config that set it must agree. It applies when
-	// the config has loaded, so a failed reload changes nothing. When the
-	// table is full, a new session pushes out the oldest session not used
-	// since its initialize, and only when there is none the least recently
-	// used one; never one with an open GET stream. Each session costs about
-	// 170 bytes plus its ID. Default: 100000 (about 20 MiB when full).
-	MaxSessions int `json:"max_sessions,omitempty"`
-
-	// How long a session may go unused before the table forgets it, as the
-	// `mcp_sessions` app's `session_ttl` for this table (the same rules as
-	// `max_sessions`). Every request of the session counts as use, recorded
-	// exactly: a session used more often than session_ttl never expires. A
-	// session whose GET stream is open through the proxy does not expire
-	// while the stream is open. MCP servers keep sessions until DELETE by
-	// default, so the proxy should not forget first: the default is long,
-	// and `max_sessions` bounds memory. The minimum is `1s`. Default: `24h`.
-	SessionTTL caddy.Duration `json:"session_ttl,omitempty"`
+	// The table's settings: set here, in the `mcp_sessions` app's table of
+	// the same name, or in several places that agree.
+	TableSettings
 
 	// The longest `Mcp-Session-Id` value accepted, in bytes. The MCP spec sets
 	// no limit; SDKs mint 26 to 48 bytes, JWT-shaped IDs are longer. Longer
@@ -176,83 +135,12 @@ type Handler struct {
 	// on loopback. Default: false.
 	DisableLocalhostProtection bool `json:"disable_localhost_protection,omitempty"`
 
-	// Binds each session to the principal of the request that opened it,
-	// as the `mcp_sessions` app's `bind_principal` for this table (the same
-	// rules as `max_sessions`): a placeholder template such as
-	// `{http.auth.user.id}` or `{http.request.header.Authorization}`, or
-	// `off`. A request of a session bound to another principal gets the
-	// same 404 as an unknown session and never reaches the upstream. A
-	// template without a placeholder fails to load; one naming placeholders
-	// Caddy does not set is logged as a warning.
-	// Default: `{http.auth.user.id}` (bound when Caddy authenticates the
-	// request, unbound otherwise).
-	BindPrincipal string `json:"bind_principal,omitempty"`
-
 	// Seals session IDs: the client gets a value carrying the upstream and
 	// its session ID, encrypted and authenticated under a key the Caddy
 	// replicas share, so that any replica routes the session and a restart
 	// loses none. See [SealedSessionIDs]. Default: off, the client gets the
 	// upstream's own session ID.
 	SealSessionIDs *SealedSessionIDs `json:"seal_session_ids,omitempty"`
-
-	// What to do with a session whose upstream is gone (removed from the
-	// config, refusing connections, failing active health checks for
-	// longer than the policy's `unhealthy_grace`, answering a POST of the
-	// session with 404, or draining past its deadline), as the
-	// `mcp_sessions` app's `failover` for this table (the same rules as
-	// `max_sessions`): `off` ends the session, and its requests get 404;
-	// `reinitialize` keeps each session's initialize request (its body and
-	// its Accept, Content-Type and MCP-Protocol-Version headers, never
-	// credentials) and replays it on an upstream the fallback policy picks,
-	// with the credentials of the request that found the upstream gone,
-	// followed by notifications/initialized. The client keeps its session
-	// ID: the proxy sends the new upstream its own ID and gives the client
-	// back its own. The new upstream session starts fresh: subscriptions,
-	// log level and other session state are not carried over. Only requests
-	// that never reached an upstream, or that it answered 404, are sent
-	// again. The kept initialize lives in this Caddy's table; with
-	// `seal_session_ids` the client's sealed session ID carries it too, so
-	// that any replica can fail the session over. With the redis store, the
-	// kept initialize and the new upstream's session ID travel in the
-	// session's value in Redis (sealed under a key derived from its
-	// hash_key), so that any replica fails the session over, and a move
-	// applies on every replica. Default: `off`.
-	Failover string `json:"failover,omitempty"`
-
-	// The largest initialize request body, in bytes, that the table keeps
-	// for failover, as the `mcp_sessions` app's `max_initialize_size` for
-	// this table; a session opened with a larger one cannot fail over. The
-	// SDK clients send 150 to 500 bytes. Default: 4096.
-	MaxInitializeSize int `json:"max_initialize_size,omitempty"`
-
-	// How old a sealed session ID (`seal_session_ids`) may be, counted from
-	// the initialize that opened the session (the ID carries its issue
-	// time, authenticated), and still fail over, as the `mcp_sessions`
-	// app's `failover_max_age` for this table (the same rules as
-	// `max_sessions`). An older one whose upstream is gone gets 404, and
-	// its client re-initializes. A replica that did not see a session end
-	// cannot know it ended; without a shared store, this bound is what
-	// keeps an ended, expired or leaked sealed ID from being failed over,
-	// as a fresh upstream session, on such a replica until the key is
-	// rotated. At its default, a session that expired on any replica can
-	// fail over on none. Sealed IDs minted before the issue time was
-	// sealed (format versions 1 and 2) never fail over. Sessions with plain
-	// IDs need no bound: the table, and the shared store, know when they
-	// end. The minimum is `1s`. Default: the table's `session_ttl` (`24h`).
-	FailoverMaxAge caddy.Duration `json:"failover_max_age,omitempty"`
-
-	// The most sessions one client may hold that have not been used since
-	// their initialize, as the `mcp_sessions` app's
-	// `max_unconfirmed_per_client` for this table. Default: 0, no cap.
-	MaxUnconfirmedPerClient int `json:"max_unconfirmed_per_client,omitempty"`
-
-	// The placeholder template that names a request's client for
-	// `max_unconfirmed_per_client`, as the `mcp_sessions` app's
-	// `client_key` (a template without a placeholder fails to load; one
-	// naming placeholders Caddy does not set is logged as a warning).
-	// Default: `{http.vars.client_ip}`, the client's IP address, honouring
-	// the server's `trusted_proxies`.
-	ClientKey string `json:"client_key,omitempty"`
 
 	// How long a request that opens a session waits for its upstream's
 	// response headers: an `initialize` (recognised by the JSON-RPC method
@@ -334,12 +222,12 @@ type Handler struct {
 	table          *session.Table
 	app            *App         // the config's mcp_sessions app, which configures table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
-	warnedInitSize *atomic.Bool // the warning of an initialize too large to seal was logged
 	warnedDeadline *atomic.Bool // the warning of a write timeout that cannot be lifted was logged
 	warnedSlowInit *atomic.Bool // the warning of an initialize slower than initialize_timeout was logged
 	logger         *zap.Logger
 
-	sealer *SessionSealer // nil unless SealSessionIDs is set
+	sealer   *sealing  // nil unless SealSessionIDs is set
+	failover *failover // moves the table's sessions when failover is on
 
 	reclaim *reclaimer // sends the DELETEs of forgotten sessions (reclaim.go)
 }
@@ -377,24 +265,28 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.Validate(); err != nil {
 		return err
 	}
-	if err := h.provisionSealer(); err != nil {
-		return err
+	var sealer *SessionSealer
+	if h.SealSessionIDs != nil {
+		var err error
+		if sealer, err = h.SealSessionIDs.provision(); err != nil {
+			return err
+		}
 	}
 	app, err := sessionsApp(ctx)
 	if err != nil {
 		return err
 	}
-	t, err := app.Table(h.Table, TableConfig{
-		MaxSessions: h.MaxSessions, SessionTTL: h.SessionTTL, BindPrincipal: h.BindPrincipal,
-		Failover: h.Failover, MaxInitializeSize: h.MaxInitializeSize, FailoverMaxAge: h.FailoverMaxAge,
-		MaxUnconfirmedPerClient: h.MaxUnconfirmedPerClient, ClientKey: h.ClientKey,
-	}, "an mcp_session handler")
+	t, err := app.Table(h.Table, TableConfig{TableSettings: h.TableSettings}, "an mcp_session handler")
 	if err != nil {
 		return err
 	}
 	h.table, h.app = t, app
-	h.warnedNoPolicy, h.warnedInitSize, h.warnedDeadline, h.warnedSlowInit = new(atomic.Bool), new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)
-	t.SetLogger(h.logger)
+	h.warnedNoPolicy, h.warnedDeadline, h.warnedSlowInit = new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)
+	h.failover = &failover{table: t, maxIDLen: h.MaxSessionIDLength}
+	if sealer != nil {
+		h.sealer = &sealing{SessionSealer: sealer, table: t, maxIDLen: h.MaxSessionIDLength}
+	}
+	h.setLogger(h.logger)
 	h.reclaim = newReclaimer(h)
 	return nil
 }
@@ -406,6 +298,15 @@ func (h *Handler) Cleanup() error {
 		h.reclaim.close()
 	}
 	return nil
+}
+
+// setLogger makes l the logger of the handler, its table and its parts.
+func (h *Handler) setLogger(l *zap.Logger) {
+	h.logger, h.failover.logger = l, l
+	if h.sealer != nil {
+		h.sealer.logger = l
+	}
+	h.table.SetLogger(l)
 }
 
 // Validate checks the handler's settings. Its error names the first
@@ -575,7 +476,7 @@ func (h *Handler) serveWithoutHeader(w http.ResponseWriter, r *http.Request, nex
 // serveNew serves a request without a session: it is balanced, and its
 // response may create a session, which the table learns.
 func (h *Handler) serveNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if init := h.captureInit(r); init != nil {
+	if init := h.failover.captureInit(r); init != nil {
 		caddyhttp.SetVar(r.Context(), varInit, init)
 	}
 	return h.forwardNew(w, r, next)
@@ -627,7 +528,7 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 		}()
 	}
 	pw := newSessionWriter(w, h, r, id, up)
-	if pw.fo = h.failoverFor(w, r, id); pw.fo != nil && pw.fo.again && h.table.PastDrainDeadline(up) && h.failoverRefused(r, id) == "" {
+	if pw.fo = h.failover.failoverFor(w, r, id); pw.fo != nil && pw.fo.again && h.table.PastDrainDeadline(up) && h.failover.failoverRefused(r, id) == "" {
 		return h.serveFailover(w, r, next, id, up, pw.fo, session.FailoverDrainDeadline)
 	}
 	expired, _, err := h.forward(pw, next, time.Duration(h.PinnedTimeout), false)
@@ -760,7 +661,7 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 	}
 	origin := session.Origin{Principal: principalOf(r, h.table.BindPrincipal()), Client: placeholderValue(r, h.table.ClientKey())}
 	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*session.Init)
-	if key := h.tableKey(ids[0]); h.table.LearnInit(key, sel.Dial, origin, init) {
+	if key := h.sealer.tableKey(ids[0]); h.table.LearnInit(key, sel.Dial, origin, init) {
 		if h.reclaim != nil {
 			h.reclaim.learnedPath(r, h.table.UseUpstream(sel.Dial))
 		}
@@ -810,74 +711,23 @@ func (h *Handler) evictAfter(r *http.Request, id string, status int) {
 // section, which no directive or app can extend. docs/operating.md, "Logs", gives the
 // filter that removes the ID, and TestLogRecipeRemovesSessionIDs checks it.
 func (h *Handler) debug(msg, id, upstream string, fields ...zap.Field) {
-	if c := h.logger.Check(zapcore.DebugLevel, msg); c != nil {
+	logDebug(h.logger, msg, id, upstream, fields...)
+}
+
+// logDebug logs msg to logger at debug level, naming session id by its
+// fingerprint and the upstream by its dial address (see [Handler.debug]).
+func logDebug(logger *zap.Logger, msg, id, upstream string, fields ...zap.Field) {
+	if c := logger.Check(zapcore.DebugLevel, msg); c != nil {
 		c.Write(append(fields, zap.String("session", fingerprint(id)), zap.String("upstream", upstream))...)
 	}
 }
 
-// rebinding reports whether r arrived on a loopback address but names a
-// host that is not loopback: the signature of a DNS rebinding attack. The
-// rule is the MCP Go SDK's (mcp/streamable.go, DisableLocalhostProtection).
-//
-// The local address is checked whatever the listener's network: TCP for
-// HTTP/1.1 and HTTP/2, UDP for HTTP/3 over QUIC.
-func rebinding(r *http.Request) bool {
-	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	return ok && isLoopbackAddr(local) && !isLoopbackHost(r.Host)
-}
-
-// isLoopbackAddr reports whether a listener's local address is a loopback
-// IP address, for any network. Addresses without an IP (unix sockets) are not.
-func isLoopbackAddr(a net.Addr) bool {
-	switch a := a.(type) {
-	case *net.TCPAddr:
-		return a.IP.IsLoopback()
-	case *net.UDPAddr:
-		return a.IP.IsLoopback()
-	}
-	ap, err := netip.ParseAddrPort(a.String())
-	return err == nil && ap.Addr().IsLoopback()
-}
-
-// isLoopbackHost reports whether host, with or without a port, is
-// `localhost` or a loopback IP address.
-func isLoopbackHost(host string) bool {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	} else {
-		host = strings.Trim(host, "[]")
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.IsLoopback()
-}
-
-// eraOf returns the request's protocol era. A request naming a legacy
-// HTTP+SSE session in one of the default query parameters (see
-// readsQuerySession) is of a legacy session too.
-func eraOf(r *http.Request, sessionFields int) session.Era {
-	switch {
-	case sessionFields > 0:
-		return session.EraLegacySession
-	case readsQuerySession(r) && hasLegacySession(r.URL.RawQuery):
-		return session.EraLegacySession
-	case len(r.Header["Mcp-Method"]) > 0:
-		return session.EraModern
-	}
-	if v := r.Header["Mcp-Protocol-Version"]; len(v) > 0 && mcpwire.AtLeast(v[0], ModernProtocolVersion) {
-		return session.EraModern
-	}
-	return session.EraOther
-}
-
-// ModernProtocolVersion is the first MCP protocol version without sessions.
-// Versions are dates, so they compare as strings.
-const ModernProtocolVersion = mcpwire.ModernVersion
+// sessionTable returns the name of the session table h writes.
+func (h *Handler) sessionTable() string { return h.Table }
 
 // Interface guards
 var (
+	_ tableWriter                 = (*Handler)(nil)
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.Validator             = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)

@@ -67,7 +67,7 @@ func provisionHandler(t testing.TB, h *Handler) (*Handler, *observer.ObservedLog
 	startApp(t, ctx)
 	t.Cleanup(func() { _ = h.Cleanup() })
 	core, logs := observer.New(zapcore.DebugLevel)
-	h.logger = zap.New(core)
+	h.setLogger(zap.New(core))
 	return h, logs
 }
 
@@ -232,10 +232,10 @@ func TestHandlerValidate(t *testing.T) {
 		h    Handler
 		want string
 	}{
-		{Handler{MaxSessions: -1}, "max_sessions must be positive, got -1"},
-		{Handler{SessionTTL: -1}, "session_ttl -1ns is below the minimum of 1s"},
-		{Handler{SessionTTL: caddy.Duration(time.Nanosecond)}, "session_ttl 1ns is below the minimum of 1s"},
-		{Handler{SessionTTL: caddy.Duration(999 * time.Millisecond)}, "session_ttl 999ms is below the minimum of 1s"},
+		{Handler{TableSettings: TableSettings{MaxSessions: -1}}, "max_sessions must be positive, got -1"},
+		{Handler{TableSettings: TableSettings{SessionTTL: -1}}, "session_ttl -1ns is below the minimum of 1s"},
+		{Handler{TableSettings: TableSettings{SessionTTL: caddy.Duration(time.Nanosecond)}}, "session_ttl 1ns is below the minimum of 1s"},
+		{Handler{TableSettings: TableSettings{SessionTTL: caddy.Duration(999 * time.Millisecond)}}, "session_ttl 999ms is below the minimum of 1s"},
 		{Handler{MaxSessionIDLength: -5}, "max_session_id_length must be positive, got -5"},
 		{Handler{UnknownSession: "maybe"}, `unknown_session must be "reject" or "forward", got "maybe"`},
 	} {
@@ -260,7 +260,7 @@ func TestHandlerValidate(t *testing.T) {
 func TestHandlersShareTable(t *testing.T) {
 	name := "shared/" + t.Name()
 	ctx1 := newContext(t)
-	h1 := &Handler{Table: name, MaxSessions: 10}
+	h1 := &Handler{TableSettings: TableSettings{MaxSessions: 10}, Table: name}
 	if err := h1.Provision(ctx1); err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func TestHandlersShareTable(t *testing.T) {
 	h1.table.Learn("s2", "a:1")
 	h1.table.Learn("s3", "a:1")
 	ctx2, cancel2 := caddy.NewContext(newContext(t)) // a reload: the new config provisions first
-	h2 := &Handler{Table: name, MaxSessions: 2}
+	h2 := &Handler{TableSettings: TableSettings{MaxSessions: 2}, Table: name}
 	if err := h2.Provision(ctx2); err != nil {
 		t.Fatal(err)
 	}
@@ -301,12 +301,12 @@ func TestHandlersShareTable(t *testing.T) {
 // start) must not change the table the running config uses.
 func TestFailedReloadLeavesTable(t *testing.T) {
 	name := "reload/" + t.Name()
-	running, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 10, SessionTTL: caddy.Duration(time.Hour)})
+	running, _ := provisionHandler(t, &Handler{TableSettings: TableSettings{MaxSessions: 10, SessionTTL: caddy.Duration(time.Hour)}, Table: name})
 	for _, id := range []string{"s1", "s2", "s3"} {
 		running.table.Learn(id, "a:1")
 	}
 	ctx, cancel := caddy.NewContext(newContext(t))
-	failed := &Handler{Table: name, MaxSessions: 1, SessionTTL: caddy.Duration(time.Second)}
+	failed := &Handler{TableSettings: TableSettings{MaxSessions: 1, SessionTTL: caddy.Duration(time.Second)}, Table: name}
 	if err := failed.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -321,12 +321,12 @@ func TestFailedReloadLeavesTable(t *testing.T) {
 func TestConflictingBoundsInOneConfig(t *testing.T) {
 	ctx := newContext(t)
 	name := "conflict/" + t.Name()
-	for _, h := range []*Handler{{Table: name, MaxSessions: 5}, {Table: name, MaxSessions: 5}, {Table: name}} {
+	for _, h := range []*Handler{{Table: name, TableSettings: TableSettings{MaxSessions: 5}}, {Table: name, TableSettings: TableSettings{MaxSessions: 5}}, {Table: name}} {
 		if err := h.Provision(ctx); err != nil {
 			t.Fatalf("agreeing bounds: %v", err)
 		}
 	}
-	b := &Handler{Table: name, MaxSessions: 50000}
+	b := &Handler{TableSettings: TableSettings{MaxSessions: 50000}, Table: name}
 	err := b.Provision(ctx)
 	if err == nil || !strings.Contains(err.Error(), "different table names") || !strings.Contains(err.Error(), "50000") {
 		t.Fatalf("conflicting bounds in one config: err = %v, want one that says what to change", err)

@@ -1,7 +1,10 @@
 package caddymodule
 
 import (
+	"net"
+	"net/http"
 	"net/netip"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -50,3 +53,48 @@ func localHost(host string) bool {
 	ip, err := netip.ParseAddr(host)
 	return err == nil && ip.IsUnspecified()
 }
+
+// rebinding reports whether r arrived on a loopback address but names a
+// host that is not loopback: the signature of a DNS rebinding attack. The
+// rule is the MCP Go SDK's (mcp/streamable.go, DisableLocalhostProtection).
+//
+// The local address is checked whatever the listener's network: TCP for
+// HTTP/1.1 and HTTP/2, UDP for HTTP/3 over QUIC.
+func rebinding(r *http.Request) bool {
+	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	return ok && isLoopbackAddr(local) && !isLoopbackHost(r.Host)
+}
+
+// isLoopbackAddr reports whether a listener's local address is a loopback
+// IP address, for any network. Addresses without an IP (unix sockets) are not.
+func isLoopbackAddr(a net.Addr) bool {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		return a.IP.IsLoopback()
+	case *net.UDPAddr:
+		return a.IP.IsLoopback()
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	return err == nil && ap.Addr().IsLoopback()
+}
+
+// isLoopbackHost reports whether host, with or without a port, is
+// `localhost` or a loopback IP address.
+func isLoopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	} else {
+		host = strings.Trim(host, "[]")
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
+// proxyHostHeader sends upstreams on this machine their own host:port as
+// Host, which the DNS-rebinding protection of MCP SDK servers on loopback
+// requires, and every other upstream the client's Host (see
+// hostForUpstream).
+const proxyHostHeader = "{mcp.host_for_upstream}"

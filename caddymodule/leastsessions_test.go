@@ -261,7 +261,7 @@ func TestLeastSessionsProvision(t *testing.T) {
 	// config or another, and the policy's config keeps it alive.
 	name := "least/" + t.Name()
 	ctx := newContext(t)
-	h := &Handler{Table: name, MaxSessions: 7}
+	h := &Handler{TableSettings: TableSettings{MaxSessions: 7}, Table: name}
 	if err := h.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func TestLeastSessionsProvision(t *testing.T) {
 	if s.table.MaxSessions() != 7 {
 		t.Errorf("the policy changed the handler's max_sessions: %d", s.table.MaxSessions())
 	}
-	h2, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 7})
+	h2, _ := provisionHandler(t, &Handler{TableSettings: TableSettings{MaxSessions: 7}, Table: name})
 	if h2.table != s.table {
 		t.Error("the table did not survive while the policy still used it")
 	}

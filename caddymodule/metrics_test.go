@@ -219,7 +219,7 @@ func TestHandlerProvisionRegistersMetrics(t *testing.T) {
 	ctx := newContext(t)
 	name := "metrics/" + t.Name()
 	for range 2 { // two handlers in one config
-		h := &Handler{Table: name, MaxSessions: 42}
+		h := &Handler{TableSettings: TableSettings{MaxSessions: 42}, Table: name}
 		if err := h.Provision(ctx); err != nil {
 			t.Fatalf("Provision: %v", err)
 		}
@@ -230,7 +230,7 @@ func TestHandlerProvisionRegistersMetrics(t *testing.T) {
 
 	// A reload: a new config, a new registry, the same table.
 	ctx2 := newContext(t)
-	h := &Handler{Table: name, MaxSessions: 43}
+	h := &Handler{TableSettings: TableSettings{MaxSessions: 43}, Table: name}
 	if err := h.Provision(ctx2); err != nil {
 		t.Fatalf("Provision in a second config: %v", err)
 	}
@@ -245,7 +245,7 @@ func TestHandlerProvisionRegistersMetrics(t *testing.T) {
 // series the collector exports for it.
 func TestMetricsScripted(t *testing.T) {
 	name := "metrics/" + t.Name()
-	h, _ := provisionHandler(t, &Handler{Table: name, MaxSessions: 10, Reclaim: ReclaimOff}) // reclaim_test.go counts its DELETEs
+	h, _ := provisionHandler(t, &Handler{TableSettings: TableSettings{MaxSessions: 10}, Table: name, Reclaim: ReclaimOff}) // reclaim_test.go counts its DELETEs
 	policy := provisionPolicy(t, &SessionSelection{Table: name})
 	pool := testPool()[:2]
 	a, b := pool[0].Dial, pool[1].Dial

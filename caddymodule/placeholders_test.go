@@ -169,9 +169,9 @@ func TestSealedPlaceholders(t *testing.T) {
 	if got["decision"] != "learned" || got["pinned_upstream"] != owner {
 		t.Errorf("initialize: %v; want learned on %s", got, owner)
 	}
-	if fingerprint(a.h.tableKey(sealed)) != fingerprint(sealed) {
+	if fingerprint(a.h.sealer.tableKey(sealed)) != fingerprint(sealed) {
 		t.Errorf("the debug log and admin API fingerprint a sealed session as %s, {mcp.session_fingerprint} as %s",
-			fingerprint(a.h.tableKey(sealed)), fingerprint(sealed))
+			fingerprint(a.h.sealer.tableKey(sealed)), fingerprint(sealed))
 	}
 	forged := sealed[:len(sealed)-2] + "AA"
 	for _, tc := range []struct {

@@ -20,7 +20,7 @@ import (
 func TestReclaimDeletesForgottenSessions(t *testing.T) {
 	t.Setenv("RECLAIM_TEST_TOKEN", "s3cret")
 	for _, off := range []bool{false, true} {
-		h := &Handler{Table: "reclaim/" + t.Name(), MaxSessions: 10,
+		h := &Handler{Table: "reclaim/" + t.Name(), TableSettings: TableSettings{MaxSessions: 10},
 			ReclaimHeaders: map[string]string{"Authorization": "Bearer {env.RECLAIM_TEST_TOKEN}"}}
 		if off {
 			h.Table, h.Reclaim = h.Table+"-off", ReclaimOff
@@ -119,7 +119,7 @@ func (l *lockedNext) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 // full queue: past reclaimQueue waiting sessions, each one more is dropped
 // and counted.
 func TestReclaimQueueDrops(t *testing.T) {
-	h, _ := provisionHandler(t, &Handler{MaxSessions: 10})
+	h, _ := provisionHandler(t, &Handler{TableSettings: TableSettings{MaxSessions: 10}})
 	for i := range reclaimQueue + 7 { // no request served: no sender takes any
 		h.reclaim.enqueue(session.Forgotten{Key: fmt.Sprint(i), Dial: "10.0.0.1:8080", Reason: session.EvictTTL})
 	}

@@ -68,7 +68,7 @@ func BenchmarkHandlerServeHTTP(b *testing.B) {
 		b.Fatal(err)
 	}
 	startApp(b, ctx)
-	h.logger = zap.NewNop()
+	h.setLogger(zap.NewNop())
 	h.table.Learn(testSessionID, "10.0.0.1:8080")
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
 		w.WriteHeader(http.StatusOK)

@@ -8,11 +8,11 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
@@ -121,25 +121,24 @@ func (s *SessionSealer) Open(v string) (dial, id string, ok bool) {
 }
 
 // open is Open that returns everything v carries, and v's table key: its
-// decoded bytes (see [Handler.tableKey]). The strings share one allocation.
+// decoded bytes (see [sealing.tableKey]). The strings share one allocation.
 func (s *SessionSealer) open(v string) (key string, ss seal.Session, ok bool) {
 	return s.s.OpenSession(v)
 }
-
-// isSealVersion reports whether b is a format version of sealed IDs.
-func isSealVersion(b byte) bool { return seal.IsSessionVersion(b) }
 
 // sealedLength returns the length of the sealed session ID of ss, in bytes.
 func sealedLength(ss seal.Session) int { return seal.SessionLength(ss) }
 
 // provisionSealer builds the handler's sealer, if sealed session IDs are on.
-func (h *Handler) provisionSealer() error {
-	if h.SealSessionIDs == nil {
-		return nil
-	}
-	s, err := h.SealSessionIDs.provision()
-	h.sealer = s
-	return err
+// sealing is a handler's side of sealed session IDs: its sealer, and what
+// sealing a response needs of the handler's table and settings. A nil
+// *sealing is sealing off.
+type sealing struct {
+	*SessionSealer
+	table          *session.Table
+	logger         *zap.Logger
+	maxIDLen       int         // the handler's max_session_id_length
+	warnedInitSize atomic.Bool // the warning of an initialize too large to seal was logged
 }
 
 // provision builds the sealer from the configured keys, resolving
@@ -247,32 +246,14 @@ func (h *Handler) serveSealed(w http.ResponseWriter, r *http.Request, next caddy
 // (they are visible ASCII), so a handler without sealing never finds a
 // sealed session in a shared table, nor one with sealing a session under
 // the upstream's own ID.
-func (h *Handler) tableKey(id string) string {
-	if h.sealer == nil {
+func (s *sealing) tableKey(id string) string {
+	if s == nil {
 		return id
 	}
 	if key, ok := decodeSealed(id); ok {
 		return key
 	}
 	return id
-}
-
-// decodeSealed returns the decoded bytes of id if it has the encoding and
-// version of a sealed ID, without opening it.
-func decodeSealed(id string) (string, bool) {
-	raw, ok := seal.Decode(id)
-	if !ok || len(raw) == 0 || !isSealVersion(raw[0]) {
-		return "", false
-	}
-	return raw, true
-}
-
-// clientID returns the Mcp-Session-Id the client holds for a table key.
-func clientID(key string) string {
-	if len(key) > 0 && isSealVersion(key[0]) {
-		return seal.Encode(key)
-	}
-	return key
 }
 
 // sealResponse replaces every Mcp-Session-Id of a response with a value
@@ -283,12 +264,12 @@ func clientID(key string) string {
 // ID is sealed with the pinned upstream. Without a session, IDs are sealed
 // with the upstream the policy selected; with none selected, they are
 // removed.
-func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, up *session.Upstream) {
+func (s *sealing) sealResponse(r *http.Request, header http.Header, key string, up *session.Upstream) {
 	vals := header[HeaderSessionID]
 	if len(vals) == 0 {
 		return
 	}
-	dial, sent := h.sealDial(r, up)
+	dial, sent := s.sealDial(r, up)
 	if len(vals) == 1 && up != nil && vals[0] == sent {
 		vals[0] = clientID(key) // the common case: the response repeats the request's ID
 		return
@@ -299,14 +280,14 @@ func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, 
 		case up != nil && v == sent:
 			out = append(out, clientID(key))
 		case dial == "" || mcpwire.CheckSessionID(v, math.MaxInt) != "":
-			h.logger.Warn("removed an Mcp-Session-Id the proxy cannot seal from the response",
+			s.logger.Warn("removed an Mcp-Session-Id the proxy cannot seal from the response",
 				zap.Bool("upstream_known", dial != ""), zap.Int("length", len(v)))
 		default:
-			ss := seal.Session{Dial: dial, Bound: principalDigest(principalOf(r, h.table.BindPrincipal())), ID: v}
+			ss := seal.Session{Dial: dial, Bound: principalDigest(principalOf(r, s.table.BindPrincipal())), ID: v}
 			if up == nil {
-				ss.Init = h.initToSeal(r, ss)
+				ss.Init = s.initToSeal(r, ss)
 			}
-			out = append(out, h.sealer.seal(ss))
+			out = append(out, s.seal(ss))
 		}
 	}
 	if len(out) == 0 {
@@ -322,17 +303,17 @@ func (h *Handler) sealResponse(r *http.Request, header http.Header, key string, 
 // when the table keeps none or the sealed ID would then be longer than
 // max_session_id_length, which the proxy would refuse. Such a session fails
 // over only on the replica that learned it.
-func (h *Handler) initToSeal(r *http.Request, ss seal.Session) seal.Init {
+func (s *sealing) initToSeal(r *http.Request, ss seal.Session) seal.Init {
 	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*session.Init)
 	if init == nil {
 		return seal.Init{}
 	}
 	ss.Init = seal.Init{Accept: init.Accept, ContentType: init.ContentType, Version: init.Version, Body: string(init.Body)}
-	if n := sealedLength(ss); n > h.MaxSessionIDLength {
-		if h.warnedInitSize.CompareAndSwap(false, true) { // once per handler: it is a matter of config
-			h.logger.Warn("an initialize request is too large to seal into the session ID: such sessions fail over "+
+	if n := sealedLength(ss); n > s.maxIDLen {
+		if s.warnedInitSize.CompareAndSwap(false, true) { // once per handler: it is a matter of config
+			s.logger.Warn("an initialize request is too large to seal into the session ID: such sessions fail over "+
 				"only on the Caddy instance that learned them; raise max_session_id_length to seal them",
-				zap.Int("sealed_length", n), zap.Int("max_session_id_length", h.MaxSessionIDLength))
+				zap.Int("sealed_length", n), zap.Int("max_session_id_length", s.maxIDLen))
 		}
 		return seal.Init{}
 	}
@@ -352,7 +333,7 @@ func sessionInitOf(si seal.Init) *session.Init {
 
 // sealDial returns the dial address to seal a response's session IDs with,
 // and the session ID the request carried to the upstream, if pinned.
-func (h *Handler) sealDial(r *http.Request, up *session.Upstream) (dial, sent string) {
+func (s *sealing) sealDial(r *http.Request, up *session.Upstream) (dial, sent string) {
 	if up != nil {
 		return up.Dial(), r.Header.Get(HeaderSessionID)
 	}
@@ -360,22 +341,4 @@ func (h *Handler) sealDial(r *http.Request, up *session.Upstream) (dial, sent st
 		return sel.Dial, ""
 	}
 	return "", ""
-}
-
-// selectedUpstream returns the upstream the selection policy picked last
-// for r, or nil.
-func selectedUpstream(r *http.Request) *reverseproxy.Upstream {
-	return exchangeOf(r).selected
-}
-
-// adminKey returns the table key of a session ID given to the admin API:
-// the ID itself if the table holds it, else a sealed ID's decoded bytes.
-func adminKey(t *session.Table, id string) string {
-	if _, ok := t.Info(id); ok {
-		return id
-	}
-	if key, ok := decodeSealed(id); ok {
-		return key
-	}
-	return id
 }

@@ -173,7 +173,7 @@ func TestSealedSessionLifecycle(t *testing.T) {
 	if dial, id, ok := newSealer(t, key).Open(sealed); !ok || dial != owner.Dial || id != testSessionID {
 		t.Fatalf("the sealed value opens to %q, %q, %v; want %q, %q", dial, id, ok, owner.Dial, testSessionID)
 	}
-	if got := lookupDial(f.h.table, f.h.tableKey(sealed)); got != owner.Dial {
+	if got := lookupDial(f.h.table, f.h.sealer.tableKey(sealed)); got != owner.Dial {
 		t.Errorf("table maps the sealed value to %q, want %q", got, owner.Dial)
 	}
 	for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodPost} {
@@ -438,8 +438,7 @@ func BenchmarkServePinned(b *testing.B) {
 				b.Fatalf("%s: the value is version %d", kind, versionOf(b, id))
 			}
 			f.h.table.SetFailover(session.FailoverOff, 0)
-			f.h.logger = zap.NewNop() // as in production: no debug logging
-			f.h.table.SetLogger(f.h.logger)
+			f.h.setLogger(zap.NewNop()) // as in production: no debug logging
 			f.proxy.respond = func(w http.ResponseWriter, r *http.Request, _ *reverseproxy.Upstream) {
 				w.Header()[HeaderSessionID] = r.Header[HeaderSessionID]
 				w.WriteHeader(http.StatusOK)

@@ -32,7 +32,7 @@ func testSealedInit(body string) seal.Init {
 func newSealedFailoverFixture(t testing.TB, table string, key []byte, maxLen int) *affinityFixture {
 	t.Helper()
 	cfg := &SealedSessionIDs{Keys: []string{base64.StdEncoding.EncodeToString(key)}}
-	h, logs := provisionHandler(t, &Handler{Table: table, SealSessionIDs: cfg, Failover: session.FailoverReinitialize, MaxSessionIDLength: maxLen})
+	h, logs := provisionHandler(t, &Handler{TableSettings: TableSettings{Failover: session.FailoverReinitialize}, Table: table, SealSessionIDs: cfg, MaxSessionIDLength: maxLen})
 	policy := provisionPolicy(t, &SessionSelection{Table: h.Table})
 	return &affinityFixture{h: h, logs: logs, proxy: &fakeProxy{policy: policy, pool: testPool()}}
 }

@@ -119,12 +119,12 @@ func TestDefaultTemplatesExpand(t *testing.T) {
 func TestUnknownPlaceholderWarning(t *testing.T) {
 	base := "templates/" + t.Name() + "/"
 	a := &App{Tables: map[string]*TableConfig{
-		base + "typo":      {MaxUnconfirmedPerClient: 5, ClientKey: "{http.request.client_ip}"},
-		base + "shorthand": {BindPrincipal: "{header.X-User}"},
-		base + "mapped":    {ClientKey: "ip={my_map_output}"},
-		base + "known": {MaxUnconfirmedPerClient: 5, ClientKey: "{http.request.header.X-Client}/{mcp.method}/{http.vars.client_ip}",
-			BindPrincipal: "{http.auth.user.id}{http.request.tls.client.fingerprint}"},
-		base + "off":     {BindPrincipal: session.BindPrincipalOff},
+		base + "typo":      {TableSettings: TableSettings{MaxUnconfirmedPerClient: 5, ClientKey: "{http.request.client_ip}"}},
+		base + "shorthand": {TableSettings: TableSettings{BindPrincipal: "{header.X-User}"}},
+		base + "mapped":    {TableSettings: TableSettings{ClientKey: "ip={my_map_output}"}},
+		base + "known": {TableSettings: TableSettings{MaxUnconfirmedPerClient: 5, ClientKey: "{http.request.header.X-Client}/{mcp.method}/{http.vars.client_ip}",
+			BindPrincipal: "{http.auth.user.id}{http.request.tls.client.fingerprint}"}},
+		base + "off":     {TableSettings: TableSettings{BindPrincipal: session.BindPrincipalOff}},
 		base + "default": {},
 	}}
 	ctx := newContext(t)
@@ -169,12 +169,12 @@ func TestUnknownPlaceholderWarning(t *testing.T) {
 // write instead, as a bind_principal without one does.
 func TestClientKeyWithoutPlaceholder(t *testing.T) {
 	for _, v := range []string{"everyone", `\{http.vars.client_ip\}`, "{unclosed"} {
-		err := TableConfig{MaxUnconfirmedPerClient: 5, ClientKey: v}.validate("t")
+		err := TableConfig{TableSettings: TableSettings{MaxUnconfirmedPerClient: 5, ClientKey: v}}.validate("t")
 		if err == nil || !strings.Contains(err.Error(), "has no placeholder") || !strings.Contains(err.Error(), "{http.vars.client_ip}") {
 			t.Errorf("client_key %q: %v; want an error saying it has no placeholder and naming {http.vars.client_ip}", v, err)
 		}
 	}
-	if err := (TableConfig{ClientKey: "{http.request.header.X-Client}"}).validate("t"); err != nil {
+	if err := (TableConfig{TableSettings: TableSettings{ClientKey: "{http.request.header.X-Client}"}}).validate("t"); err != nil {
 		t.Errorf("client_key with a placeholder: %v", err)
 	}
 }

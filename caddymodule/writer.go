@@ -57,7 +57,7 @@ func (sw *sessionWriter) held() bool { return sw.fo != nil && sw.fo.held }
 
 func (sw *sessionWriter) observe(status int) {
 	if sw.h.sealer != nil {
-		sw.h.sealResponse(sw.r, sw.Header(), sw.id, sw.up)
+		sw.h.sealer.sealResponse(sw.r, sw.Header(), sw.id, sw.up)
 	} else if sw.fo != nil && sw.fo.sent != sw.id {
 		restoreSessionID(sw.Header(), sw.fo.sent, sw.id)
 	}

@@ -11,6 +11,8 @@
 // (sync.go), and keeps the cluster's view current. While Redis cannot be
 // reached it fails fast, queues the writes, and writes them back when
 // Redis answers again; keycheck.go notices instances on another hash_key.
+// reclaim.go makes exactly one instance reclaim each session that ends in
+// Redis: the one whose write (or expiry sweep) removed it.
 //
 // The package imports no Caddy package: caddymodule/redis.go configures it.
 package redisstore

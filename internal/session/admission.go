@@ -10,32 +10,32 @@ import (
 )
 
 // Admission: which session leaves when a new one arrives. Every method
-// here runs with t.mu held.
+// here runs with the index's lock held.
 
 // peek returns session id's entry and the list that holds it, without
 // counting it as use.
-func (t *Table) peek(id string) (entry, *simplelru.LRU[string, entry], bool) {
-	if e, ok := t.confirmed.Peek(id); ok {
-		return e, t.confirmed, true
+func (ix *index) peek(id string) (entry, *simplelru.LRU[string, entry], bool) {
+	if e, ok := ix.confirmed.Peek(id); ok {
+		return e, ix.confirmed, true
 	}
-	e, ok := t.unconfirmed.Peek(id)
-	return e, t.unconfirmed, ok
+	e, ok := ix.unconfirmed.Peek(id)
+	return e, ix.unconfirmed, ok
 }
 
 // len returns the number of sessions in both lists.
-func (t *Table) len() int { return t.unconfirmed.Len() + t.confirmed.Len() }
+func (ix *index) len() int { return ix.unconfirmed.Len() + ix.confirmed.Len() }
 
 // lists returns both lists, unconfirmed first.
-func (t *Table) lists() [2]*simplelru.LRU[string, entry] {
-	return [2]*simplelru.LRU[string, entry]{t.unconfirmed, t.confirmed}
+func (ix *index) lists() [2]*simplelru.LRU[string, entry] {
+	return [2]*simplelru.LRU[string, entry]{ix.unconfirmed, ix.confirmed}
 }
 
 // use stores e, just used, back as session id's entry at the front of the
 // confirmed list; list is the list that held it. When this use confirmed
 // the session, it returns the key the table now holds it by.
-func (t *Table) use(id string, e entry, list *simplelru.LRU[string, entry]) (confirmed string) {
-	if list == t.unconfirmed {
-		return t.confirm(id, e)
+func (ix *index) use(id string, e entry, list *simplelru.LRU[string, entry]) (confirmed string) {
+	if list == ix.unconfirmed {
+		return ix.confirm(id, e)
 	}
 	list.Add(id, e)
 	return ""
@@ -51,15 +51,15 @@ func (t *Table) use(id string, e entry, list *simplelru.LRU[string, entry]) (con
 // session's kept initialize with the same copy, so that it holds one key;
 // it returns the copy, which the shared store's index of sessions may take
 // too (see [Shared.Rekey]).
-func (t *Table) confirm(id string, e entry) string {
+func (ix *index) confirm(id string, e entry) string {
 	id = strings.Clone(id)
-	t.moving = true
-	t.unconfirmed.Remove(id)
-	t.moving = false
-	t.confirmed.Add(id, e)
-	if init, ok := t.inits[id]; ok {
-		delete(t.inits, id)
-		t.inits[id] = init
+	ix.moving = true
+	ix.unconfirmed.Remove(id)
+	ix.moving = false
+	ix.confirmed.Add(id, e)
+	if init, ok := ix.inits[id]; ok {
+		delete(ix.inits, id)
+		ix.inits[id] = init
 	}
 	return id
 }
@@ -69,18 +69,18 @@ func (t *Table) confirm(id string, e entry) string {
 // come: at its cap, its own oldest unconfirmed session goes first.
 // Unconfirmed sessions go before confirmed ones, and a session with an
 // open GET stream never goes.
-func (t *Table) makeRoom(n int, client string) bool {
-	if victim := t.perClient.oldestOver(client); victim != "" {
-		t.reason = EvictClientCap
-		t.unconfirmed.Remove(victim)
+func (ix *index) makeRoom(n int, client string) bool {
+	if victim := ix.perClient.oldestOver(client); victim != "" {
+		ix.reason = EvictClientCap
+		ix.unconfirmed.Remove(victim)
 	}
-	for t.len()+n > t.max {
-		if t.unconfirmed.Len() > 0 {
-			t.reason = EvictUnconfirmed
-			t.unconfirmed.RemoveOldest()
+	for ix.len()+n > ix.max {
+		if ix.unconfirmed.Len() > 0 {
+			ix.reason = EvictUnconfirmed
+			ix.unconfirmed.RemoveOldest()
 			continue
 		}
-		if !t.evictConfirmedLRU() {
+		if !ix.evictConfirmedLRU() {
 			return false
 		}
 	}
@@ -90,17 +90,17 @@ func (t *Table) makeRoom(n int, client string) bool {
 // evictConfirmedLRU evicts the least recently used confirmed session that
 // has no open GET stream, and reports whether there was one. Sessions with
 // an open stream that it passes are in use: they move to the front.
-func (t *Table) evictConfirmedLRU() bool {
-	now := t.clock()
-	for range t.confirmed.Len() {
-		id, e, _ := t.confirmed.GetOldest()
+func (ix *index) evictConfirmedLRU() bool {
+	now := ix.now()
+	for range ix.confirmed.Len() {
+		id, e, _ := ix.confirmed.GetOldest()
 		if e.streams == 0 {
-			t.reason = EvictLRU
-			t.confirmed.RemoveOldest()
+			ix.reason = EvictLRU
+			ix.confirmed.RemoveOldest()
 			return true
 		}
 		e.lastUsed = now
-		t.confirmed.Add(id, e)
+		ix.confirmed.Add(id, e)
 	}
 	return false
 }

@@ -32,6 +32,15 @@ type storeLink struct {
 	keys  atomic.Pointer[principalKeys]
 }
 
+// lifetimes holds what decides how long a table's sessions live, and
+// their tombstones (tombstone.go): the idle TTL, the failover settings, and
+// which keys are sealed IDs.
+type lifetimes struct {
+	ttl atomic.Int64 // nanoseconds
+	failoverConfig
+	keyInfo
+}
+
 // failoverConfig holds a table's failover settings.
 type failoverConfig struct {
 	// failover holds the failover settings; flights lets one request per
@@ -171,4 +180,22 @@ func (f *failoverConfig) Failover() FailoverSettings {
 		return *s
 	}
 	return FailoverSettings{MaxInit: DefaultMaxInitializeSize}
+}
+
+// refused reports whether a request with principal sum may not use a
+// session bound to bound.
+func (p *templates) refused(bound, sum PrincipalSum) bool {
+	return bound != (PrincipalSum{}) && bound != sum && p.BindPrincipal() != BindPrincipalOff
+}
+
+// TTL returns the table's idle TTL.
+func (lt *lifetimes) TTL() time.Duration { return time.Duration(lt.ttl.Load()) }
+
+// failoverMaxAge returns the age past which a sealed session ID fails over
+// no more: failover_max_age, or the table's session_ttl.
+func (lt *lifetimes) FailoverMaxAge() time.Duration {
+	if d := lt.Failover().MaxAge; d > 0 {
+		return d
+	}
+	return lt.TTL()
 }

@@ -359,30 +359,19 @@ type Table struct {
 	name string
 	// Registry holds the table's upstream records and its clock.
 	Registry
-	ttl atomic.Int64 // nanoseconds
 	// templates holds the bind_principal and client_key templates.
 	templates
 	// storeLink holds the shared store and the key of principal hashes.
 	storeLink
-	// failoverConfig holds the failover settings and flights.
-	failoverConfig
-	// keyInfo holds what the table's keys are, and its logger.
-	keyInfo
+	// lifetimes holds the TTL, the failover settings and what the table's
+	// keys are: how long sessions and their tombstones live.
+	lifetimes
 	// forgetHooks holds the hook told of sessions the upstream may still hold (forget.go).
 	forgetHooks
 
-	mu stripedLock // a session's read lock serves lookups that record nothing (lookupRecorded)
-	// unconfirmed holds the sessions not used since they were learned,
-	// confirmed the others. Their own size bounds are never reached: the
-	// table enforces max itself (admission.go).
-	unconfirmed *simplelru.LRU[string, entry]
-	confirmed   *simplelru.LRU[string, entry]
-	max         int         // the bound on both lists together; guarded by mu
-	reason      EvictReason // why an eviction callback is being called; guarded by mu
-	moving      bool        // the callback is for a session moving to confirmed; guarded by mu
-	perClient   clientCap   // guarded by mu
-
-	inits map[string]*Init // by session; guarded by mu; nil until one is kept
+	// index holds the sessions of this process, their kept initialize
+	// requests and the lock that guards them (index.go, admission.go).
+	index
 
 	// tombs remembers the sessions that ended, which neither failover nor
 	// a sealed ID brings back (tombstone.go).
@@ -391,9 +380,8 @@ type Table struct {
 	// Stats are the table's counters.
 	Stats Stats
 
-	stop  chan struct{}
-	done  chan struct{}
-	rearm chan struct{} // the TTLs changed: the janitor recomputes its interval
+	// janitor sweeps expired sessions (janitor.go).
+	janitor
 }
 
 // newSessionTable returns a table bounded to maxSessions entries with the given idle
@@ -407,22 +395,20 @@ func NewTable(name string, maxSessions int, ttl time.Duration, now func() time.T
 	if maxSessions < 1 {
 		return nil, fmt.Errorf("session table %q: max_sessions must be at least 1, got %d", name, maxSessions)
 	}
-	t := &Table{name: name, rearm: make(chan struct{}, 1), tombs: newTombstones(maxSessions)}
+	t := &Table{name: name, janitor: newJanitor(), tombs: newTombstones(maxSessions)}
 	t.Registry.init(timebase{now: now, epoch: now(), monotonic: monotonic})
 	t.keys.Store(newPrincipalKeys(nil))
 	t.unconfirmed, _ = simplelru.NewLRU(math.MaxInt, t.onEvictUnconfirmed)
 	t.confirmed, _ = simplelru.NewLRU(math.MaxInt, t.onEvict)
 	t.max = maxSessions
 	t.ttl.Store(int64(ttl))
+	t.index.now, t.index.idleTTL = t.clock, &t.lifetimes.ttl
 
 	return t, nil
 }
 
 // Name returns the table's name.
 func (t *Table) Name() string { return t.name }
-
-// Created returns when the table was created: the start of its counters.
-func (t *Table) Created() time.Time { return t.epoch }
 
 // Configure changes the table's bounds in place. Shrinking evicts
 // unconfirmed sessions first, oldest first (reason unconfirmed), then the
@@ -442,19 +428,6 @@ func (t *Table) Configure(maxSessions int, ttl time.Duration) {
 		t.mu.Unlock()
 		t.tombs.setMax(maxSessions)
 	}
-}
-
-// rearmJanitor makes the janitor recompute its interval from the TTLs.
-func (t *Table) rearmJanitor() {
-	select {
-	case t.rearm <- struct{}{}:
-	default:
-	}
-}
-
-// expired reports whether e has been idle longer than the TTL at time now.
-func (t *Table) expired(e entry, now int64) bool {
-	return e.streams == 0 && now-e.lastUsed > t.ttl.Load()
 }
 
 // Lookup returns the upstream that owns the session id, for a request
@@ -581,12 +554,6 @@ func (t *Table) usedAt(last, now int64) int64 {
 		return now
 	}
 	return max(last, (now/every+1)*every-1)
-}
-
-// refused reports whether a request with principal sum may not use a
-// session bound to bound.
-func (t *Table) refused(bound, sum PrincipalSum) bool {
-	return bound != (PrincipalSum{}) && bound != sum && t.BindPrincipal() != BindPrincipalOff
 }
 
 // crossed reports whether a use at now falls in another interval than the
@@ -793,28 +760,6 @@ func (t *Table) evict(id string, reason EvictReason, bury bool) bool {
 	return true
 }
 
-// evictHere removes session id from this process's table only, and returns
-// its upstream's dial address and whether the table held it.
-func (t *Table) EvictHere(id string, reason EvictReason) (string, bool) {
-	dial, _, held := t.evictHere(id, reason)
-	return dial, held
-}
-
-// evictHere is EvictHere that also returns the ID the session's upstream
-// knows it by, when a failover changed it.
-func (t *Table) evictHere(id string, reason EvictReason) (dial, upstreamID string, held bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e, list, ok := t.peek(id)
-	if !ok {
-		return "", "", false
-	}
-	upstreamID = t.inits[id].upstreamID()
-	t.reason = reason
-	list.Remove(id)
-	return e.up.dial, upstreamID, true
-}
-
 // EvictUpstream removes every session of the upstream dialed at dial, for
 // reason, and returns how many it removed (0 for an upstream the table does
 // not know, or an invalid reason). It walks the whole table under its lock:
@@ -881,54 +826,6 @@ func (t *Table) addStreams(id string, delta int32) {
 	}
 }
 
-// Holds reports whether this process's table holds session id, expired
-// or not, without asking the shared store or counting it as use.
-func (t *Table) Holds(id string) bool {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	_, _, ok := t.peek(id)
-	return ok
-}
-
-// HoldUses records the next uses of sessions ids as made already, far
-// into the future, so that their lookups write nothing: for benchmarks of
-// the lookup path without its once-per-touch-interval writes. Sessions the
-// table does not hold in its confirmed list are left out.
-func (t *Table) HoldUses(ids []string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, id := range ids {
-		if e, ok := t.confirmed.Peek(id); ok {
-			e.lastUsed = math.MaxInt64 / 2
-			t.confirmed.Add(id, e)
-		}
-	}
-}
-
-// Purge forgets every session of this process's table, as the eviction
-// callbacks see them (the shared store forgets them too, but ends none):
-// for benchmarks of lookups that the table misses.
-func (t *Table) Purge() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.unconfirmed.Purge()
-	t.confirmed.Purge()
-}
-
-// Len returns the number of sessions in the table, expired ones not yet swept included.
-func (t *Table) Len() int {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return t.len()
-}
-
-// Unconfirmed returns the number of sessions not used since they were learned.
-func (t *Table) Unconfirmed() int {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return t.unconfirmed.Len()
-}
-
 // Evictions returns how many sessions left the table for reason since it
 // was created; 0 for an invalid reason.
 func (t *Table) Evictions(reason EvictReason) uint64 {
@@ -969,16 +866,6 @@ func (t *Table) Info(id string) (SessionInfo, bool) {
 		Bound:       e.principal != PrincipalSum{},
 	}, true
 }
-
-// MaxSessions returns the table's bound.
-func (t *Table) MaxSessions() int {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return t.max
-}
-
-// TTL returns the table's idle TTL.
-func (t *Table) TTL() time.Duration { return time.Duration(t.ttl.Load()) }
 
 // onEvictUnconfirmed is the unconfirmed list's eviction callback; it runs
 // with t.mu held. A session moving to the confirmed list is not leaving.
@@ -1034,71 +921,6 @@ func (t *Table) Sweep() int {
 	t.tombs.sweep(t.clock())
 	return removed
 }
-
-func (t *Table) sweepBatch(list *simplelru.LRU[string, entry]) (removed int, more bool) {
-	now := t.clock()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for range sweepBatch {
-		id, e, ok := list.GetOldest()
-		if !ok || now-e.lastUsed <= t.ttl.Load() {
-			return removed, false
-		}
-		if e.streams > 0 {
-			e.lastUsed = now // in use: move it to the front
-			list.Add(id, e)
-			continue
-		}
-		t.reason = EvictTTL
-		list.RemoveOldest()
-		removed++
-	}
-	return removed, true
-}
-
-// StartJanitor starts a goroutine that sweeps expired sessions and unused
-// upstream records until [Table.Destruct], every interval(d) for the
-// shorter of the table's current TTL and upstream TTL. It is not tied to a
-// config's context, which every reload cancels.
-func (t *Table) StartJanitor(interval func(ttl time.Duration) time.Duration) {
-	t.stop, t.done = make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(t.done)
-		every := func() time.Duration { return interval(min(t.TTL(), t.UpstreamTTL())) }
-		timer := time.NewTimer(every())
-		defer timer.Stop()
-		for {
-			select {
-			case <-timer.C:
-				t.Sweep()
-			case <-t.rearm:
-				timer.Stop()
-			case <-t.stop:
-				return
-			}
-			timer.Reset(every())
-		}
-	}()
-}
-
-// Destruct stops the janitor. The pool calls it when the last config using
-// the table is unloaded. It never returns an error.
-func (t *Table) Destruct() error {
-	if t.stop != nil {
-		close(t.stop)
-		<-t.done
-	}
-	return nil
-}
-
-// janitorInterval returns how often to sweep for a ttl: an eighth of it,
-// between 1 s and 1 min.
-func JanitorInterval(ttl time.Duration) time.Duration {
-	return min(max(ttl/8, time.Second), time.Minute)
-}
-
-// Interface guards
-var _ interface{ Destruct() error } = (*Table)(nil) // caddy.Destructor, for the app's pool
 
 // reasonNamed returns the EvictReason whose label is name; an invalid one
 // for an unknown name.

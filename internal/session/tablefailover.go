@@ -7,6 +7,78 @@ import (
 	"time"
 )
 
+// keepInitHere is keepInit for a session the table holds; the index lock is held.
+func (ix *index) keepInitHere(id string, init *Init) {
+	if ix.inits == nil {
+		ix.inits = map[string]*Init{}
+	}
+	ix.inits[id] = init
+}
+
+// adoptInit records the initialize request of session id, which the table
+// holds, unless it keeps one already: a session adopted from a sealed ID
+// by concurrent requests, or moved by a failover meanwhile, keeps the
+// first. It reports whether it recorded init.
+func (ix *index) AdoptInit(id string, init *Init) bool {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if _, _, ok := ix.peek(id); !ok || ix.inits[id] != nil {
+		return false
+	}
+	if ix.inits == nil {
+		ix.inits = map[string]*Init{}
+	}
+	ix.inits[id] = init
+	return true
+}
+
+// initOf returns the session's upstream and what the table keeps of it for
+// failover, without counting it as use; a nil init when the table has none.
+func (ix *index) InitOf(id string) (*Upstream, *Init) {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	e, _, ok := ix.peek(id)
+	if !ok {
+		return nil, nil
+	}
+	return e.up, ix.inits[id]
+}
+
+// keepInit records the initialize request of session id, which the table
+// holds, for failover. It reports whether the table held the session. The
+// kept requests live beside the LRU, not in its entries, so that tables
+// without failover pay nothing for them; the eviction callback drops them.
+func (ix *index) KeepInit(id string, init *Init) bool {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if _, _, ok := ix.peek(id); !ok {
+		return false
+	}
+	ix.keepInitHere(id, init)
+	return true
+}
+
+// moveSession pins session id to upstream to, which knows it by init's
+// upstream ID, and reports whether the table still held the session.
+func (ix *index) moveSession(id string, to *Upstream, init *Init) bool {
+	now := ix.now()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	e, list, ok := ix.peek(id)
+	if !ok {
+		return false
+	}
+	if e.up != to {
+		e.up.live.Add(-1)
+		to.live.Add(1)
+		e.up = to
+	}
+	e.lastUsed = now
+	ix.use(id, e, list) // a request of the session moves it
+	ix.inits[id] = init
+	return true
+}
+
 // Values of the failover option.
 const (
 	// FailoverOff ends a session whose upstream is gone: its requests get 404.
@@ -163,87 +235,6 @@ func (s *Stats) Failovers(cause FailoverCause, ok bool) uint64 {
 		return s.failovers.moved[cause].Load()
 	}
 	return s.failovers.failed[cause].Load()
-}
-
-// failoverMaxAge returns the age past which a sealed session ID fails over
-// no more: failover_max_age, or the table's session_ttl.
-func (t *Table) FailoverMaxAge() time.Duration {
-	if d := t.Failover().MaxAge; d > 0 {
-		return d
-	}
-	return t.TTL()
-}
-
-// keepInit records the initialize request of session id, which the table
-// holds, for failover. It reports whether the table held the session. The
-// kept requests live beside the LRU, not in its entries, so that tables
-// without failover pay nothing for them; the eviction callback drops them.
-func (t *Table) KeepInit(id string, init *Init) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if _, _, ok := t.peek(id); !ok {
-		return false
-	}
-	t.keepInitHere(id, init)
-	return true
-}
-
-// keepInitHere is keepInit for a session the table holds; t.mu is held.
-func (t *Table) keepInitHere(id string, init *Init) {
-	if t.inits == nil {
-		t.inits = map[string]*Init{}
-	}
-	t.inits[id] = init
-}
-
-// adoptInit records the initialize request of session id, which the table
-// holds, unless it keeps one already: a session adopted from a sealed ID
-// by concurrent requests, or moved by a failover meanwhile, keeps the
-// first. It reports whether it recorded init.
-func (t *Table) AdoptInit(id string, init *Init) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if _, _, ok := t.peek(id); !ok || t.inits[id] != nil {
-		return false
-	}
-	if t.inits == nil {
-		t.inits = map[string]*Init{}
-	}
-	t.inits[id] = init
-	return true
-}
-
-// initOf returns the session's upstream and what the table keeps of it for
-// failover, without counting it as use; a nil init when the table has none.
-func (t *Table) InitOf(id string) (*Upstream, *Init) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	e, _, ok := t.peek(id)
-	if !ok {
-		return nil, nil
-	}
-	return e.up, t.inits[id]
-}
-
-// moveSession pins session id to upstream to, which knows it by init's
-// upstream ID, and reports whether the table still held the session.
-func (t *Table) moveSession(id string, to *Upstream, init *Init) bool {
-	now := t.clock()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e, list, ok := t.peek(id)
-	if !ok {
-		return false
-	}
-	if e.up != to {
-		e.up.live.Add(-1)
-		to.live.Add(1)
-		e.up = to
-	}
-	e.lastUsed = now
-	t.use(id, e, list) // a request of the session moves it
-	t.inits[id] = init
-	return true
 }
 
 // storedSession is a session as a Redis value describes it.

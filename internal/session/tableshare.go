@@ -6,6 +6,21 @@ import (
 	"time"
 )
 
+// snapshot returns every session of the table, for writing back to a store.
+func (ix *index) Snapshot() []SessionRecord {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := make([]SessionRecord, 0, ix.len())
+	for _, list := range ix.lists() {
+		for _, id := range list.Keys() {
+			if e, ok := list.Peek(id); ok {
+				out = append(out, SessionRecord{id, e.up.dial, e.principal, ix.inits[id].record()})
+			}
+		}
+	}
+	return out
+}
+
 // touchInterval is how often a session in use has its idle timer refreshed
 // in the shared store: an eighth of the TTL, between 1 s and 1 min.
 func TouchInterval(ttl time.Duration) time.Duration { return JanitorInterval(ttl) }
@@ -77,26 +92,6 @@ type Shared interface {
 	Errors(fn func(op string, n uint64))
 }
 
-// ClusterSessions returns the live sessions of u on every instance sharing
-// the table's store, as last read from the store plus what this instance
-// learned since; without a shared store, its live sessions here.
-func (t *Table) ClusterSessions(u *Upstream) int64 {
-	if t.shared() == nil {
-		return u.live.Load()
-	}
-	return max(u.cluster.Load(), u.live.Load())
-}
-
-// infoShared looks session id up in the shared store, if any.
-func (t *Table) infoShared(id string) (SessionInfo, bool) {
-	c := t.shared()
-	if c == nil {
-		return SessionInfo{}, false
-	}
-	dial, bound := c.Peek(id)
-	return SessionInfo{Upstream: dial, Bound: bound != PrincipalSum{}, FromStore: true}, dial != ""
-}
-
 // SetUpstreamTTL sets [Table.UpstreamTTL]; 0 or less leaves it as is.
 func (t *Table) SetUpstreamTTL(d time.Duration) {
 	if d > 0 {
@@ -134,21 +129,6 @@ type SessionRecord struct {
 	ID, Dial string
 	Bound    PrincipalSum
 	Record   string
-}
-
-// snapshot returns every session of the table, for writing back to a store.
-func (t *Table) Snapshot() []SessionRecord {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	out := make([]SessionRecord, 0, t.len())
-	for _, list := range t.lists() {
-		for _, id := range list.Keys() {
-			if e, ok := list.Peek(id); ok {
-				out = append(out, SessionRecord{id, e.up.dial, e.principal, t.inits[id].record()})
-			}
-		}
-	}
-	return out
 }
 
 // storeState is what Redis says of a session.
@@ -195,4 +175,24 @@ func ParseValue(v string) (dial string, bound PrincipalSum, record string) {
 		bound = PrincipalSum{0xff}
 	}
 	return dial, bound, record
+}
+
+// ClusterSessions returns the live sessions of u on every instance sharing
+// the table's store, as last read from the store plus what this instance
+// learned since; without a shared store, its live sessions here.
+func (l *storeLink) ClusterSessions(u *Upstream) int64 {
+	if l.shared() == nil {
+		return u.live.Load()
+	}
+	return max(u.cluster.Load(), u.live.Load())
+}
+
+// infoShared looks session id up in the shared store, if any.
+func (l *storeLink) infoShared(id string) (SessionInfo, bool) {
+	c := l.shared()
+	if c == nil {
+		return SessionInfo{}, false
+	}
+	dial, bound := c.Peek(id)
+	return SessionInfo{Upstream: dial, Bound: bound != PrincipalSum{}, FromStore: true}, dial != ""
 }

@@ -194,29 +194,6 @@ func (ts *tombstones) sweep(now int64) {
 	ts.expire(now)
 }
 
-// buries reports whether the table keeps tombstones of key: a sealed ID,
-// which any replica can adopt, or any session of a table that fails
-// sessions over.
-func (t *Table) buries(key string) bool {
-	return t.sealedKey(key) || t.Failover().On
-}
-
-// tombLife returns how long the tombstone of table key key lives: the
-// ID's natural end (see the top of this file).
-func (t *Table) tombLife(key string) time.Duration {
-	life := t.TTL() + TouchInterval(t.TTL())
-	if t.sealedKey(key) {
-		life = max(life, t.FailoverMaxAge())
-	}
-	return life
-}
-
-// tombLifeAny returns the longest a tombstone of the table lives, for
-// sessions known only by their key hash.
-func (t *Table) tombLifeAny() time.Duration {
-	return max(t.TTL()+TouchInterval(t.TTL()), t.FailoverMaxAge())
-}
-
 // bury records a tombstone of kind for table key id, if the table keeps
 // tombstones of it.
 func (t *Table) bury(id string, kind TombKind) {
@@ -234,3 +211,26 @@ func (t *Table) Buried(id string) TombKind { return t.tombs.get(id, t.clock()) }
 // ended or expired, which neither failover nor a sealed session ID brings
 // back, until their ID's natural end. Expired ones not yet dropped count.
 func (t *Table) Tombstones() int { return t.tombs.len() }
+
+// buries reports whether the table keeps tombstones of key: a sealed ID,
+// which any replica can adopt, or any session of a table that fails
+// sessions over.
+func (lt *lifetimes) buries(key string) bool {
+	return lt.sealedKey(key) || lt.Failover().On
+}
+
+// tombLife returns how long the tombstone of table key key lives: the
+// ID's natural end (see the top of this file).
+func (lt *lifetimes) tombLife(key string) time.Duration {
+	life := lt.TTL() + TouchInterval(lt.TTL())
+	if lt.sealedKey(key) {
+		life = max(life, lt.FailoverMaxAge())
+	}
+	return life
+}
+
+// tombLifeAny returns the longest a tombstone of the table lives, for
+// sessions known only by their key hash.
+func (lt *lifetimes) tombLifeAny() time.Duration {
+	return max(lt.TTL()+TouchInterval(lt.TTL()), lt.FailoverMaxAge())
+}

@@ -222,3 +222,6 @@ func (r *Registry) DrainDeadline(u *Upstream) (time.Time, bool) {
 	}
 	return r.epoch.Add(time.Duration(d)), true
 }
+
+// Created returns when the table was created: the start of its counters.
+func (tb *timebase) Created() time.Time { return tb.epoch }
