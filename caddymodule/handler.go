@@ -209,7 +209,7 @@ type Handler struct {
 	// handler, 3 s each, one try, a queue of 4096 that drops (counted) when
 	// full; never on a client's request path. With the redis store, only
 	// the instance whose write ends the session in Redis sends it.
-	// Handlers sharing a table should agree: the one that served last
+	// Handlers sharing a table should agree: the one provisioned last
 	// decides. Default: `on`.
 	Reclaim string `json:"reclaim,omitempty"`
 

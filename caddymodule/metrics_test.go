@@ -245,7 +245,7 @@ func TestHandlerProvisionRegistersMetrics(t *testing.T) {
 // series the collector exports for it.
 func TestMetricsScripted(t *testing.T) {
 	name := "metrics/" + t.Name()
-	h, _ := provisionHandler(t, &Handler{TableSettings: TableSettings{MaxSessions: 10}, Table: name, Reclaim: ReclaimOff}) // reclaim_test.go counts its DELETEs
+	h, _ := provisionHandler(t, &Handler{TableSettings: TableSettings{MaxSessions: 10}, Table: name})
 	policy := provisionPolicy(t, &SessionSelection{Table: name})
 	pool := testPool()[:2]
 	a, b := pool[0].Dial, pool[1].Dial

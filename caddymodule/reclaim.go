@@ -55,8 +55,10 @@ const (
 // pinned to the session's upstream.
 type reclaimer struct {
 	h       *Handler
-	headers map[string]string // reclaim_headers, placeholders unexpanded
-	hook    *session.ForgetHook
+	headers map[string]string   // reclaim_headers, placeholders unexpanded
+	hook    *session.ForgetHook // Fn nil with reclaim off
+	prev    *session.ForgetHook // the table's hook before this one
+	closed  atomic.Bool
 	queue   chan session.Forgotten
 	limit   *rate.Limiter
 	route   atomic.Pointer[reclaimRoute]
@@ -75,40 +77,46 @@ type reclaimRoute struct {
 	path   atomic.Pointer[string]
 }
 
-// newReclaimer returns h's reclaimer; with reclaim off it has no hook.
+// newReclaimer returns h's reclaimer and makes its hook the table's: the
+// handler provisioned last decides for the table, and the sessions the
+// table forgets from then on wait in the queue until the handler serves
+// its first request, which tells the senders where to send. With reclaim
+// off its hook receives nothing.
 func newReclaimer(h *Handler) *reclaimer {
-	rc := &reclaimer{h: h, headers: h.ReclaimHeaders, stop: make(chan struct{})}
-	if h.Reclaim == ReclaimOff {
-		return rc
+	rc := &reclaimer{h: h, headers: h.ReclaimHeaders, stop: make(chan struct{}), hook: &session.ForgetHook{}}
+	if h.Reclaim != ReclaimOff {
+		rc.queue = make(chan session.Forgotten, reclaimQueue)
+		rc.limit = rate.NewLimiter(reclaimRate, reclaimBurst)
+		rc.hook.Fn = rc.enqueue
 	}
-	rc.queue = make(chan session.Forgotten, reclaimQueue)
-	rc.limit = rate.NewLimiter(reclaimRate, reclaimBurst)
-	rc.hook = &session.ForgetHook{Fn: rc.enqueue}
+	rc.prev = h.table.SetForgetHook(rc.hook)
+	openReclaimers.Store(rc.hook, rc)
 	return rc
 }
 
+// openReclaimers holds the hook of every reclaimer not closed yet, so that
+// a closing one gives its table back only a hook that still works.
+var openReclaimers sync.Map // *session.ForgetHook -> *reclaimer
+
 // attachTo records next, through which the DELETEs go, from the first
-// request the handler serves, starts the senders, and makes this
-// handler's hook (none with reclaim off) the table's: the handler of the
-// config that serves last decides for the table.
+// request the handler serves, and starts the senders.
 func (rc *reclaimer) attachTo(r *http.Request, next caddyhttp.Handler) {
 	rc.attach.Do(func() {
 		srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 		rc.route.Store(&reclaimRoute{next: next, server: srv, host: strings.Clone(r.Host)})
-		if rc.hook != nil {
+		if rc.hook.Fn != nil {
 			rc.wg.Add(reclaimSenders)
 			for range reclaimSenders {
 				go rc.run()
 			}
 		}
-		rc.h.table.SetForgetHook(rc.hook)
 	})
 }
 
 // learnedPath records the path of an initialize that opened a session on
 // up, where the DELETEs of its sessions go.
 func (rc *reclaimer) learnedPath(r *http.Request, up *session.Upstream) {
-	if rc.hook == nil {
+	if rc.hook.Fn == nil {
 		return
 	}
 	up.SetMCPPath(r.URL.Path)
@@ -123,6 +131,10 @@ func (rc *reclaimer) learnedPath(r *http.Request, up *session.Upstream) {
 // enqueue queues the DELETE of s, or counts it dropped when the queue is
 // full. It runs with the table's lock held, so it never waits.
 func (rc *reclaimer) enqueue(s session.Forgotten) {
+	if rc.closed.Load() {
+		rc.h.table.Stats.Reclaims.Dropped.Add(1)
+		return
+	}
 	select {
 	case rc.queue <- s:
 	default:
@@ -130,14 +142,25 @@ func (rc *reclaimer) enqueue(s session.Forgotten) {
 	}
 }
 
-// close removes the handler's hook from the table and stops its senders;
-// queued sessions are dropped and counted.
+// close gives the table back the hook it had before this handler's, if it
+// still has this one (a config that failed to load) and that hook's
+// handler still runs, and stops the senders; queued sessions are dropped
+// and counted. Closing again does nothing.
 func (rc *reclaimer) close() {
-	if rc.hook == nil {
+	if rc.closed.Swap(true) {
+		return // closed already
+	}
+	openReclaimers.Delete(rc.hook)
+	prev := rc.prev
+	if _, open := openReclaimers.Load(prev); !open {
+		prev = nil // closed too: the config that set it is gone
+	}
+	rc.h.table.RestoreForgetHook(rc.hook, prev)
+	rc.prev = nil
+	rc.attach.Do(func() {}) // no senders start after this
+	if rc.queue == nil {
 		return
 	}
-	rc.h.table.ClearForgetHook(rc.hook)
-	rc.attach.Do(func() {}) // no senders start after this
 	close(rc.stop)
 	rc.wg.Wait()
 	for {

@@ -21,7 +21,7 @@ func TestReclaimDeletesForgottenSessions(t *testing.T) {
 	t.Setenv("RECLAIM_TEST_TOKEN", "s3cret")
 	for _, off := range []bool{false, true} {
 		h := &Handler{Table: "reclaim/" + t.Name(), TableSettings: TableSettings{MaxSessions: 10},
-			ReclaimHeaders: map[string]string{"Authorization": "Bearer {env.RECLAIM_TEST_TOKEN}"}}
+			Reclaim: ReclaimOn, ReclaimHeaders: map[string]string{"Authorization": "Bearer {env.RECLAIM_TEST_TOKEN}"}}
 		if off {
 			h.Table, h.Reclaim = h.Table+"-off", ReclaimOff
 		}
@@ -119,11 +119,32 @@ func (l *lockedNext) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 // full queue: past reclaimQueue waiting sessions, each one more is dropped
 // and counted.
 func TestReclaimQueueDrops(t *testing.T) {
-	h, _ := provisionHandler(t, &Handler{TableSettings: TableSettings{MaxSessions: 10}})
+	h, _ := provisionHandler(t, &Handler{TableSettings: TableSettings{MaxSessions: 10}, Reclaim: ReclaimOn})
 	for i := range reclaimQueue + 7 { // no request served: no sender takes any
 		h.reclaim.enqueue(session.Forgotten{Key: fmt.Sprint(i), Dial: "10.0.0.1:8080", Reason: session.EvictTTL})
 	}
 	if n := h.table.Stats.Reclaims.Dropped.Load(); n != 7 {
 		t.Errorf("dropped %d, want 7", n)
+	}
+}
+
+// TestReclaimHookAcrossConfigs: the handler provisioned last owns the
+// table's hook; one whose config is unloaded first (a reload that failed)
+// gives the table back the hook of the handler still running, and the
+// last one to go leaves none.
+func TestReclaimHookAcrossConfigs(t *testing.T) {
+	name := "reclaim/" + t.Name()
+	running, _ := provisionHandler(t, &Handler{Table: name, Reclaim: ReclaimOn})
+	failed, _ := provisionHandler(t, &Handler{Table: name, Reclaim: ReclaimOff})
+	if running.table.Reclaiming() {
+		t.Error("after a reclaim off handler: the table reclaims")
+	}
+	_ = failed.Cleanup()
+	if !running.table.Reclaiming() {
+		t.Error("after the failed config's cleanup: the running handler's hook is not back")
+	}
+	_ = running.Cleanup()
+	if running.table.Reclaiming() {
+		t.Error("after every handler's cleanup: the table still reclaims")
 	}
 }

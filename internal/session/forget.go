@@ -40,7 +40,8 @@ func (r EvictReason) Reclaims() bool {
 // ForgetHook receives the sessions a table forgets that their upstream
 // may still hold (see [EvictReason.Reclaims]). Fn runs with the table's
 // lock held: it must return at once (queue the work) and must not call
-// the table.
+// the table. A hook with a nil Fn receives nothing: it stands for a
+// setting that turns reclaim off.
 type ForgetHook struct {
 	Fn func(Forgotten)
 }
@@ -51,7 +52,8 @@ type forgetHooks struct {
 }
 
 // SetForgetHook makes h receive the sessions the table forgets from now
-// on; nil turns that off. A table has one hook: the last one set.
+// on, and returns the hook it replaces; nil turns that off. A table has
+// one hook: the last one set.
 //
 // Without a shared store, the table calls it for every session it forgets
 // for a reason that [EvictReason.Reclaims]. With one, a session forgotten
@@ -59,10 +61,17 @@ type forgetHooks struct {
 // store, and a session ended on another instance is that instance's to
 // reclaim: the store calls [Table.Reclaim] on the one instance whose write
 // ended the session in the store.
-func (f *forgetHooks) SetForgetHook(h *ForgetHook) { f.hook.Store(h) }
+func (f *forgetHooks) SetForgetHook(h *ForgetHook) (prev *ForgetHook) { return f.hook.Swap(h) }
 
 // ClearForgetHook removes h if it is the table's hook, and reports whether it was.
 func (f *forgetHooks) ClearForgetHook(h *ForgetHook) bool { return f.hook.CompareAndSwap(h, nil) }
+
+// RestoreForgetHook makes prev the table's hook again if h still is, and
+// reports whether it was: a config that set h and failed to load gives the
+// table back the hook of the config still running.
+func (f *forgetHooks) RestoreForgetHook(h, prev *ForgetHook) bool {
+	return f.hook.CompareAndSwap(h, prev)
+}
 
 // Reclaiming reports whether the table has a forget hook.
 func (f *forgetHooks) Reclaiming() bool {
