@@ -29,7 +29,7 @@ const defaultProxyFrom = "localhost:8000"
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "mcp-proxy",
-		Usage: `--to <upstream> [--to <upstream>...] [--from <addr>] [--failover] [--redis <host:port>] [--seal-key <key>] [--status <path>|off] [--admin <addr>|off] [--access-log] [--debug] [--print-caddyfile]`,
+		Usage: `--to <upstream> [--to <upstream>...] [--from <addr>] [--failover] [--redis <host:port> [--hash-key <key>]] [--seal-key <key>] [--status <path>|off] [--admin <addr>|off] [--access-log] [--debug] [--print-caddyfile]`,
 		Short: "An MCP reverse proxy with session affinity, without a config file",
 		Long: `
 Runs mcp_proxy: every request of an MCP session (Streamable HTTP,
@@ -49,7 +49,10 @@ Caddy's automatic certificates.
 
 --failover moves a session whose upstream is gone to another upstream
 (failover reinitialize). --redis shares the session table with every Caddy
-that uses the same Redis; --seal-key seals the upstream into the session ID
+that uses the same Redis, under the secret --hash-key, which every one of
+them must share (default {env.MCP_SESSIONS_HASH_KEY}: set that variable,
+e.g. to the output of openssl rand -base64 32); --seal-key seals the
+upstream into the session ID
 instead (32 random bytes in base64; {env.NAME} or {file.path} keep it off
 the command line). --admin is Caddy's admin endpoint, where the session
 API lives (default localhost:2019; off turns it off).
@@ -66,6 +69,7 @@ names the upstreams.
 			cmd.Flags().StringArrayP("to", "t", nil, "Upstream MCP server: host:port, unix//path or a unix//path/pattern-*.sock (repeatable)")
 			cmd.Flags().Bool("failover", false, "Move sessions of an upstream that is gone to another upstream")
 			cmd.Flags().StringArray("redis", nil, "Redis address host:port sharing the session table (repeatable for a cluster)")
+			cmd.Flags().String("hash-key", "", "Secret the replicas sharing --redis hash session IDs with (default {env.MCP_SESSIONS_HASH_KEY})")
 			cmd.Flags().String("seal-key", "", "Key that seals the upstream into session IDs (base64, 32 bytes)")
 			cmd.Flags().String("status", "", "Path of the status page, or off (default /mcp-status on loopback, else off)")
 			cmd.Flags().String("admin", "localhost:2019", "Admin endpoint address, or off")
@@ -83,6 +87,7 @@ type proxyFlags struct {
 	to        []string
 	failover  bool
 	redis     []string
+	hashKey   string // --hash-key, "" for the default
 	sealKey   string
 	status    string // the status page's path, "off", or "" for the default
 	admin     string
@@ -129,7 +134,8 @@ func cmdMCPProxy(fs caddycmd.Flags) (int, error) {
 func readProxyFlags(fs caddycmd.Flags) (proxyFlags, error) {
 	f := proxyFlags{
 		from: fs.String("from"), failover: fs.Bool("failover"), sealKey: fs.String("seal-key"), status: fs.String("status"),
-		admin: fs.String("admin"), accessLog: fs.Bool("access-log"), debug: fs.Bool("debug"),
+		hashKey: fs.String("hash-key"),
+		admin:   fs.String("admin"), accessLog: fs.Bool("access-log"), debug: fs.Bool("debug"),
 	}
 	var err error
 	if f.to, err = fs.GetStringArray("to"); err != nil {
@@ -138,7 +144,30 @@ func readProxyFlags(fs caddycmd.Flags) (proxyFlags, error) {
 	if f.redis, err = fs.GetStringArray("redis"); err != nil {
 		return f, fmt.Errorf("invalid --redis: %v", err)
 	}
+	if args := fs.Args(); len(args) > 0 {
+		return f, fmt.Errorf("unexpected argument %q: give upstreams with --to, e.g. --to %s", args[0], args[0])
+	}
 	return f, f.check()
+}
+
+// defaultHashKey is --hash-key when not given: the variable the redis
+// store's own error names.
+const (
+	hashKeyEnv     = "MCP_SESSIONS_HASH_KEY"
+	defaultHashKey = "{env." + hashKeyEnv + "}"
+)
+
+// redisHashKey returns the hash_key the redis store gets, or why there is
+// none: the default's variable is unset.
+func (f proxyFlags) redisHashKey() (string, error) {
+	if f.hashKey != "" {
+		return f.hashKey, nil
+	}
+	if os.Getenv(hashKeyEnv) == "" {
+		return "", fmt.Errorf("--redis needs a secret that every Caddy sharing the table knows, to hash session IDs with: "+
+			"export %s=\"$(openssl rand -base64 32)\" (the same value on every replica), or give --hash-key {env.NAME} or {file.path}", hashKeyEnv)
+	}
+	return defaultHashKey, nil
 }
 
 // check refuses what cannot become a Caddyfile token: the flags are
@@ -152,10 +181,19 @@ func (f proxyFlags) check() error {
 	if f.sealKey != "" {
 		named["--seal-key"] = []string{f.sealKey}
 	}
+	if f.hashKey != "" {
+		if len(f.redis) == 0 {
+			return fmt.Errorf("--hash-key is the secret of the table shared through --redis; give --redis too, or leave --hash-key out")
+		}
+		named["--hash-key"] = []string{f.hashKey}
+	}
 	if f.status != "" {
 		named["--status"] = []string{f.status}
 		if f.status != "off" && !strings.HasPrefix(f.status, "/") {
 			return fmt.Errorf("invalid --status %q: give a path such as /mcp-status, or off", f.status)
+		}
+		if p := strings.TrimRight(f.status, "/*"); p == "" || p == "/mcp" {
+			return fmt.Errorf("invalid --status %q: the status page would hide the MCP endpoint (servers serve /mcp); give another path, such as %s", f.status, defaultStatusPath)
 		}
 	}
 	for flag, values := range named {
@@ -164,6 +202,28 @@ func (f proxyFlags) check() error {
 				return fmt.Errorf("invalid %s %q: %v", flag, v, err)
 			}
 		}
+	}
+	for _, to := range f.to {
+		if err := checkUpstream(to); err != nil {
+			return fmt.Errorf("invalid --to %q: %v", to, err)
+		}
+	}
+	return nil
+}
+
+// checkUpstream reports why to, a --to value, names no upstream a request
+// can reach: a network address without a port, or with port 0.
+func checkUpstream(to string) error {
+	if strings.HasPrefix(to, "unix/") || to == "" {
+		return nil // a socket path; an empty value is refused as a token
+	}
+	addr := strings.TrimPrefix(strings.TrimPrefix(to, "http://"), "h2c://")
+	_, port, err := net.SplitHostPort(addr)
+	switch {
+	case err != nil:
+		return fmt.Errorf("give host:port, such as 127.0.0.1:9001, or unix//path.sock")
+	case port == "0":
+		return fmt.Errorf("port 0 is no upstream's port")
 	}
 	return nil
 }
@@ -209,6 +269,9 @@ const defaultStatusPath = "/mcp-status"
 // given host (bound to it) and port; with https, Caddy's automatic HTTPS.
 func (f proxyFlags) site() (proxySite, error) {
 	from := f.from
+	if strings.HasPrefix(from, "unix/") {
+		return proxySite{}, fmt.Errorf("invalid --from %q: the command listens on TCP; for a unix socket, write a Caddyfile with `bind unix//path.sock` (start from --print-caddyfile)", f.from)
+	}
 	if !strings.Contains(from, "://") {
 		from = "http://" + from
 	}
@@ -228,6 +291,9 @@ func (f proxyFlags) site() (proxySite, error) {
 	}
 	if a.Port == "" {
 		a.Port = "80"
+	}
+	if a.Port == "0" {
+		return proxySite{}, fmt.Errorf("invalid --from %q: give the port to listen on; clients need to know it", f.from)
 	}
 	host := a.Host
 	ip := net.ParseIP(a.Host)
@@ -284,14 +350,20 @@ func (f proxyFlags) caddyfile(site proxySite) (string, error) {
 		b.WriteString("\tdebug\n")
 	}
 	if len(f.redis) > 0 {
-		fmt.Fprintf(&b, "\tmcp_sessions {\n\t\tstore redis {\n\t\t\taddress %s\n\t\t}\n\t}\n", strings.Join(f.redis, " "))
+		key, err := f.redisHashKey()
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "\tmcp_sessions {\n\t\tstore redis {\n\t\t\taddress %s\n\t\t\thash_key %s\n\t\t}\n\t}\n", strings.Join(f.redis, " "), key)
 	}
 	fmt.Fprintf(&b, "}\n\n%s {\n", site.address)
 	if site.bind != "" {
 		fmt.Fprintf(&b, "\tbind %s\n", site.bind)
 	}
 	if f.accessLog {
-		b.WriteString("\tlog\n")
+		// Session IDs are bearer-like: the access log leaves them out
+		// (docs/operating.md, "Logs").
+		b.WriteString("\tlog {\n\t\tformat filter {\n\t\t\trequest>headers>Mcp-Session-Id delete\n\t\t\tresp_headers>Mcp-Session-Id delete\n\t\t}\n\t}\n")
 	}
 	indent := "\t"
 	if path := f.statusPath(site); path != "" {
@@ -328,6 +400,9 @@ func (f proxyFlags) caddyfile(site proxySite) (string, error) {
 func (f proxyFlags) checkFree(site proxySite) error {
 	addrs := map[string]string{"--from": net.JoinHostPort(site.bind, site.port)}
 	if f.admin != "off" {
+		if _, _, err := net.SplitHostPort(f.admin); err != nil {
+			return fmt.Errorf("invalid --admin %q: give host:port, such as localhost:2019, or off", f.admin)
+		}
 		addrs["--admin"] = f.admin
 	}
 	for flag, addr := range addrs {

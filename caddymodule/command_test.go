@@ -35,8 +35,8 @@ http://:8000 {
 	}, {
 		name: "every option",
 		flags: proxyFlags{from: "127.0.0.1:8123", to: []string{"127.0.0.1:9001-9003", "unix//run/mcp.sock"},
-			failover: true, redis: []string{"10.0.0.1:6379", "10.0.0.2:6379"}, sealKey: "{env.MCP_SEAL_KEY}",
-			status: "off", admin: "127.0.0.1:2999", accessLog: true, debug: true},
+			failover: true, redis: []string{"10.0.0.1:6379", "10.0.0.2:6379"}, hashKey: "{file./run/secrets/hash}",
+			sealKey: "{env.MCP_SEAL_KEY}", status: "off", admin: "127.0.0.1:2999", accessLog: true, debug: true},
 		caddyfile: `{
 	debug
 	admin 127.0.0.1:2999
@@ -44,12 +44,18 @@ http://:8000 {
 	mcp_sessions {
 		store redis {
 			address 10.0.0.1:6379 10.0.0.2:6379
+			hash_key {file./run/secrets/hash}
 		}
 	}
 }
 http://:8123 {
 	bind 127.0.0.1
-	log
+	log {
+		format filter {
+			request>headers>Mcp-Session-Id delete
+			resp_headers>Mcp-Session-Id delete
+		}
+	}
 	mcp_proxy 127.0.0.1:9001-9003 unix//run/mcp.sock {
 		seal_session_ids {env.MCP_SEAL_KEY}
 		failover reinitialize
@@ -141,6 +147,14 @@ func TestProxyCommandRefusesBadFlags(t *testing.T) {
 		{"two patterns", func(f *proxyFlags) { f.to = []string{"unix//a/*.sock", "unix//b/*.sock"} }, "only one socket pattern"},
 		{"pattern and fixed", func(f *proxyFlags) { f.to = []string{"unix//a/*.sock", "127.0.0.1:9001"} }, "cannot be mixed"},
 		{"a status page that is no path", func(f *proxyFlags) { f.status = "status" }, "give a path such as /mcp-status"},
+		{"a status page over the MCP endpoint", func(f *proxyFlags) { f.status = "/mcp" }, "would hide the MCP endpoint"},
+		{"a status page over every path", func(f *proxyFlags) { f.status = "/" }, "would hide the MCP endpoint"},
+		{"an upstream without a port", func(f *proxyFlags) { f.to = []string{"19101"} }, "give host:port"},
+		{"an upstream on port 0", func(f *proxyFlags) { f.to = []string{"127.0.0.1:0"} }, "port 0"},
+		{"listening on port 0", func(f *proxyFlags) { f.from = "127.0.0.1:0" }, "give the port to listen on"},
+		{"listening on a socket", func(f *proxyFlags) { f.from = "unix//tmp/x.sock" }, "listens on TCP"},
+		{"a hash key without redis", func(f *proxyFlags) { f.hashKey = "{env.K}" }, "give --redis too"},
+		{"redis without a hash key", func(f *proxyFlags) { f.redis = []string{"127.0.0.1:6379"}; t.Setenv(hashKeyEnv, "") }, "export MCP_SESSIONS_HASH_KEY"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := base()

@@ -48,6 +48,14 @@ var (
 		"Sessions taken from the shared store at the first request this instance saw of them.", []string{"table"}, nil)
 	descStoreUp = prometheus.NewDesc("caddy_mcp_store_up",
 		"1 while the table's shared store answers, 0 while the instance serves from its own table alone.", []string{"table"}, nil)
+	descWriteBacks = prometheus.NewDesc("caddy_mcp_store_write_backs_total",
+		"Write-backs of the whole table to the shared store, which lost keys while this instance held them, by cause: restart (a Redis master answered with another run_id: restarted, or promoted by a failover), flush (the table's marker key was gone: FLUSHALL, FLUSHDB, a deleted or evicted key), eviction (Redis evicted keys), retry.", []string{"table", "cause"}, nil)
+	descRestored = prometheus.NewDesc("caddy_mcp_store_sessions_restored_total",
+		"Sessions the write-backs wrote that the shared store no longer held.", []string{"table"}, nil)
+	descWritable = prometheus.NewDesc("caddy_mcp_store_writable",
+		"1 while the table's shared store takes writes, 0 while Redis answers them with OOM (full under noeviction) or READONLY (a replica): reads go on.", []string{"table"}, nil)
+	descHashKeyClash = prometheus.NewDesc("caddy_mcp_store_hash_key_clash",
+		"1 while another instance on the table's store and key_prefix uses another hash_key (neither finds the other's sessions), else 0.", []string{"table"}, nil)
 	descStoreErrors = prometheus.NewDesc("caddy_mcp_store_errors_total",
 		"Failed calls to the table's shared store, by operation.", []string{"table", "op"}, nil)
 	descReclaimSent = prometheus.NewDesc("caddy_mcp_reclaim_sent_total",
@@ -86,7 +94,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 // Describe sends the descriptors of all the plugin's metrics.
 func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLive, descDraining, descRefusing, descRefusals, descUnconfirmed, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descUnavailable, descEvicted, descRequests, descByMethod, descStreams, descFailovers,
-		descClusterLive, descShared, descStoreUp, descStoreErrors, descBodyMemory, descBodyRefused, descReclaimSent, descReclaimResults, descReclaimDropped} {
+		descClusterLive, descShared, descStoreUp, descStoreErrors, descWriteBacks, descRestored, descWritable, descHashKeyClash, descBodyMemory, descBodyRefused, descReclaimSent, descReclaimResults, descReclaimDropped} {
 		ch <- d
 	}
 }
@@ -173,6 +181,38 @@ func collectStore(ch chan<- prometheus.Metric, t *session.Table) {
 	c.Errors(func(op string, n uint64) {
 		ch <- prometheus.MustNewConstMetric(descStoreErrors, prometheus.CounterValue, float64(n), t.Name(), op)
 	})
+	if h, ok := c.(storeHealth); ok {
+		collectStoreHealth(ch, t.Name(), h)
+	}
+}
+
+// storeHealth is what a shared store reports beyond [session.Shared]: the
+// redis store's write-backs, refused writes and hash_key clash.
+type storeHealth interface {
+	WriteBacks(fn func(cause string, n uint64))
+	Writable() bool
+	HashKeyClash() bool
+}
+
+// collectStoreHealth sends the series of a store's health.
+func collectStoreHealth(ch chan<- prometheus.Metric, table string, h storeHealth) {
+	h.WriteBacks(func(cause string, n uint64) {
+		if cause == "" {
+			ch <- prometheus.MustNewConstMetric(descRestored, prometheus.CounterValue, float64(n), table)
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(descWriteBacks, prometheus.CounterValue, float64(n), table, cause)
+	})
+	ch <- prometheus.MustNewConstMetric(descWritable, prometheus.GaugeValue, gauge(h.Writable()), table)
+	ch <- prometheus.MustNewConstMetric(descHashKeyClash, prometheus.GaugeValue, gauge(h.HashKeyClash()), table)
+}
+
+// gauge is 1 for true, 0 for false.
+func gauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Interface guards

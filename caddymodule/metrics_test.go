@@ -43,7 +43,12 @@ var metricNames = map[string]dto.MetricType{
 	"caddy_mcp_sessions_shared_total":    dto.MetricType_COUNTER,
 	"caddy_mcp_store_up":                 dto.MetricType_GAUGE,
 	"caddy_mcp_store_errors_total":       dto.MetricType_COUNTER,
-	"caddy_mcp_failovers_total":          dto.MetricType_COUNTER,
+	// the redis store's health (storeHealth)
+	"caddy_mcp_store_write_backs_total":       dto.MetricType_COUNTER,
+	"caddy_mcp_store_sessions_restored_total": dto.MetricType_COUNTER,
+	"caddy_mcp_store_hash_key_clash":          dto.MetricType_GAUGE,
+	"caddy_mcp_store_writable":                dto.MetricType_GAUGE,
+	"caddy_mcp_failovers_total":               dto.MetricType_COUNTER,
 	// reclaim.go
 	"caddy_mcp_reclaim_sent_total":    dto.MetricType_COUNTER,
 	"caddy_mcp_reclaim_results_total": dto.MetricType_COUNTER,

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
 )
 
 func init() {
@@ -76,11 +77,15 @@ type SessionSelection struct {
 	// one failed check never ends a session.
 	UnhealthyGrace caddy.Duration `json:"unhealthy_grace,omitempty"`
 
-	fallback  reverseproxy.Selector
-	table     *session.Table
-	lastPool  *atomic.Pointer[*reverseproxy.Upstream] // the first element of the last pool noted
-	proxy     *reverseproxy.Handler                   // the reverse_proxy the policy serves; nil outside one
-	unhealthy *unhealthyClock
+	fallback reverseproxy.Selector
+	table    *session.Table
+	logger   *zap.Logger
+	// warnedNoHandler: the warning of a request that no mcp_session
+	// handler serves was logged.
+	warnedNoHandler *atomic.Bool
+	lastPool        *atomic.Pointer[*reverseproxy.Upstream] // the first element of the last pool noted
+	proxy           *reverseproxy.Handler                   // the reverse_proxy the policy serves; nil outside one
+	unhealthy       *unhealthyClock
 }
 
 // CaddyModule returns the Caddy module information.
@@ -120,6 +125,7 @@ func (s *SessionSelection) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.lastPool = new(atomic.Pointer[*reverseproxy.Upstream])
+	s.logger, s.warnedNoHandler = ctx.Logger(), new(atomic.Bool)
 	s.proxy, s.unhealthy = parentProxy(ctx), new(unhealthyClock)
 	if s.UnhealthyGrace == 0 {
 		s.UnhealthyGrace = caddy.Duration(DefaultUnhealthyGrace)
@@ -153,6 +159,11 @@ func withTable(raw json.RawMessage, table string) (json.RawMessage, error) {
 // request without a known session, the fallback policy's choice.
 func (s *SessionSelection) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	ex := exchangeOf(r)
+	if !ex.serving && s.warnedNoHandler != nil && s.warnedNoHandler.CompareAndSwap(false, true) { // once per policy: a config mistake
+		s.logger.Warn("lb_policy mcp_session cannot pin sessions: no mcp_session handler serves this request before the " +
+			"reverse_proxy, so no session is learned and later requests are balanced; use mcp_proxy, or put " +
+			"mcp_session before this reverse_proxy (docs/caddyfile.md#mcp_session-and-lb_policy-mcp_session)")
+	}
 	var up *reverseproxy.Upstream
 	if ex.owner != nil {
 		up = s.selectPinned(pool, r, ex.owner.Dial())

@@ -15,6 +15,9 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // pinnedRequest returns a request whose session the handler found pinned to dial.
@@ -264,5 +267,28 @@ func TestLastResortOrder(t *testing.T) {
 	ex.noteFailed(dials[0]) // the session leaves dials[0]
 	if got, want := picks(replay), dials[1:]; !slices.Equal(got, want) {
 		t.Errorf("a failover's replay leaving %s: picks %v; want %v, never the upstream it leaves", dials[0], got, want)
+	}
+}
+
+// TestSelectionWarnsWithoutHandler checks that the policy, used without an
+// mcp_session handler before its reverse_proxy (which then learns no
+// session), says so once; a request the handler serves gets no warning.
+func TestSelectionWarnsWithoutHandler(t *testing.T) {
+	s := provisionPolicy(t, &SessionSelection{})
+	core, logs := observer.New(zapcore.WarnLevel)
+	s.logger = zap.New(core)
+	pool := testPool()
+
+	served := newRequest(http.MethodPost)
+	exchangeOf(served).serving = true // as the handler's observe sets it
+	s.Select(pool, served, nil)
+	if n := logs.Len(); n != 0 {
+		t.Fatalf("a request the handler serves: want no warning, got %d", n)
+	}
+	for range 3 {
+		s.Select(pool, newRequest(http.MethodPost), nil)
+	}
+	if n := logs.FilterMessageSnippet("no mcp_session handler serves this request").Len(); n != 1 {
+		t.Fatalf("requests no handler serves: want one warning naming the missing handler, got %d of %d logs", n, logs.Len())
 	}
 }

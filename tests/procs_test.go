@@ -134,8 +134,15 @@ func startBackendsWith(t testing.TB, n int, jsonMode bool, flags func(name strin
 // binary, and waits until it serves addr.
 func runProxyCommand(t *testing.T, name, addr string, args ...string) *testproc.Proc {
 	t.Helper()
+	return runProxyCommandEnv(t, name, addr, nil, args...)
+}
+
+// runProxyCommandEnv is runProxyCommand with env added to the command's
+// environment.
+func runProxyCommandEnv(t *testing.T, name, addr string, env []string, args ...string) *testproc.Proc {
+	t.Helper()
 	dir := t.TempDir()
-	cmd := withEnv(exec.Command(caddyBinary(t), args...), "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	cmd := withEnv(exec.Command(caddyBinary(t), args...), append([]string{"XDG_DATA_HOME=" + dir, "XDG_CONFIG_HOME=" + dir}, env...)...)
 	p := launch(t, name, addr, cmd)
 	ready(t, replicaTimeout, []*testproc.Proc{p}, testproc.Listening())
 	return p

@@ -2,16 +2,23 @@ package tests
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
 )
 
 // announced is the line `caddy mcp-proxy` prints once it serves: the URL
@@ -91,6 +98,55 @@ func TestProxyCommandPinsSessions(t *testing.T) {
 	}
 }
 
+// TestProxyCommandSharesThroughRedis runs two `caddy mcp-proxy --redis` on
+// one real redis-server, the hash key in MCP_SESSIONS_HASH_KEY as --help
+// says, behind a balancer that sends each request to the other proxy than
+// the one before: every call reaches the server that created its session.
+// Negative controls in the same run: the same two proxies without --redis
+// break sessions, and --redis without the variable refuses to start,
+// saying what to set.
+func TestProxyCommandSharesThroughRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	bs := startBackends(t, 3, false)
+	key := make([]byte, 32)
+	rand.Read(key)
+	env := []string{"MCP_SESSIONS_HASH_KEY=" + base64.StdEncoding.EncodeToString(key)}
+	pair := func(name string, extra ...string) *balancer {
+		var rs []*replica
+		for i := range 2 {
+			addr := freeAddr(t)
+			args := append([]string{"mcp-proxy", "--from", addr, "--admin", "off"}, extra...)
+			for _, b := range bs {
+				args = append(args, "--to", b.Addr())
+			}
+			runProxyCommandEnv(t, fmt.Sprintf("%s%d", name, i), addr, env, args...)
+			rs = append(rs, &replica{addr: addr})
+		}
+		return newRoundRobin(rs...)
+	}
+
+	const sessions, calls = 20, 5
+	shared := pair("mcp-proxy-redis", "--redis", srv.Addr)
+	res := runSessionsWith(t, "http://"+shared.rotation[0]+"/mcp", shared.client(), sessions, sessionPlan{calls: calls})
+	t.Logf("two caddy mcp-proxy --redis, requests alternating: %s", res)
+	if res.ok != sessions || res.onCreator != sessions*calls {
+		t.Fatalf("want %d/%d sessions ok and %d calls on the creating server; got %s", sessions, sessions, sessions*calls, res)
+	}
+
+	apart := pair("mcp-proxy-apart")
+	ctrl := runSessionsWith(t, "http://"+apart.rotation[0]+"/mcp", apart.client(), sessions, sessionPlan{calls: calls})
+	t.Logf("the same two proxies without --redis (negative control): %s", ctrl)
+	if ctrl.ok == sessions {
+		t.Fatalf("negative control: want sessions broken by two proxies that do not share a table; got %s", ctrl)
+	}
+
+	cmd := exec.Command(caddyBinary(t), "mcp-proxy", "--admin", "off", "--from", freeAddr(t), "--to", bs[0].Addr(), "--redis", srv.Addr)
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "MCP_SESSIONS_HASH_KEY=") })
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "export MCP_SESSIONS_HASH_KEY=") {
+		t.Fatalf("--redis without MCP_SESSIONS_HASH_KEY: want a refusal naming the variable; got err %v, output:\n%s", err, out)
+	}
+}
+
 // TestProxyCommandGunicornSockets runs `caddy mcp-proxy --to
 // 'unix/<dir>/worker-*.sock'` in front of one gunicorn whose workers each
 // serve a socket of their own (examples/gunicorn's hooks): sessions are
@@ -127,6 +183,9 @@ func TestProxyCommandRefusesBadFlags(t *testing.T) {
 		{[]string{"mcp-proxy"}, "--to is required"},
 		{[]string{"mcp-proxy", "--to", "127.0.0.1:1 {"}, "invalid --to"},
 		{[]string{"mcp-proxy", "--to", "unix//a/*.sock", "--to", "127.0.0.1:1"}, "cannot be mixed"},
+		{[]string{"mcp-proxy", "--to", "19101"}, "give host:port"},
+		{[]string{"mcp-proxy", "--to", "127.0.0.1:1", "127.0.0.1:2"}, "unexpected argument"},
+		{[]string{"mcp-proxy", "--to", "127.0.0.1:1", "--status", "/mcp"}, "would hide the MCP endpoint"},
 		{[]string{"mcp-proxy", "--from", busy.Addr().String(), "--admin", "off", "--to", "127.0.0.1:1"}, "is another caddy mcp-proxy (or another server) running there"},
 	} {
 		out, err := exec.Command(caddyBinary(t), tc.args...).CombinedOutput()

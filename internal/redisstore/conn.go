@@ -81,6 +81,10 @@ type Conn struct {
 	healthy  atomic.Bool
 	errs     [len(storeOps)]atomic.Uint64
 	keyClash atomic.Bool // another hash_key is in use on this table (keycheck.go)
+	refusing atomic.Bool // Redis answers writes with OOM or READONLY (full.go)
+
+	writeBacks [len(writeBackCauses)]atomic.Uint64 // write-backs of the whole table, by cause (lost.go)
+	restored   atomic.Uint64                       // sessions they wrote that Redis no longer held
 
 	mu           sync.Mutex
 	byHash       map[keyHash]string       // session ID of each hash, for sessions of t
@@ -90,8 +94,16 @@ type Conn struct {
 	drains       map[string]bool          // drain flags set here, not yet in Redis
 	upEnds       map[string]time.Duration // upstreams evicted here, not yet in Redis: the life of their sessions' tombstones (0: none)
 	streams      map[string]string        // sessions with a GET stream open here: ID -> value
+	fresh        map[keyHash]string       // put here with the unconfirmed TTL, not yet used: hash -> dial (full.go)
+	confirms     map[keyHash]string       // first used since put, TTL not yet raised in Redis: hash -> dial
+	drops        map[keyHash]string       // dropped unconfirmed from the table, not yet from Redis: hash -> dial
+	moves        map[keyHash]pendingMove  // failovers recorded here while Redis did not answer (record.go)
+	maxQueued    int                      // the most puts queued: the table's bound
 	touched      time.Time                // when the open streams' sessions were last touched
-	runID        string                   // the Redis server's run_id, to notice a restart
+	runIDs       map[string]string        // each master's run_id, by address, to notice a restart (lost.go); nil before the first sync
+	evicted      int64                    // the masters' evicted_keys at the last sync
+	marker       string                   // the token of the table's marker key last seen
+	policy       string                   // Redis's maxmemory-policy, once read
 	writeBackDue bool                     // a write-back failed: the next sync does it again
 	outage       time.Time                // when the current outage began
 	outErrs      uint64                   // errors before the current outage
@@ -126,6 +138,7 @@ func newConn(t *session.Table, opts *redis.UniversalOptions, ks *keyspace, timeo
 		logger: logger.With(zap.String("table", t.Name())),
 		byHash: map[keyHash]string{}, puts: map[keyHash]string{}, ends: map[keyHash]pendingEnd{},
 		touches: map[string]string{}, drains: map[string]bool{}, upEnds: map[string]time.Duration{}, streams: map[string]string{},
+		fresh: map[keyHash]string{}, confirms: map[keyHash]string{}, drops: map[keyHash]string{}, moves: map[keyHash]pendingMove{}, maxQueued: max(t.MaxSessions(), writeBackBatch),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}),
 	}
 	c.healthy.Store(true)
@@ -180,6 +193,9 @@ func (c *Conn) Get(id string) session.Stored {
 	}
 	c.mu.Lock()
 	c.byHash[h] = id
+	if c.shortLived() && s.Dial != "" {
+		c.confirms[h] = s.Dial // this request is a use: the session may be unconfirmed in Redis
+	}
 	c.mu.Unlock()
 	return s
 }
@@ -223,9 +239,13 @@ func (c *Conn) Peek(id string) (string, session.PrincipalSum) {
 // the session is written back later.
 func (c *Conn) Put(id, dial string, bound session.PrincipalSum, record string) {
 	h, v := c.ks.hash(id), session.EncodeValue(dial, bound, record)
+	life := c.unconfirmedLife()
 	c.mu.Lock()
 	c.byHash[h] = id
 	delete(c.ends, h)
+	if life < c.ttl() {
+		c.fresh[h] = dial
+	}
 	c.mu.Unlock()
 	if !c.healthy.Load() {
 		c.queuePut(h, v)
@@ -235,13 +255,20 @@ func (c *Conn) Put(id, dial string, bound session.PrincipalSum, record string) {
 	defer cancel()
 	pipe := c.client.Pipeline()
 	pipe.Del(ctx, c.ks.tomb(h)) // an upstream opened a session with this ID again
-	c.writeSession(ctx, pipe, h, v, false)
+	c.writeSessionFor(ctx, pipe, h, v, false, life)
 	c.queueReclaimRecord(ctx, pipe, h, id)
 	counts := c.countSessions(ctx, pipe, c.t.Upstreams())
-	if _, err := pipe.Exec(ctx); err != nil {
+	err, refusal := exec(ctx, pipe)
+	switch {
+	case err != nil:
 		c.fail(opPut, err)
 		c.queuePut(h, v)
 		return
+	case refusal != nil:
+		c.refused(opPut, refusal)
+		c.queuePut(h, v)
+	default:
+		c.accepted()
 	}
 	c.applyCounts(counts)
 }
@@ -256,29 +283,42 @@ func (c *Conn) Rekey(id string) {
 	if _, ok := c.byHash[h]; ok {
 		c.byHash[h] = id
 	}
+	if dial, ok := c.fresh[h]; ok { // confirmed: the table's TTL in Redis too
+		delete(c.fresh, h)
+		c.confirms[h] = dial
+	}
 	c.mu.Unlock()
 }
 
+// queuePut queues the write of session h, whose value is v, for when Redis
+// takes it; at most maxQueued are queued.
 func (c *Conn) queuePut(h keyHash, v string) {
 	c.mu.Lock()
-	c.puts[h] = v
+	if _, ok := c.puts[h]; ok || len(c.puts) < c.maxQueued {
+		c.puts[h] = v
+	}
 	c.mu.Unlock()
 }
 
 // writeSession queues the writes of one session, whose value is v: its
 // key, its place in its upstream's set, and the upstream's record. With
 // onlyNew, a session Redis holds already is left as it is.
-func (c *Conn) writeSession(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool) {
-	ttl := c.ttl()
+func (c *Conn) writeSession(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool) *redis.StatusCmd {
+	return c.writeSessionFor(ctx, pipe, h, v, onlyNew, c.ttl())
+}
+
+// writeSessionFor is writeSession with the session's TTL in Redis.
+func (c *Conn) writeSessionFor(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool, ttl time.Duration) *redis.StatusCmd {
 	now := time.Now()
 	args := redis.SetArgs{TTL: ttl}
 	if onlyNew {
 		args.Mode = "NX"
 	}
 	dial, _, _ := session.ParseValue(v)
-	pipe.SetArgs(ctx, c.ks.session(h), v, args)
+	set := pipe.SetArgs(ctx, c.ks.session(h), v, args)
 	pipe.ZAdd(ctx, c.ks.upstream(dial), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: h.String()})
 	pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
+	return set
 }
 
 // countSessions queues a count of the live sessions of each of ups (at most
@@ -353,6 +393,10 @@ func (c *Conn) End(id, dial string, reason session.EvictReason, tomb time.Durati
 	delete(c.puts, h)
 	delete(c.touches, id)
 	delete(c.streams, id)
+	delete(c.fresh, h)
+	delete(c.confirms, h)
+	delete(c.drops, h)
+	delete(c.moves, h)
 	c.mu.Unlock()
 	if tomb > 0 && c.healthy.Load() && c.endNow(h, e) {
 		return
@@ -370,8 +414,8 @@ func (c *Conn) endNow(h keyHash, e pendingEnd) bool {
 	defer cancel()
 	pipe := c.client.Pipeline()
 	cmd := c.writeEnd(ctx, pipe, h, e)
-	if _, err := pipe.Exec(ctx); err != nil {
-		c.fail(opFlush, err)
+	if err, refusal := exec(ctx, pipe); err != nil || refusal != nil {
+		c.failWrite(opFlush, orErr(err, refusal))
 		return false
 	}
 	c.reclaimEnded(map[*redis.Cmd]*session.Forgotten{cmd: e.reclaim})
@@ -403,6 +447,14 @@ func (c *Conn) Forget(id string) {
 	c.mu.Lock()
 	delete(c.byHash, h)
 	delete(c.streams, id)
+	if dial, ok := c.fresh[h]; ok { // dropped before its first use: from Redis too, unless used elsewhere
+		delete(c.fresh, h)
+		if _, queued := c.puts[h]; queued {
+			delete(c.puts, h)
+		} else {
+			c.drops[h] = dial
+		}
+	}
 	c.mu.Unlock()
 }
 
@@ -462,7 +514,7 @@ func (c *Conn) totalErrors() uint64 {
 // recovered marks Redis reachable again and logs the outage once.
 func (c *Conn) recovered() {
 	c.mu.Lock()
-	since, before, queued := c.outage, c.outErrs, len(c.puts)+len(c.ends)+len(c.drains)
+	since, before, queued := c.outage, c.outErrs, len(c.puts)+len(c.ends)+len(c.drains)+len(c.moves)
 	c.mu.Unlock()
 	c.healthy.Store(true)
 	c.logger.Info("redis store reachable again", zap.Duration("unreachable_for", time.Since(since).Round(time.Millisecond)),

@@ -10,9 +10,14 @@
 // publishes it to the other instances and applies what they publish
 // (sync.go), and keeps the cluster's view current. While Redis cannot be
 // reached it fails fast, queues the writes, and writes them back when
-// Redis answers again; keycheck.go notices instances on another hash_key.
-// reclaim.go makes exactly one instance reclaim each session that ends in
-// Redis: the one whose write (or expiry sweep) removed it.
+// Redis answers again (failovers with their compare-and-set, record.go).
+// lost.go notices keys Redis lost while it ran (restart, failover, flush,
+// eviction) and writes the table back; full.go keeps a Redis that refuses
+// writes (OOM, READONLY) readable, and bounds what sessions never used
+// after their initialize hold in Redis; keycheck.go notices instances on
+// another hash_key. reclaim.go makes exactly one instance reclaim each
+// session that ends in Redis: the one whose write (or expiry sweep)
+// removed it.
 //
 // The package imports no Caddy package: caddymodule/redis.go configures it.
 package redisstore

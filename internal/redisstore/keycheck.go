@@ -53,6 +53,10 @@ func (c *Conn) checkHashKeys(announced []redis.Z) {
 	}
 }
 
+// HashKeyClash reports whether another instance announced another
+// hash_key on this table within the last five syncs.
+func (c *Conn) HashKeyClash() bool { return c.keyClash.Load() }
+
 // misconfigured reports whether Redis refused a call for a reason that
 // lasts until the configuration changes: authentication, permissions or
 // the database index.

@@ -41,6 +41,8 @@ func parseKeyHash(s string) (keyHash, bool) {
 //	{p:t}:draining      hash    draining upstreams: field <dial>
 //	{p:t}:hashkeys      zset    fingerprints of the hash_keys instances use: member <fingerprint>,
 //	                            score last seen (Unix ms); more than one in use is a misconfiguration
+//	{p:t}:alive         string  the table's marker: a random token, no TTL; gone or changed, it
+//	                            tells the instances that Redis lost keys while running (lost.go)
 //	{p:t}:events        channel what instances tell each other (see redisConn.apply)
 type keyspace struct {
 	tag         string
@@ -85,3 +87,4 @@ func (ks *keyspace) upstreams() string           { return ks.tag + ":upstreams" 
 func (ks *keyspace) draining() string            { return ks.tag + ":draining" }
 func (ks *keyspace) events() string              { return ks.tag + ":events" }
 func (ks *keyspace) hashKeys() string            { return ks.tag + ":hashkeys" }
+func (ks *keyspace) alive() string               { return ks.tag + ":alive" }

@@ -117,8 +117,8 @@ type takenEnd struct {
 // takeScript of this instance took, once the pipeline ran.
 func (c *Conn) reclaimTaken(taken map[*redis.Cmd]takenEnd) {
 	for cmd, te := range taken {
-		rec, err := cmd.Text()
-		if err != nil {
+		rec, ok := cmd.Val().(string) // takeScript's and dropScript's record; nil or a number without one
+		if !ok {
 			continue
 		}
 		h, ok := parseKeyHash(te.member)

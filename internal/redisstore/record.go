@@ -157,7 +157,7 @@ func (c *Conn) moveValue(id, old, new string) (string, error) {
 	h := c.ks.hash(id)
 	if !c.healthy.Load() {
 		c.errs[opIndex(OpMove)].Add(1) // the outage is logged once already
-		c.queuePut(h, new)
+		c.queueMove(h, pendingMove{id, old, new})
 		return "", errors.New("redis store unreachable")
 	}
 	from, _, _ := session.ParseValue(old)
@@ -169,11 +169,64 @@ func (c *Conn) moveValue(id, old, new string) (string, error) {
 	cur, err := moveScript.Run(ctx, c.client, keys, old, new, c.ttl().Milliseconds(), h.String(),
 		now.Add(c.ttl()).UnixMilli(), now.UnixMilli(), to, c.ks.events(), msgMoved+" "+h.String()+" "+new).Text()
 	if err != nil {
-		c.fail(OpMove, err)
-		c.queuePut(h, new)
+		c.failWrite(OpMove, err)
+		c.queueMove(h, pendingMove{id, old, new})
 		return "", err
 	}
 	return cur, nil
+}
+
+// pendingMove is a failover this instance recorded while Redis did not
+// answer: session id moved from value old to value new.
+type pendingMove struct{ id, old, new string }
+
+// queueMove queues move m of session h for when Redis answers again. It
+// replaces a queued put of the session (a move of a session learned during
+// the outage), and is written as a move: with the compare-and-set of
+// moveScript, so that of the instances that moved the session during one
+// outage, the first to write wins and the others follow it (flushMoves).
+func (c *Conn) queueMove(h keyHash, m pendingMove) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.puts, h)
+	if prev, ok := c.moves[h]; ok {
+		m.old = prev.old // moved twice: from where Redis last had it
+	}
+	if _, ok := c.moves[h]; ok || len(c.moves) < c.maxQueued {
+		c.moves[h] = m
+	}
+}
+
+// flushMoves writes the moves queued during an outage, each with moveScript,
+// and makes a session that another instance moved first, or that ended
+// meanwhile, follow what Redis holds. It returns false when Redis did not
+// answer; the moves left are queued again.
+func (c *Conn) flushMoves() bool {
+	c.mu.Lock()
+	moves := c.moves
+	c.moves = map[keyHash]pendingMove{}
+	c.mu.Unlock()
+	for h, m := range moves {
+		cur, err := c.moveValue(m.id, m.old, m.new) // queues the move again on failure
+		if err != nil {
+			c.mu.Lock()
+			for h2, m2 := range moves {
+				if _, newer := c.moves[h2]; !newer && h2 != h {
+					c.moves[h2] = m2
+				}
+			}
+			c.mu.Unlock()
+			return false
+		}
+		switch reason, ended := strings.CutPrefix(cur, movedEnded); {
+		case cur == "" || cur == m.new:
+		case ended:
+			c.t.EvictHere(m.id, cmp.Or(session.ReasonNamed(reason), session.EvictDelete))
+		default:
+			c.t.Follow(m.id, c.Parse(m.id, cur))
+		}
+	}
+	return true
 }
 
 // touchScript refreshes a session's TTL, as a touch does, unless another

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"maps"
 	"strings"
 	"time"
@@ -30,6 +29,7 @@ func (c *Conn) flushLoop() {
 	defer c.wg.Done()
 	tick := time.NewTicker(flushEvery)
 	defer tick.Stop()
+	var flushed time.Time
 	for {
 		select {
 		case <-c.stop:
@@ -37,7 +37,9 @@ func (c *Conn) flushLoop() {
 		case <-c.kick:
 		case <-tick.C:
 		}
-		if c.healthy.Load() {
+		// While Redis refuses writes, retry once per sync, not per flush.
+		if c.healthy.Load() && (!c.refusing.Load() || time.Since(flushed) >= syncEvery) {
+			flushed = time.Now()
 			c.Flush()
 		}
 	}
@@ -50,19 +52,22 @@ type queued struct {
 	touches map[string]string
 	drains  map[string]bool
 	upEnds  map[string]time.Duration
+	confirm map[keyHash]string
+	drops   map[keyHash]string
 }
 
 func (q queued) empty() bool {
-	return len(q.puts)+len(q.ends)+len(q.touches)+len(q.drains)+len(q.upEnds) == 0
+	return len(q.puts)+len(q.ends)+len(q.touches)+len(q.drains)+len(q.upEnds)+len(q.confirm)+len(q.drops) == 0
 }
 
 // take empties the queues and returns what they held.
 func (c *Conn) take() queued {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	q := queued{c.puts, c.ends, c.touches, c.drains, c.upEnds}
+	q := queued{c.puts, c.ends, c.touches, c.drains, c.upEnds, c.confirms, c.drops}
 	c.puts, c.ends, c.touches = map[keyHash]string{}, map[keyHash]pendingEnd{}, map[string]string{}
 	c.drains, c.upEnds = map[string]bool{}, map[string]time.Duration{}
+	c.confirms, c.drops = map[keyHash]string{}, map[keyHash]string{}
 	return q
 }
 
@@ -88,11 +93,24 @@ func (c *Conn) requeue(q queued) {
 		}
 	}
 	maps.Copy(c.upEnds, q.upEnds)
+	for h, dial := range q.confirm {
+		if _, ended := c.ends[h]; !ended {
+			c.confirms[h] = dial
+		}
+	}
+	for h, dial := range q.drops {
+		if _, put := c.puts[h]; !put {
+			c.drops[h] = dial
+		}
+	}
 }
 
 // Flush writes the queued writes in one pipeline, after reading the
 // sessions of evicted upstreams.
 func (c *Conn) Flush() {
+	if !c.flushMoves() {
+		return
+	}
 	q := c.take()
 	if q.empty() {
 		return
@@ -114,20 +132,24 @@ func (c *Conn) Flush() {
 		ended[c.writeEnd(ctx, pipe, h, e)] = e.reclaim
 	}
 	c.writeDrains(ctx, pipe, q.drains)
+	c.confirmWrites(ctx, pipe, q.confirm)
+	dropped := c.dropWrites(ctx, pipe, q.drops)
 	taken, err := c.writeUpstreamEnds(ctx, pipe, q.upEnds)
 	if err != nil {
 		c.fail(opFlush, err)
 		c.requeue(q)
 		return
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		c.fail(opFlush, err)
-		c.requeue(q)
+	if err, refusal := exec(ctx, pipe); err != nil || refusal != nil {
+		c.failWrite(opFlush, orErr(err, refusal))
+		c.requeue(q) // writes that went through are written again: each is idempotent
 		return
 	}
+	c.accepted()
 	c.followTouched(touched)
 	c.reclaimEnded(ended)
 	c.reclaimTaken(taken)
+	c.reclaimTaken(dropped)
 }
 
 // writeEnd queues the removal of an ended session, with its reclaim
@@ -207,83 +229,83 @@ func (c *Conn) syncLoop() {
 }
 
 // probe tries to reach Redis; when it answers, what was queued meanwhile
-// is written back, all of the table if Redis restarted.
+// is written back, all of the table if a master restarted.
 func (c *Conn) probe() {
 	ctx, cancel := c.call()
 	defer cancel()
-	runID, err := c.serverRunID(ctx)
+	st, err := c.readServers(ctx)
 	if err != nil {
 		c.errs[opIndex(opProbe)].Add(1)
 		return
 	}
-	if c.restarted(runID) {
-		c.writeBackAll()
+	c.mu.Lock()
+	marker := c.marker // the next sync reads the marker
+	c.mu.Unlock()
+	if cause := c.noticeLoss(st, marker); cause != "" {
+		c.writeBackAll(cause)
 	}
 	c.recovered()
 }
 
-// serverRunID returns the run_id of the Redis server, which changes when
-// it restarts. A Redis Cluster answers for one of its nodes.
-func (c *Conn) serverRunID(ctx context.Context) (string, error) {
-	info, err := c.client.Info(ctx, "server").Result()
-	return runIDOf(info), err
-}
-
-// restarted records runID and reports whether the table must be written
-// back: runID differs from the last one seen (Redis restarted, and lost
-// what it held unless it persists it), or a write-back failed.
-func (c *Conn) restarted(runID string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	prev, due := c.runID, c.writeBackDue
-	c.runID, c.writeBackDue = runID, false
-	return due || prev != "" && runID != "" && prev != runID
-}
-
 // clusterView is what sync reads from Redis.
 type clusterView struct {
-	runID    *redis.StringCmd
+	marker   *redis.StringCmd
 	records  *redis.ZSliceCmd
 	draining *redis.MapStringStringCmd
 	hashKeys *redis.ZSliceCmd
 }
 
 // sync reads the cluster's view: which upstreams any instance knows,
-// their live sessions and draining flags; refreshes this instance's
-// upstream records in Redis; and drops records of upstreams gone from
-// every instance.
+// their live sessions and draining flags; writes the table back when Redis
+// lost keys (lost.go); refreshes this instance's upstream records in
+// Redis; and drops records of upstreams gone from every instance.
 func (c *Conn) sync() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
 	defer cancel()
+	st, err := c.readServers(ctx)
+	if err != nil {
+		c.fail(opSync, err)
+		return
+	}
 	pipe := c.client.Pipeline()
 	v := clusterView{
-		runID:    pipe.Info(ctx, "server"),
+		marker:   pipe.Get(ctx, c.ks.alive()), // before the flags: an instance plants it once it wrote its flags back
 		records:  pipe.ZRangeWithScores(ctx, c.ks.upstreams(), 0, -1),
 		draining: pipe.HGetAll(ctx, c.ks.draining()),
 		hashKeys: c.announceHashKey(ctx, pipe),
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	err, refusal := exec(ctx, pipe)
+	if err != nil {
 		c.fail(opSync, err)
 		return
 	}
-	if c.restarted(runIDOf(v.runID.Val())) {
-		c.writeBackAll()
+	if refusal != nil {
+		c.refused(opSync, refusal) // the reads went through: the view is current
+	} else {
+		c.accepted()
+	}
+	marker := v.marker.Val()
+	cause := c.noticeLoss(st, marker)
+	if cause != "" {
+		c.writeBackAll(cause)
+	}
+	if c.policyUnread() || cause == CauseRestart {
+		c.checkPolicy(ctx)
 	}
 	c.checkHashKeys(v.hashKeys.Val())
-	c.applyDraining(v.draining.Val())
+	if marker == "" {
+		// Redis lost the flags with the marker, or never had either: this
+		// instance wrote its flags back, and reads Redis's at the next sync.
+		if err := c.plantMarker(ctx); err != nil {
+			c.fail(opSync, err)
+			return
+		}
+	} else {
+		c.applyDraining(v.draining.Val())
+	}
 	if err := c.syncUpstreams(ctx, v.records.Val()); err != nil {
 		c.fail(opSync, err)
 	}
-}
-
-// runIDOf returns the run_id in the reply of INFO server.
-func runIDOf(info string) string {
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(line, "run_id:"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return ""
 }
 
 // applyDraining sets the local draining flags to Redis's, except those set
@@ -330,7 +352,7 @@ func (c *Conn) syncUpstreams(ctx context.Context, records []redis.Z) error {
 			pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: u.Dial()})
 		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err, _ := exec(ctx, pipe); err != nil { // a refused ZADD leaves the counts read
 		return err
 	}
 	if err := c.reap(ctx, expired); err != nil {
@@ -368,49 +390,95 @@ func (c *Conn) applyRecords(ctx context.Context, seen map[string]int64, counts m
 	if pipe.Len() == 0 {
 		return nil
 	}
-	_, err := pipe.Exec(ctx)
+	err, _ := exec(ctx, pipe)
 	return err
 }
 
 // writeBackAll writes every session of the table, and its draining flags,
-// to Redis, which lost them: sessions Redis holds already are left as they
-// are. It runs when Redis restarted empty.
-func (c *Conn) writeBackAll() {
+// to Redis, which lost them (cause, lost.go): sessions Redis holds already
+// are left as they are.
+func (c *Conn) writeBackAll(cause string) {
+	c.writeBacks[causeIndex(cause)].Add(1)
 	sessions := c.t.Snapshot()
-	written := 0
+	held, restored := len(sessions), 0
 	for len(sessions) > 0 {
 		batch := sessions[:min(writeBackBatch, len(sessions))]
 		sessions = sessions[len(batch):]
-		if err := c.writeBatch(batch); err != nil {
-			c.errs[opIndex(opWriteBack)].Add(1)
-			c.logger.Warn("writing sessions back to redis failed; the next sync retries", zap.Error(err))
-			c.mu.Lock()
-			c.writeBackDue = true
-			c.mu.Unlock()
+		n, err := c.writeBatch(batch)
+		restored += n
+		if err != nil {
+			c.writeBackFailed(err)
 			return
 		}
-		written += len(batch)
 	}
-	for _, u := range c.t.Upstreams() {
-		if u.Draining() {
-			c.Drain(u.Dial(), true)
-		}
+	if err := c.writeBackDrains(); err != nil {
+		c.writeBackFailed(err)
+		return
 	}
-	c.logger.Info("redis restarted and lost the table: wrote this instance's sessions back", zap.Int("sessions", written))
+	c.restored.Add(uint64(restored))
+	level := zap.InfoLevel
+	if cause == CauseEviction && restored == 0 {
+		level = zap.DebugLevel // another application's keys were evicted
+	}
+	if ce := c.logger.Check(level, "redis store: Redis lost keys of the table; wrote this instance's sessions back"); ce != nil {
+		ce.Write(zap.String("cause", cause), zap.Int("sessions_held", held), zap.Int("sessions_restored", restored))
+	}
 }
 
-// writeBatch writes sessions that Redis does not hold.
-func (c *Conn) writeBatch(batch []session.SessionRecord) error {
+// writeBackFailed counts a failed write-back, which the next sync retries.
+func (c *Conn) writeBackFailed(err error) {
+	if refusesWrites(err) {
+		c.refused(opWriteBack, err)
+	} else {
+		c.errs[opIndex(opWriteBack)].Add(1)
+		c.logger.Warn("writing sessions back to redis failed; the next sync retries", zap.Error(err))
+	}
+	c.mu.Lock()
+	c.writeBackDue = true
+	c.mu.Unlock()
+}
+
+// writeBatch writes sessions that Redis does not hold, and returns how
+// many it wrote.
+func (c *Conn) writeBatch(batch []session.SessionRecord) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
 	defer cancel()
 	pipe := c.client.Pipeline()
+	sets := make([]*redis.StatusCmd, 0, len(batch))
 	for _, s := range batch {
-		c.writeSession(ctx, pipe, c.ks.hash(s.ID), session.EncodeValue(s.Dial, s.Bound, s.Record), true)
+		sets = append(sets, c.writeSession(ctx, pipe, c.ks.hash(s.ID), session.EncodeValue(s.Dial, s.Bound, s.Record), true))
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) { // nil: Redis held the session already
-		return err
+	if err, refusal := exec(ctx, pipe); err != nil || refusal != nil { // nil: Redis held the session already
+		return 0, orErr(err, refusal)
 	}
-	return nil
+	n := 0
+	for _, cmd := range sets {
+		if cmd.Val() == "OK" {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// writeBackDrains writes the draining flags this instance holds, before
+// the marker is planted again: an instance that sees the new marker reads
+// them, rather than taking their absence for an undrain.
+func (c *Conn) writeBackDrains() error {
+	drains := map[string]bool{}
+	for _, u := range c.t.Upstreams() {
+		if u.Draining() {
+			drains[u.Dial()] = true
+		}
+	}
+	if len(drains) == 0 {
+		return nil
+	}
+	ctx, cancel := c.call()
+	defer cancel()
+	pipe := c.client.Pipeline()
+	c.writeDrains(ctx, pipe, drains)
+	err, refusal := exec(ctx, pipe)
+	return orErr(err, refusal)
 }
 
 // subscribe applies what the other instances publish until the connection

@@ -5,6 +5,7 @@ package redistest
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
+	"github.com/redis/go-redis/v9"
 )
 
 // startTimeout bounds a redis-server's start.
@@ -26,6 +28,7 @@ type Server struct {
 	Addr string
 	t    testing.TB
 	dir  string
+	args []string // more redis-server arguments
 	proc *testproc.Proc
 }
 
@@ -34,6 +37,12 @@ type Server struct {
 // redis-server is not installed, unless MCP_INTEROP_REQUIRED=1, which makes
 // it fail.
 func Start(t testing.TB) *Server {
+	t.Helper()
+	return startWith(t)
+}
+
+// startWith is Start with more redis-server arguments.
+func startWith(t testing.TB, args ...string) *Server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("MCP_INTEROP_REQUIRED") == "1" {
@@ -45,7 +54,7 @@ func Start(t testing.TB) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{t: t, dir: t.TempDir(), Addr: "127.0.0.1:" + strconv.Itoa(port)}
+	s := &Server{t: t, dir: t.TempDir(), Addr: "127.0.0.1:" + strconv.Itoa(port), args: args}
 	s.Restart()
 	t.Cleanup(s.Stop)
 	return s
@@ -55,8 +64,9 @@ func Start(t testing.TB) *Server {
 func (s *Server) Restart() {
 	s.t.Helper()
 	_, port, _ := net.SplitHostPort(s.Addr)
-	cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", s.dir, "--protected-mode", "no", "--loglevel", "warning")
+	args := append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--protected-mode", "no", "--loglevel", "warning"}, s.args...)
+	cmd := exec.Command("redis-server", args...)
 	p, err := testproc.Start("redis-server", s.Addr, cmd, nil)
 	if err != nil {
 		s.t.Fatal(err)
@@ -95,4 +105,37 @@ func (s *Server) Do(args ...string) string {
 		return ""
 	}
 	return strings.TrimSpace(line[1:])
+}
+
+// ReplicaOf makes the server a replica of master and waits until it has
+// synced (master_link_status:up), at most startTimeout.
+func (s *Server) ReplicaOf(master *Server) {
+	s.t.Helper()
+	master.Do("CONFIG", "SET", "repl-diskless-sync-delay", "0") // the default waits 5 s for more replicas
+	host, port, _ := net.SplitHostPort(master.Addr)
+	if r := s.Do("REPLICAOF", host, port); r != "OK" {
+		s.t.Fatalf("REPLICAOF %s: %q", master.Addr, r)
+	}
+	if !testproc.Until(startTimeout, func() bool { return s.Info("replication", "master_link_status") == "up" }) {
+		s.t.Fatalf("%s did not sync with its master %s within %s", s.Addr, master.Addr, startTimeout)
+	}
+}
+
+// Info returns field of section of the server's INFO ("" when absent or
+// on error).
+func (s *Server) Info(section, field string) string {
+	rc := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer rc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := rc.Info(ctx, section).Result()
+	if err != nil {
+		return ""
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }

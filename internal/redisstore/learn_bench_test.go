@@ -1,0 +1,72 @@
+package redisstore
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// BenchmarkLearnShared learns sessions through one instance's table into
+// Redis: one standalone server against a cluster of three masters. It
+// reports the sessions learned per second (each Put waits for Redis) and
+// Redis's memory per session (used_memory growth over every master,
+// divided by the sessions; the table's keys share one hash tag, so on a
+// cluster they all land on one master, which it reports too).
+//
+//	go test -run '^$' -bench LearnShared -benchtime 20000x ./internal/redisstore
+func BenchmarkLearnShared(b *testing.B) {
+	b.Run("standalone", func(b *testing.B) {
+		srv := redistest.Start(b)
+		benchLearn(b, []*redistest.Server{srv}, []string{srv.Addr})
+	})
+	b.Run("cluster-3-masters", func(b *testing.B) {
+		nodes := redistest.StartCluster(b, 3, 0)
+		addrs := make([]string, len(nodes))
+		for i, n := range nodes {
+			addrs[i] = n.Addr
+		}
+		benchLearn(b, nodes, addrs)
+	})
+}
+
+func benchLearn(b *testing.B, masters []*redistest.Server, addrs []string) {
+	tbl, err := session.NewTable("bench", max(b.N, 1), time.Hour, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	opts := &redis.UniversalOptions{Addrs: addrs, IsClusterMode: len(addrs) > 1, DialTimeout: time.Second,
+		ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: -1, MinIdleConns: 2, ContextTimeoutEnabled: true}
+	c := New(tbl, opts, "caddy-mcp", "bench", []byte(testHashKey), time.Second, zap.NewNop())
+	b.Cleanup(func() { _ = c.Destruct() })
+	tbl.SetStore(c)
+	time.Sleep(1200 * time.Millisecond) // the first sync: the marker, the hash_key's record
+	used := func() []int64 {
+		out := make([]int64, len(masters))
+		for i, m := range masters {
+			out[i], _ = strconv.ParseInt(m.Info("memory", "used_memory"), 10, 64)
+		}
+		return out
+	}
+	before := used()
+	b.ResetTimer()
+	for i := range b.N {
+		tbl.Learn(fmt.Sprintf("bench-session-%08d", i), "10.0.0.1:80")
+	}
+	b.StopTimer()
+	after := used()
+	var grew, most int64
+	for i := range after {
+		d := after[i] - before[i]
+		grew += d
+		most = max(most, d)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "sessions/s")
+	b.ReportMetric(float64(grew)/float64(b.N), "redis-bytes/session")
+	b.ReportMetric(float64(most)/float64(grew), "share-on-one-master")
+}

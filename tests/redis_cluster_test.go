@@ -1,0 +1,125 @@
+package tests
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
+)
+
+// TestReplicasRedisCluster: three Caddy replicas share a Redis Cluster of
+// three masters with a replica each. Under load, no replica takes the
+// cluster for restarted (each master's run_id is compared with its own:
+// before, the once-a-second INFO reached a random node and every replica
+// wrote its table back 8–11 times a run); then the master of the table's
+// slot is killed (SIGKILL): sessions every replica had seen, called
+// through random replicas, and sessions learned meanwhile, used on their
+// replica, lose no call and get no 5xx; afterwards drains, evictions and
+// live counts work across the replicas.
+func TestReplicasRedisCluster(t *testing.T) {
+	t.Parallel()
+	nodes := redistest.StartCluster(t, 3, 1)
+	masters := make([]string, 3)
+	for i, n := range nodes[:3] {
+		masters[i] = n.Addr
+	}
+	bs := startBackends(t, 3, true)
+	store := fmt.Sprintf("store redis {\n\t\t\taddress %s\n\t\t\thash_key {env.MCP_SESSIONS_HASH_KEY}\n\t\t\ttimeout 1s\n\t\t}", strings.Join(masters, " "))
+	global := "mcp_sessions shared {\n\t\t" + store + "\n\t}\n\t" + storeLog
+	rs := startStoreReplicas(t, 3, global, tableRoutes(upstreams(bs), "shared"))
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	known := make([]string, 18)
+	for i := range known {
+		known[i] = rawSession(t, hc, tableURL(rs[i%3], "shared"))
+		for _, r := range rs {
+			if ex := sessionCall(t, hc, tableURL(r, "shared"), known[i]); ex.status != http.StatusOK {
+				t.Fatalf("warming up: %s does not pin a session: %d %s", r.name, ex.status, ex.body)
+			}
+		}
+	}
+	writeBacks := func() float64 {
+		return metricSum(t, rs, "caddy_mcp_store_write_backs_total", map[string]string{"table": "shared"})
+	}
+
+	steady := runTroubleLoad(t, rs, known, 5*time.Second)
+	wb := writeBacks()
+	t.Logf("steady cluster, 5 s of load: %d requests, %d failed, %d 5xx; write-backs of the table on 3 replicas: %.0f",
+		steady.requests, len(steady.failures), steady.fiveXX, wb)
+	if wb != 0 || len(steady.failures) != 0 || steady.fiveXX != 0 {
+		t.Errorf("a steady cluster: %.0f write-backs (want 0), failures %v", wb, steady.failures)
+	}
+	perNode := make([]string, 3)
+	for i, n := range nodes[:3] {
+		perNode[i] = n.Do("DBSIZE")
+	}
+	t.Logf("keys per master: %v (a table's keys share one hash tag, so one slot)", perNode)
+
+	// The table's slot moves to another master under load.
+	owner := redistest.SlotOwner(t, nodes, "{caddy-mcp:shared}")
+	if owner == nil {
+		t.Fatal("no master owns the table's slot")
+	}
+	target := nodes[0]
+	if owner == target {
+		target = nodes[1]
+	}
+	migrated := make(chan *troubleLoad)
+	go func() { migrated <- runTroubleLoad(t, rs, known, 6*time.Second) }()
+	time.Sleep(time.Second)
+	moved := redistest.MigrateSlot(t, nodes, "{caddy-mcp:shared}", target, 5, 100*time.Millisecond)
+	mload := <-migrated
+	t.Logf("slot migration of %d keys from %s to %s, 5 keys every 100 ms, under load: %d requests, %d failed (%v), %d 5xx, slowest %s",
+		moved, owner.Addr, target.Addr, mload.requests, len(mload.failures), mload.failures, mload.fiveXX, mload.slowest.Round(time.Millisecond))
+	if mload.fiveXX != 0 || len(mload.failures) != 0 {
+		t.Errorf("requests failed during the slot migration: %v", mload.failures)
+	}
+	for id, learner := range mload.learned {
+		for _, r := range rs {
+			if ex := sessionCall(t, hc, tableURL(r, "shared"), id); ex.status != http.StatusOK {
+				t.Errorf("a session %s learned during the slot migration is %d on %s afterwards", learner.name, ex.status, r.name)
+			}
+		}
+	}
+	t.Logf("store errors during the migration: %.0f", metricSum(t, rs, "caddy_mcp_store_errors_total", map[string]string{"table": "shared"}))
+
+	owner = redistest.SlotOwner(t, nodes, "{caddy-mcp:shared}")
+	if owner != target {
+		t.Fatalf("the slot is on %v after the migration, want %s", owner, target.Addr)
+	}
+	loadDone := make(chan *troubleLoad)
+	go func() { loadDone <- runTroubleLoad(t, rs, known, 10*time.Second) }()
+	time.Sleep(time.Second)
+	owner.Stop() // SIGKILL
+	killed := time.Now()
+	written := time.Duration(0)
+	for time.Since(killed) < 30*time.Second {
+		id := rawSession(t, hc, tableURL(rs[0], "shared"))
+		if ex := sessionCall(t, hc, tableURL(rs[1], "shared"), id); ex.status == http.StatusOK {
+			written = time.Since(killed)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	load := <-loadDone
+	t.Logf("killed %s, the master of the table's slot: a new session of c1 was found through c2 %s after the kill; load: %d requests, %d failed (%v), %d 5xx, slowest %s",
+		owner.Addr, written.Round(10*time.Millisecond), load.requests, len(load.failures), load.failures, load.fiveXX, load.slowest.Round(time.Millisecond))
+	if written == 0 {
+		t.Fatalf("no new session reached the cluster within 30 s of the failover")
+	}
+	if load.fiveXX != 0 || len(load.failures) != 0 {
+		t.Errorf("requests failed across the cluster failover: %v", load.failures)
+	}
+	for id, learner := range load.learned {
+		for _, r := range rs {
+			if ex := sessionCall(t, hc, tableURL(r, "shared"), id); ex.status != http.StatusOK {
+				t.Errorf("a session %s learned during the failover is %d on %s afterwards", learner.name, ex.status, r.name)
+			}
+		}
+	}
+	t.Logf("write-backs after the failover: %.0f on 3 replicas", writeBacks())
+	afterFailover(t, rs, bs[0].Addr())
+}
