@@ -89,35 +89,19 @@ for i, m in ipairs(ARGV) do
 end
 return out`)
 
-// takeScript removes an ended session's value and takes its reclaim
-// record: it returns the record when it removed it, nil otherwise.
-//
-//	KEYS: the session, the reclaim hash
-//	ARGV: the session's member
-var takeScript = redis.NewScript(`
-redis.call('DEL', KEYS[1])
-local rec = redis.call('HGET', KEYS[2], ARGV[1])
-if rec then redis.call('HDEL', KEYS[2], ARGV[1]) end
-return rec`)
-
-// writeTake queues takeScript for the session whose member is m.
-func (c *Conn) writeTake(ctx context.Context, pipe redis.Pipeliner, m string) *redis.Cmd {
-	return takeScript.Eval(ctx, pipe, []string{c.ks.tag + ":s:" + m, c.ks.reclaims()}, m)
-}
-
-// takenEnd is a session of an evicted upstream whose reclaim record a
-// takeScript asks for: its member, and what the table reclaims but its
-// key, which the record holds.
+// takenEnd is a session whose reclaim record a script (dropScript) may
+// take: its member, and what the table reclaims but its key, which the
+// record holds.
 type takenEnd struct {
 	member string
 	f      session.Forgotten
 }
 
-// reclaimTaken hands the table the sessions whose reclaim record a
-// takeScript of this instance took, once the pipeline ran.
+// reclaimTaken hands the table the sessions whose reclaim record a script
+// of this instance took, once the pipeline ran.
 func (c *Conn) reclaimTaken(taken map[*redis.Cmd]takenEnd) {
 	for cmd, te := range taken {
-		rec, ok := cmd.Val().(string) // takeScript's and dropScript's record; nil or a number without one
+		rec, ok := cmd.Val().(string) // the record; nil or a number without one
 		if !ok {
 			continue
 		}

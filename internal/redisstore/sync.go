@@ -176,30 +176,27 @@ func (c *Conn) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains map
 }
 
 // writeUpstreamEnds reads the sessions of each evicted upstream and queues
-// their removal, with their tombstones when they leave one, then tells the
-// instances. It returns the commands that take each session's reclaim
-// record (takeScript), with what the table reclaims for each.
+// their removal, with their tombstones when they leave one and their
+// reclaim records, then tells the instances. It reclaims none: the members
+// read at flush time may include sessions learned after the eviction,
+// which must not be DELETEd upstream.
 func (c *Conn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) (map[*redis.Cmd]takenEnd, error) {
-	taken := map[*redis.Cmd]takenEnd{}
 	for dial, tomb := range dials {
 		members, err := c.client.ZRange(ctx, c.ks.upstream(dial), 0, -1).Result()
 		if err != nil {
 			return nil, err
 		}
-		reason := session.EvictUpstreamGone
-		if tomb > 0 {
-			reason = session.EvictAdmin
-		}
 		for _, m := range members {
 			if tomb > 0 {
 				pipe.Set(ctx, c.ks.tag+":x:"+m, session.EvictAdmin.String(), tomb)
 			}
-			taken[c.writeTake(ctx, pipe, m)] = takenEnd{member: m, f: session.Forgotten{Dial: dial, Reason: reason}}
+			pipe.Del(ctx, c.ks.tag+":s:"+m)
+			pipe.HDel(ctx, c.ks.reclaims(), m)
 		}
 		pipe.Del(ctx, c.ks.upstream(dial))
 		pipe.Publish(ctx, c.ks.events(), msgUpstream+" "+dial)
 	}
-	return taken, nil
+	return nil, nil
 }
 
 // syncLoop reads the cluster's view every syncEvery while Redis is
