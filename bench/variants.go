@@ -26,7 +26,7 @@ var variantTransport = []string{
 }
 
 // variantProxy are subdirectives of reverse_proxy itself.
-var variantProxy = []string{"flush_interval", "request_buffers", "response_buffers", "stream_buffer_size"}
+var variantProxy = []string{"flush_interval", "request_buffers", "response_buffers", "stream_buffer_size", "journal"}
 
 // proxyLogOff is the global option of the proxy_log=off variant: the
 // default log leaves out reverse_proxy's logger, so that logger has no core

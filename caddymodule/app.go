@@ -197,6 +197,9 @@ func (c TableConfig) validate(name string) error {
 			return fmt.Errorf("session table %q: %w", name, err)
 		}
 	}
+	if err := c.validateJournal(); err != nil {
+		return fmt.Errorf("session table %q: %w", name, err)
+	}
 	return nil
 }
 
@@ -224,6 +227,10 @@ func (u *tableUse) merge(name string, cfg TableConfig, source string) error {
 		mergeSetting(name, "failover_max_age", &u.cfg.FailoverMaxAge, cfg.FailoverMaxAge, u.sources, source, "%s"),
 		mergeSetting(name, "max_unconfirmed_per_client", &u.cfg.MaxUnconfirmedPerClient, cfg.MaxUnconfirmedPerClient, u.sources, source, "%d"),
 		mergeSetting(name, "client_key", &u.cfg.ClientKey, cfg.ClientKey, u.sources, source, "%q"),
+		mergeSetting(name, "journal", &u.cfg.Journal, cfg.Journal, u.sources, source, "%q"),
+		mergeSetting(name, "journal_window", &u.cfg.JournalWindow, cfg.JournalWindow, u.sources, source, "%s"),
+		mergeSetting(name, "journal_session_bytes", &u.cfg.JournalSessionBytes, cfg.JournalSessionBytes, u.sources, source, "%d"),
+		mergeSetting(name, "journal_total_bytes", &u.cfg.JournalTotalBytes, cfg.JournalTotalBytes, u.sources, source, "%d"),
 	)
 }
 
@@ -328,6 +335,7 @@ func (a *App) startTable(name string, u *tableUse) error {
 		conn = c
 	}
 	u.table.SetStore(conn)
+	configureJournal(u.table, u.cfg) // journal.go: in Redis with the redis store
 	u.table.SetConfigured(a.configuredUpstreams(name))
 	return nil
 }

@@ -69,6 +69,10 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    failover              reinitialize|off
 //	    max_initialize_size   <bytes>
 //	    failover_max_age      <duration>
+//	    journal               on|off
+//	    journal_window        <duration>
+//	    journal_session_bytes <size>
+//	    journal_total_bytes   <size>
 //	    max_unconfirmed_per_client <count>
 //	    client_key            <placeholder template>
 //	    initialize_timeout    <duration>|off
@@ -76,6 +80,9 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    legacy_sse            off|<query parameters...>
 //	    reclaim               on|off
 //	    reclaim_header        <name> <value>
+//	    handle                <tool or pattern> <JSON pointer>|text <Mcp-Param-Name>
+//	    handle_table          <name>
+//	    unknown_handle        forward|reject [<4xx status>]
 //	}
 //
 // It returns a Caddyfile error, naming the line, for an unknown option, a
@@ -110,6 +117,10 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 		return unmarshalLegacySSE(d, seen, &h.DisableLegacySSE, &h.LegacySSEParams)
 	case "reclaim_header":
 		return h.unmarshalReclaimHeader(d)
+	case "handle":
+		return h.unmarshalHandle(d)
+	case "unknown_handle":
+		return h.unmarshalUnknownHandle(d, seen)
 	}
 	if n, err := h.TableSettings.unmarshalOption(d, seen); n != 0 || err != nil {
 		return n, err
@@ -118,6 +129,8 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 	switch name {
 	case "table":
 		set = func(v string) error { h.Table = v; return nil }
+	case "handle_table":
+		set = func(v string) error { h.HandleTable = v; return nil }
 	case "max_session_id_length":
 		set = func(v string) error { return parsePositiveInt(d, name, v, &h.MaxSessionIDLength) }
 	case "initialize_timeout":
@@ -226,6 +239,8 @@ func (s *TableSettings) unmarshalOption(d *caddyfile.Dispenser, seen map[string]
 			s.FailoverMaxAge = caddy.Duration(dur)
 			return nil
 		}
+	case "journal", "journal_window", "journal_session_bytes", "journal_total_bytes":
+		set = s.journalOption(d, name) // journal.go
 	case "max_unconfirmed_per_client":
 		set = func(v string) error { return parseCap(d, name, v, &s.MaxUnconfirmedPerClient) }
 	case "client_key":
@@ -255,6 +270,49 @@ func unmarshalSealKeys(d *caddyfile.Dispenser, seen map[string]bool, dst **Seale
 	}
 	*dst = &SealedSessionIDs{Keys: keys}
 	return 1 + len(keys), nil
+}
+
+// unmarshalHandle parses `handle <tool> <where> <header>` at the cursor,
+// one handle rule (the option may be given once per rule), and returns how
+// many tokens it took. The order follows the handle's life: the tool
+// mints it, its result holds it there, and calls carry it back in the
+// header.
+func (h *Handler) unmarshalHandle(d *caddyfile.Dispenser) (int, error) {
+	args := d.RemainingArgs()
+	if len(args) != 3 {
+		return 0, d.Errf("handle needs three arguments, got %d: the tool whose result mints the handle (a name, or a pattern with *), "+
+			"where the result holds it (a JSON pointer into structuredContent such as /handle, or text), and the header that carries it back "+
+			"(Mcp-Param- and the x-mcp-header name of its parameter); such as 'handle open_browser /browser_id Mcp-Param-Browser'", len(args))
+	}
+	rule := HandleRule{Tool: args[0], From: args[1], Header: args[2]}
+	if err := rule.check(); err != nil {
+		return 0, d.Err(err.Error())
+	}
+	h.Handles = append(h.Handles, rule)
+	return 4, nil
+}
+
+// unmarshalUnknownHandle parses `unknown_handle forward|reject [<status>]`
+// at the cursor and returns how many tokens it took.
+func (h *Handler) unmarshalUnknownHandle(d *caddyfile.Dispenser, seen map[string]bool) (int, error) {
+	if seen["unknown_handle"] {
+		return 0, d.Err("duplicate option 'unknown_handle'")
+	}
+	seen["unknown_handle"] = true
+	args := d.RemainingArgs()
+	switch {
+	case len(args) == 1 && (args[0] == UnknownHandleForward || args[0] == UnknownHandleReject):
+		h.UnknownHandle = args[0]
+		return 2, nil
+	case len(args) == 2 && args[0] == UnknownHandleReject:
+		status, err := strconv.Atoi(args[1])
+		if err != nil || status < 400 || status > 499 {
+			return 0, d.Errf("unknown_handle reject: '%s' is not a 4xx status; write such as 'unknown_handle reject 404'", args[1])
+		}
+		h.UnknownHandle, h.UnknownHandleStatus = args[0], status
+		return 3, nil
+	}
+	return 0, d.Errf("unknown_handle takes 'forward', or 'reject' with an optional 4xx status such as 'unknown_handle reject 404'; got %q", strings.Join(args, " "))
 }
 
 // parseTimeout parses v, a positive duration or `off`, into dst; off is
@@ -442,6 +500,10 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    failover              reinitialize|off
 //	    max_initialize_size   <bytes>
 //	    failover_max_age      <duration>
+//	    journal               on|off
+//	    journal_window        <duration>
+//	    journal_session_bytes <size>
+//	    journal_total_bytes   <size>
 //	    max_unconfirmed_per_client <count>
 //	    client_key            <placeholder template>
 //	    initialize_timeout    <duration>|off
@@ -449,6 +511,9 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    legacy_sse            off|<query parameters...>
 //	    reclaim               on|off
 //	    reclaim_header        <name> <value>
+//	    handle                <tool or pattern> <JSON pointer>|text <Mcp-Param-Name>
+//	    handle_table          <name>
+//	    unknown_handle        forward|reject [<4xx status>]
 //	    fallback              <policy> [<policy options...>]
 //	    unhealthy_grace       <duration>
 //
@@ -728,6 +793,10 @@ func newProxyHandler(policy *SessionSelection) *reverseproxy.Handler {
 //	    failover       reinitialize|off
 //	    max_initialize_size <bytes>
 //	    failover_max_age <duration>
+//	    journal        on|off
+//	    journal_window <duration>
+//	    journal_session_bytes <size>
+//	    journal_total_bytes <size>
 //	    upstream_ttl   <duration>
 //	    store          memory|redis [{ <redis options> }]
 //	    max_unconfirmed_per_client <count>

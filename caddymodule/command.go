@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"net"
 	"os"
 	"path/filepath"
@@ -29,7 +30,7 @@ const defaultProxyFrom = "localhost:8000"
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "mcp-proxy",
-		Usage: `--to <upstream> [--to <upstream>...] [--from <addr>] [--failover] [--redis <host:port> [--hash-key <key>]] [--seal-key <key>] [--status <path>|off] [--admin <addr>|off] [--access-log] [--debug] [--print-caddyfile]`,
+		Usage: `--to <upstream> [--to <upstream>...] [--from <addr>] [--failover] [--redis <host:port> [--hash-key <key>]] [--seal-key <key>] [--handle '<tool> <where> <Mcp-Param-Name>'...] [--status <path>|off] [--admin <addr>|off] [--access-log] [--debug] [--print-caddyfile]`,
 		Short: "An MCP reverse proxy with session affinity, without a config file",
 		Long: `
 Runs mcp_proxy: every request of an MCP session (Streamable HTTP,
@@ -57,6 +58,12 @@ instead (32 random bytes in base64; {env.NAME} or {file.path} keep it off
 the command line). --admin is Caddy's admin endpoint, where the session
 API lives (default localhost:2019; off turns it off).
 
+--handle pins MCP 2026-07-28 handles: calls of <tool> mint a handle at
+<where> in their result (a JSON pointer into structuredContent such as
+/handle, or text), and the calls carrying it back in header
+<Mcp-Param-Name> go to the upstream that minted it (docs/handles.md).
+Repeat it for each kind of handle. With --redis, handles are shared too.
+
 --status is the path of the status page (sessions, health and drain state
 per upstream; read-only) on the proxy's own address: /mcp-status by
 default when --from is a loopback address, off otherwise, since the page
@@ -71,6 +78,7 @@ names the upstreams.
 			cmd.Flags().StringArray("redis", nil, "Redis address host:port sharing the session table (repeatable for a cluster)")
 			cmd.Flags().String("hash-key", "", "Secret the replicas sharing --redis hash session IDs with (default {env.MCP_SESSIONS_HASH_KEY})")
 			cmd.Flags().String("seal-key", "", "Key that seals the upstream into session IDs (base64, 32 bytes)")
+			cmd.Flags().StringArray("handle", nil, "A handle rule, '<tool> <where> <Mcp-Param-Name>' (repeatable)")
 			cmd.Flags().String("status", "", "Path of the status page, or off (default /mcp-status on loopback, else off)")
 			cmd.Flags().String("admin", "localhost:2019", "Admin endpoint address, or off")
 			cmd.Flags().Bool("access-log", false, "Enable the access log")
@@ -93,6 +101,7 @@ type proxyFlags struct {
 	admin     string
 	accessLog bool
 	debug     bool
+	handles   []HandleRule // --handle
 }
 
 // cmdMCPProxy runs the subcommand.
@@ -144,10 +153,40 @@ func readProxyFlags(fs caddycmd.Flags) (proxyFlags, error) {
 	if f.redis, err = fs.GetStringArray("redis"); err != nil {
 		return f, fmt.Errorf("invalid --redis: %v", err)
 	}
+	handles, err := fs.GetStringArray("handle")
+	if err != nil {
+		return f, fmt.Errorf("invalid --handle: %v", err)
+	}
+	for _, v := range handles {
+		rule, err := parseHandleFlag(v)
+		if err != nil {
+			return f, err
+		}
+		f.handles = append(f.handles, rule)
+	}
 	if args := fs.Args(); len(args) > 0 {
 		return f, fmt.Errorf("unexpected argument %q: give upstreams with --to, e.g. --to %s", args[0], args[0])
 	}
 	return f, f.check()
+}
+
+// parseHandleFlag reads one --handle value, `<tool> <where> <header>`.
+func parseHandleFlag(v string) (HandleRule, error) {
+	args := strings.Fields(v)
+	if len(args) != 3 {
+		return HandleRule{}, fmt.Errorf("invalid --handle %q: give the tool, where its result holds the handle, and the header that carries it back, "+
+			"in one argument, e.g. --handle 'open_browser /browser_id Mcp-Param-Browser'", v)
+	}
+	rule := HandleRule{Tool: args[0], From: args[1], Header: args[2]}
+	for _, a := range args {
+		if err := checkToken(a); err != nil {
+			return rule, fmt.Errorf("invalid --handle %q: %v", v, err)
+		}
+	}
+	if err := rule.check(); err != nil {
+		return rule, fmt.Errorf("invalid --handle %q: %v", v, err)
+	}
+	return rule, nil
 }
 
 // defaultHashKey is --hash-key when not given: the variable the redis
@@ -355,6 +394,10 @@ func (f proxyFlags) caddyfile(site proxySite) (string, error) {
 			return "", err
 		}
 		fmt.Fprintf(&b, "\tmcp_sessions {\n\t\tstore redis {\n\t\t\taddress %s\n\t\t\thash_key %s\n\t\t}\n\t}\n", strings.Join(f.redis, " "), key)
+		if len(f.handles) > 0 {
+			fmt.Fprintf(&b, "\tmcp_sessions %s%s {\n\t\tstore redis {\n\t\t\taddress %s\n\t\t\thash_key %s\n\t\t}\n\t}\n",
+				session.DefaultTableName, DefaultHandleTableSuffix, strings.Join(f.redis, " "), key)
+		}
 	}
 	fmt.Fprintf(&b, "}\n\n%s {\n", site.address)
 	if site.bind != "" {
@@ -383,6 +426,9 @@ func (f proxyFlags) caddyfile(site proxySite) (string, error) {
 	}
 	if f.sealKey != "" {
 		fmt.Fprintf(&b, "%s\tseal_session_ids %s\n", indent, f.sealKey)
+	}
+	for _, rule := range f.handles {
+		fmt.Fprintf(&b, "%s\thandle %s %s %s\n", indent, rule.Tool, rule.From, rule.Header)
 	}
 	b.WriteString(indent + "}\n")
 	if indent != "\t" {

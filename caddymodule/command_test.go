@@ -79,6 +79,34 @@ http://:8000 {
 	}
 }`,
 	}, {
+		name: "handles, shared through redis",
+		flags: proxyFlags{from: "127.0.0.1:8000", to: []string{"127.0.0.1:9001", "127.0.0.1:9002"}, admin: "localhost:2019", status: "off",
+			redis: []string{"10.0.0.1:6379"}, hashKey: "{env.K}",
+			handles: []HandleRule{{Tool: "open_browser", From: "/browser_id", Header: "Mcp-Param-Browser"}, {Tool: "db_*", From: "text", Header: "Mcp-Param-Cursor"}}},
+		caddyfile: `{
+	admin localhost:2019
+	persist_config off
+	mcp_sessions {
+		store redis {
+			address 10.0.0.1:6379
+			hash_key {env.K}
+		}
+	}
+	mcp_sessions default_handles {
+		store redis {
+			address 10.0.0.1:6379
+			hash_key {env.K}
+		}
+	}
+}
+http://:8000 {
+	bind 127.0.0.1
+	mcp_proxy 127.0.0.1:9001 127.0.0.1:9002 {
+		handle open_browser /browser_id Mcp-Param-Browser
+		handle db_* text Mcp-Param-Cursor
+	}
+}`,
+	}, {
 		name:  "https",
 		flags: proxyFlags{from: "https://mcp.example.com", to: []string{"127.0.0.1:9001"}, admin: "localhost:2019"},
 		caddyfile: `{
@@ -170,5 +198,24 @@ func TestProxyCommandRefusesBadFlags(t *testing.T) {
 				t.Fatalf("want an error containing %q, got %v", tc.want, err)
 			}
 		})
+	}
+}
+
+// TestProxyCommandHandleFlag: --handle takes one rule per value, checked
+// as the Caddyfile's handle option is.
+func TestProxyCommandHandleFlag(t *testing.T) {
+	if rule, err := parseHandleFlag("open_counter /handle Mcp-Param-Handle"); err != nil || rule != (HandleRule{Tool: "open_counter", From: "/handle", Header: "Mcp-Param-Handle"}) {
+		t.Errorf("a rule: %+v, %v", rule, err)
+	}
+	for v, want := range map[string]string{
+		"open_counter /handle":                 "in one argument",
+		"open_counter handle Mcp-Param-Handle": "neither a JSON pointer",
+		"open_counter /handle X-Handle":        "must be Mcp-Param-",
+		"open_counter /handle Mcp-Param-H {":   "in one argument",
+		"open_counter /a{b} Mcp-Param-Handle":  "invalid --handle",
+	} {
+		if _, err := parseHandleFlag(v); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("--handle %q: %v, want %q", v, err, want)
+		}
 	}
 }

@@ -61,13 +61,17 @@
 //     of sessions and tombstones), methodstats.go, forget.go (the hook
 //     told of forgotten sessions their upstream may still hold, and the
 //     reclaim counters).
-//   - internal/redisstore: the redis store's connection (conn.go, sync.go,
-//     keys.go, keycheck.go, record.go: the sealed failover records;
-//     reclaim.go: which instance reclaims a session that ends in Redis).
+//   - internal/redisstore: the redis store's connection (conn.go: a Conn
+//     is the table's layout in Redis, the health Redis's answers show, and
+//     the queue of writes not yet taken), sync.go (flushes and the
+//     once-a-second sync), keys.go, keycheck.go (hash_key clashes),
+//     record.go (the sealed failover records), lost.go (keys Redis lost
+//     while running), full.go (a full or read-only Redis), journal.go,
+//     reclaim.go (which instance reclaims a session that ends in Redis).
 //   - internal/mcpwire: the wire facts: the JSON-RPC head scanner and
 //     initialize check, the one JSON-RPC error body and writer, the SSE
 //     event parser, the Mcp-Session-Id checks, protocol versions, method
-//     labels.
+//     labels, the handle in a tool result (handle.go).
 //   - internal/seal: the one AEAD envelope of sealed session IDs and of the
 //     redis store's failover records.
 //
@@ -97,7 +101,11 @@
 //     failover.go, sealed.go (over internal/seal), legacysse.go (legacy
 //     HTTP+SSE streams), writer.go (the response the session is learned
 //     from), reclaim.go (the DELETEs of sessions the table forgot, sent
-//     through the handler's next handler).
+//     through the handler's next handler), handles.go, handleserve.go and
+//     handleresult.go (2026-07-28 handles: their rules, the requests
+//     carrying them, the results they are learned from), journal.go
+//     (resumable streams, over internal/journal; its metrics in
+//     journalmetrics.go).
 //   - Configuration on top: caddyfile.go (the matcher's and the upstream
 //     source's next to their modules, in matcher.go and unixsockets.go),
 //     command.go (the `caddy mcp-proxy` subcommand, which runs the

@@ -121,6 +121,8 @@ var jsonNames = map[string][]string{
 	"legacy_sse":           {"legacy_sse_params", "disable_legacy_sse"},
 	"address":              {"addresses"},
 	"reclaim_header":       {"reclaim_headers"},
+	"handle":               {"handles"},
+	"unknown_handle":       {"unknown_handle", "unknown_handle_status"},
 }
 
 // adaptOption adapts a site whose directive (mcp_proxy, or reverse_proxy

@@ -79,8 +79,9 @@ type exchange struct {
 	// request was sent again), and, for a failover's replay, of the
 	// upstream the session leaves.
 	failedBy []string
-	// replay is true for a failover's replayed initialize: the policy
-	// sends it to none of failedBy.
+	// replay is true for a failover's replayed initialize, and for a call
+	// whose handle's upstream is gone: the policy sends it to none of
+	// failedBy.
 	replay bool
 
 	// sealed: the request's Mcp-Session-Id is a sealed ID that opened;

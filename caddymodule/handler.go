@@ -67,6 +67,10 @@ const (
 // | an `initialize` or `server/discover` that no upstream (of at most three tried) sends response headers for within `initialize_timeout`, nor answers a probe for | 504 |
 // | a session whose upstream sends no response headers within `pinned_timeout` (off by default) | 504; the session is kept |
 // | a session whose upstream was removed, refused the connection, or failed active health checks for `unhealthy_grace` | 404, and the session is dropped (with `failover reinitialize`: see below) |
+// | a rule's `Mcp-Param-` header (`handles`) sent twice, empty, or as a Base64 sentinel that does not decode | 400 |
+// | a handle the handle table does not hold, with `unknown_handle reject`, or one bound to another principal | `unknown_handle_status` (404) |
+// | a handle whose upstream fails active health checks, within the grace | 503 with Retry-After; the handle is kept |
+// | a handle whose upstream is gone, with `unknown_handle reject` | 404, and the handle is dropped (with `forward`: dropped, and the request balanced) |
 //
 // An initialize request carrying a session the table does not hold, or
 // whose upstream is gone, starts a new session: the stale Mcp-Session-Id
@@ -96,8 +100,8 @@ const (
 // `{mcp.era}` | `legacy_session`, `modern_sessionless` or `other_sessionless`, as the `era` label of the requests metric
 // `{mcp.protocol_version}` | The `MCP-Protocol-Version` header, if sent once
 // `{mcp.session_fingerprint}` | The first 12 hex digits of the SHA-256 of `Mcp-Session-Id`, never the ID itself; empty without a session
-// `{mcp.pinned_upstream}` | The dial address of the upstream the session is pinned to: for `pinned` and `gone` the session's, for `learned` the one that created it; empty otherwise
-// `{mcp.decision}` | `balanced` (no session), `learned`, `pinned`, `unknown` (session not in the table, or bound to another principal), `gone` (its upstream is gone), `rejected` (answered 4xx by the proxy)
+// `{mcp.pinned_upstream}` | The dial address of the upstream the session (or the handle, see `handles`) is pinned to: for `pinned` and `gone` the session's, for `learned` the one that created it; empty otherwise
+// `{mcp.decision}` | `balanced` (no session), `learned`, `pinned`, `unknown` (session not in the table, or bound to another principal), `gone` (its upstream is gone), `rejected` (answered 4xx by the proxy); for a request carrying a handle, the same of the handle, and `learned` for a call whose result minted one
 // `{mcp.host_for_upstream}` | In `reverse_proxy`, once it has selected an upstream: the upstream's own host:port if it is on this machine (a loopback or unspecified address, `localhost`), `localhost:80` for a unix socket, and otherwise the client's Host unchanged; `mcp_proxy` sends it as `Host`
 //
 // An `mcp` matcher that ran before the handler sets the same placeholders;
@@ -219,6 +223,35 @@ type Handler struct {
 	// The proxy never keeps a client's credentials for them. Default: none.
 	ReclaimHeaders map[string]string `json:"reclaim_headers,omitempty"`
 
+	// Rules that learn the handles of MCP 2026-07-28 tools (state a
+	// server keeps in its memory and names in a tool result, such as a
+	// browser or a cursor) and pin the calls that carry them back in an
+	// `Mcp-Param-{Name}` header to the upstream that minted them (see
+	// [HandleRule] and docs/handles.md). A call whose tool no rule names
+	// costs nothing more: its result is not read. Default: none.
+	Handles []HandleRule `json:"handles,omitempty"`
+
+	// The table that holds the handles of `handles`, held by the
+	// `mcp_sessions` app like a session table: its `max_sessions`,
+	// `session_ttl` and `store` (configured in the app's `tables`) apply
+	// to handles, and it binds each handle to the principal of the call
+	// that minted it with this handler's `bind_principal`. Default: the
+	// session table's name followed by `_handles` (`default_handles`).
+	HandleTable string `json:"handle_table,omitempty"`
+
+	// What to do with a request carrying a handle the table does not
+	// hold, or whose upstream is gone: `forward` balances it, and the
+	// server that gets it answers the handle it does not know; `reject`
+	// answers `unknown_handle_status` with a JSON-RPC error (-32602)
+	// without contacting an upstream. A handle bound to another principal
+	// is always refused. Default: `forward`.
+	UnknownHandle string `json:"unknown_handle,omitempty"`
+
+	// The status of the answer to a request refused by `unknown_handle
+	// reject`, or carrying another principal's handle: a 4xx. Default: 404.
+	UnknownHandleStatus int `json:"unknown_handle_status,omitempty"`
+
+	handles        *handleRules // nil without Handles
 	table          *session.Table
 	app            *App         // the config's mcp_sessions app, which configures table
 	warnedNoPolicy *atomic.Bool // the missing-policy warning was logged
@@ -281,6 +314,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.table, h.app = t, app
+	if err := h.provisionHandles(app); err != nil {
+		return err
+	}
 	h.warnedNoPolicy, h.warnedDeadline, h.warnedSlowInit = new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)
 	h.failover = &failover{table: t, maxIDLen: h.MaxSessionIDLength}
 	if sealer != nil {
@@ -307,6 +343,9 @@ func (h *Handler) setLogger(l *zap.Logger) {
 		h.sealer.logger = l
 	}
 	h.table.SetLogger(l)
+	if h.handles != nil {
+		h.handles.table.SetLogger(l)
+	}
 }
 
 // Validate checks the handler's settings. Its error names the first
@@ -340,7 +379,10 @@ func (h *Handler) Validate() error {
 	case slices.ContainsFunc(h.LegacySSEParams, badQueryName):
 		return fmt.Errorf("legacy_sse_params %q has an empty name or one with '?', '&', '=', '#' or a space; list query parameter names such as %q", h.LegacySSEParams, DefaultLegacySSEParams)
 	}
-	return nil
+	if err := h.validateHandles(); err != nil {
+		return err
+	}
+	return h.validateJournal()
 }
 
 // badQueryName reports whether name cannot be a URL query parameter's name
@@ -479,6 +521,9 @@ func (h *Handler) serveNew(w http.ResponseWriter, r *http.Request, next caddyhtt
 	if init := h.failover.captureInit(r); init != nil {
 		caddyhttp.SetVar(r.Context(), varInit, init)
 	}
+	if h.handles != nil {
+		return h.serveHandles(w, r, next)
+	}
 	return h.forwardNew(w, r, next)
 }
 
@@ -527,6 +572,11 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 			h.table.StreamClosed(id)
 		}()
 	}
+	w, r, endJournal, done, err := h.journalHooks(w, r, id) // journal.go
+	if done {
+		return err
+	}
+	defer endJournal()
 	pw := newSessionWriter(w, h, r, id, up)
 	if pw.fo = h.failover.failoverFor(w, r, id); pw.fo != nil && pw.fo.again && h.table.PastDrainDeadline(up) && h.failover.failoverRefused(r, id) == "" {
 		return h.serveFailover(w, r, next, id, up, pw.fo, session.FailoverDrainDeadline)

@@ -97,6 +97,9 @@ func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
 		descClusterLive, descShared, descStoreUp, descStoreErrors, descWriteBacks, descRestored, descWritable, descHashKeyClash, descBodyMemory, descBodyRefused, descReclaimSent, descReclaimResults, descReclaimDropped} {
 		ch <- d
 	}
+	for _, d := range journalDescs {
+		ch <- d
+	}
 }
 
 // Collect sends the current values of every table, and of the request
@@ -106,6 +109,7 @@ func (tableCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descBodyRefused, prometheus.CounterValue, float64(bodyMemory.Refused()))
 	tables.Range(func(_, v any) bool {
 		collectTable(ch, v.(*session.Table))
+		collectJournal(ch, v.(*session.Table))
 		return true
 	})
 }

@@ -56,6 +56,13 @@ var metricNames = map[string]dto.MetricType{
 	// bodymemory.go
 	"caddy_mcp_body_memory_bytes":         dto.MetricType_GAUGE,
 	"caddy_mcp_body_memory_refused_total": dto.MetricType_COUNTER,
+	// journalmetrics.go
+	"caddy_mcp_journal_bytes":         dto.MetricType_GAUGE,
+	"caddy_mcp_journal_limit":         dto.MetricType_GAUGE,
+	"caddy_mcp_journal_sessions":      dto.MetricType_GAUGE,
+	"caddy_mcp_journal_events_total":  dto.MetricType_COUNTER,
+	"caddy_mcp_journal_trimmed_total": dto.MetricType_COUNTER,
+	"caddy_mcp_journal_resumes_total": dto.MetricType_COUNTER,
 }
 
 // gathered is one scrape: every series of the plugin's families, keyed

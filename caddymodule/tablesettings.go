@@ -113,4 +113,30 @@ type TableSettings struct {
 	// determines it: from the headers of the proxies the server's
 	// `trusted_proxies` trusts, otherwise the connection's.
 	ClientKey string `json:"client_key,omitempty"`
+
+	// Keeps the recent events of each session's SSE streams (POST
+	// responses and GET streams): `on` or `off`. With it on, the proxy
+	// gives every event an ID of its own (carrying the upstream's own ID,
+	// if any), keeps reading an upstream's response for `journal_window`
+	// after its client went away instead of cancelling it, and answers a
+	// GET whose Last-Event-ID it issued from the journal: the events after
+	// it, then the live rest of that stream (MCP 2025-11-25 transports,
+	// "Resumability and Redelivery"). A GET with an ID the journal no
+	// longer holds goes to the upstream with the upstream's own ID. See
+	// docs/behaviour.md, "Resumable streams". Default: `off`.
+	Journal string `json:"journal,omitempty"`
+
+	// How long the journal keeps an event, and keeps reading an upstream's
+	// response after its client went away. Default: `5m`.
+	JournalWindow caddy.Duration `json:"journal_window,omitempty"`
+
+	// The most bytes of events the journal keeps per session, the oldest
+	// pushed out first; each event counts its bytes plus 64. Default:
+	// 4194304 (4 MiB).
+	JournalSessionBytes int `json:"journal_session_bytes,omitempty"`
+
+	// The most bytes of events the journal keeps for the whole table, the
+	// oldest of the session written least recently pushed out first.
+	// Default: 134217728 (128 MiB).
+	JournalTotalBytes int `json:"journal_total_bytes,omitempty"`
 }

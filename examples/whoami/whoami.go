@@ -3,14 +3,17 @@
 // (the go-sdk default), so a request that reaches a different process than
 // the one that created its session fails with 404 "session not found".
 //
-// The server offers four tools:
+// The server offers these tools:
 //
 //   - whoami: reports the server's name and the session ID it sees;
 //   - echo: returns its message argument;
 //   - slow: sends progress notifications over a period of time, then
 //     returns "done", to exercise streaming through a proxy;
 //   - add_tool: adds a tool, so that the server notifies clients listening
-//     for tool list changes (notifications/tools/list_changed).
+//     for tool list changes (notifications/tools/list_changed);
+//   - open_counter and count: a handle to state in this process's memory,
+//     minted in structuredContent and passed back in an argument marked
+//     x-mcp-header (handles.go).
 //
 // By default it speaks the session-based protocol (up to 2025-11-25); see
 // [Options.Era] for MCP 2026-07-28's sessionless protocol.
@@ -247,6 +250,7 @@ func NewServer(name string) *mcp.Server {
 		Name:        "add_tool",
 		Description: "Add a tool that echoes, named as given; clients listening for tool list changes are notified.",
 	}, addTool(server))
+	addHandleTools(server, name)
 	return server
 }
 

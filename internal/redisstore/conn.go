@@ -72,12 +72,44 @@ type pendingEnd struct {
 // upstream, draining flags) current. While Redis cannot be reached it fails
 // fast and queues the writes, and writes them back when Redis answers.
 type Conn struct {
+	// layout is the table as it lies in Redis: the client, the keyspace
+	// and the commands that read and write the table's keys.
+	layout
+	// health is what Redis's answers say of it: reachable, writable, the
+	// errors by operation, a hash_key clash, the write-backs.
+	health
+	// queue holds the writes Redis has not taken yet, and the index of the
+	// table's sessions by key hash, under one lock.
+	queue
+
+	journal journalOnce // the table's event journal in Redis (journal.go)
+
+	// Guarded by queue's mu:
+	runIDs       map[string]string // each master's run_id, by address, to notice a restart (lost.go); nil before the first sync
+	evicted      int64             // the masters' evicted_keys at the last sync
+	marker       string            // the token of the table's marker key last seen
+	policy       string            // Redis's maxmemory-policy, once read
+	writeBackDue bool              // a write-back failed: the next sync does it again
+	outage       time.Time         // when the current outage began
+	outErrs      uint64            // errors before the current outage
+
+	stop   chan struct{}
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// layout is a table's keys in Redis and the commands on them that need
+// nothing of the connection's state.
+type layout struct {
 	t       *session.Table
 	client  redis.UniversalClient
 	ks      *keyspace
 	timeout time.Duration
-	logger  *zap.Logger
+}
 
+// health is what a connection knows of Redis from its answers.
+type health struct {
+	logger   *zap.Logger
 	healthy  atomic.Bool
 	errs     [len(storeOps)]atomic.Uint64
 	keyClash atomic.Bool // another hash_key is in use on this table (keycheck.go)
@@ -85,33 +117,28 @@ type Conn struct {
 
 	writeBacks [len(writeBackCauses)]atomic.Uint64 // write-backs of the whole table, by cause (lost.go)
 	restored   atomic.Uint64                       // sessions they wrote that Redis no longer held
+}
 
-	mu           sync.Mutex
-	byHash       map[keyHash]string       // session ID of each hash, for sessions of t
-	puts         map[keyHash]string       // learned here, not yet in Redis: hash -> value
-	ends         map[keyHash]pendingEnd   // ended here, not yet removed from Redis
-	touches      map[string]string        // used since the last flush: session ID -> value
-	drains       map[string]bool          // drain flags set here, not yet in Redis
-	upEnds       map[string]time.Duration // upstreams evicted here, not yet in Redis: the life of their sessions' tombstones (0: none)
-	streams      map[string]string        // sessions with a GET stream open here: ID -> value
-	fresh        map[keyHash]string       // put here with the unconfirmed TTL, not yet used: hash -> dial (full.go)
-	confirms     map[keyHash]string       // first used since put, TTL not yet raised in Redis: hash -> dial
-	drops        map[keyHash]string       // dropped unconfirmed from the table, not yet from Redis: hash -> dial
-	moves        map[keyHash]pendingMove  // failovers recorded here while Redis did not answer (record.go)
-	maxQueued    int                      // the most puts queued: the table's bound
-	touched      time.Time                // when the open streams' sessions were last touched
-	runIDs       map[string]string        // each master's run_id, by address, to notice a restart (lost.go); nil before the first sync
-	evicted      int64                    // the masters' evicted_keys at the last sync
-	marker       string                   // the token of the table's marker key last seen
-	policy       string                   // Redis's maxmemory-policy, once read
-	writeBackDue bool                     // a write-back failed: the next sync does it again
-	outage       time.Time                // when the current outage began
-	outErrs      uint64                   // errors before the current outage
-
-	kick   chan struct{}
-	stop   chan struct{}
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+// queue is what a connection has to write to Redis and has not yet, and
+// the sessions of its table by key hash. mu guards it, and the fields of
+// Conn that say so.
+type queue struct {
+	mu        sync.Mutex
+	keys      *keyspace                // the layout's keyspace
+	byHash    map[keyHash]string       // session ID of each hash, for sessions of t
+	puts      map[keyHash]string       // learned here, not yet in Redis: hash -> value
+	ends      map[keyHash]pendingEnd   // ended here, not yet removed from Redis
+	touches   map[string]string        // used since the last flush: session ID -> value
+	drains    map[string]bool          // drain flags set here, not yet in Redis
+	upEnds    map[string]time.Duration // upstreams evicted here, not yet in Redis: the life of their sessions' tombstones (0: none)
+	streams   map[string]string        // sessions with a GET stream open here: ID -> value
+	fresh     map[keyHash]string       // put here with the unconfirmed TTL, not yet used: hash -> dial (full.go)
+	confirms  map[keyHash]string       // first used since put, TTL not yet raised in Redis: hash -> dial
+	drops     map[keyHash]string       // dropped unconfirmed from the table, not yet from Redis: hash -> dial
+	moves     map[keyHash]pendingMove  // failovers recorded here while Redis did not answer (record.go)
+	maxQueued int                      // the most puts queued: the table's bound
+	touched   time.Time                // when the open streams' sessions were last touched
+	kick      chan struct{}            // wakes the flush loop
 }
 
 // New connects table t to Redis through a client with opts, under keys
@@ -125,21 +152,25 @@ func New(t *session.Table, opts *redis.UniversalOptions, prefix, table string, h
 
 // Events returns the name of the table's events channel, on which the
 // instances publish ends, drains and moves.
-func (c *Conn) Events() string { return c.ks.events() }
+func (l *layout) Events() string { return l.ks.events() }
 
 // SessionKey returns the Redis key of session id's value.
-func (c *Conn) SessionKey(id string) string { return c.ks.session(c.ks.hash(id)) }
+func (l *layout) SessionKey(id string) string { return l.ks.session(l.ks.hash(id)) }
 
 // newConn connects table t to Redis and starts the connection's
 // background work. It does not wait for Redis.
 func newConn(t *session.Table, opts *redis.UniversalOptions, ks *keyspace, timeout time.Duration, logger *zap.Logger) *Conn {
 	c := &Conn{
-		t: t, client: redis.NewUniversalClient(opts), ks: ks, timeout: timeout,
-		logger: logger.With(zap.String("table", t.Name())),
-		byHash: map[keyHash]string{}, puts: map[keyHash]string{}, ends: map[keyHash]pendingEnd{},
-		touches: map[string]string{}, drains: map[string]bool{}, upEnds: map[string]time.Duration{}, streams: map[string]string{},
-		fresh: map[keyHash]string{}, confirms: map[keyHash]string{}, drops: map[keyHash]string{}, moves: map[keyHash]pendingMove{}, maxQueued: max(t.MaxSessions(), writeBackBatch),
-		kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		layout: layout{t: t, client: redis.NewUniversalClient(opts), ks: ks, timeout: timeout},
+		health: health{logger: logger.With(zap.String("table", t.Name()))},
+		queue: queue{
+			keys:   ks,
+			byHash: map[keyHash]string{}, puts: map[keyHash]string{}, ends: map[keyHash]pendingEnd{},
+			touches: map[string]string{}, drains: map[string]bool{}, upEnds: map[string]time.Duration{}, streams: map[string]string{},
+			fresh: map[keyHash]string{}, confirms: map[keyHash]string{}, drops: map[keyHash]string{}, moves: map[keyHash]pendingMove{},
+			maxQueued: max(t.MaxSessions(), writeBackBatch), kick: make(chan struct{}, 1),
+		},
+		stop: make(chan struct{}),
 	}
 	c.healthy.Store(true)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -160,16 +191,16 @@ func (c *Conn) Destruct() error {
 }
 
 // call returns a context bounded by the store's timeout.
-func (c *Conn) call() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), c.timeout)
+func (l *layout) call() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), l.timeout)
 }
 
 // ttl is how long Redis keeps an unused session: the table's TTL plus one
 // touch interval, because an instance refreshes the TTL once per touch
 // interval of use. A session unused on every instance is so forgotten
 // between session_ttl and session_ttl plus a touch interval after its last use.
-func (c *Conn) ttl() time.Duration {
-	return c.t.TTL() + session.TouchInterval(c.t.TTL())
+func (l *layout) ttl() time.Duration {
+	return l.t.TTL() + session.TouchInterval(l.t.TTL())
 }
 
 // Get returns session id as Redis holds it: its upstream ("" when Redis
@@ -203,8 +234,8 @@ func (c *Conn) Get(id string) session.Stored {
 // read reads session id, whose key hash is h, and its tombstone, in one
 // round trip. A tombstone wins over a value (which a touch of an instance
 // that missed the end may have written back).
-func (c *Conn) read(ctx context.Context, id string, h keyHash) (session.Stored, session.StoreState, error) {
-	vals, err := c.client.MGet(ctx, c.ks.session(h), c.ks.tomb(h)).Result()
+func (l *layout) read(ctx context.Context, id string, h keyHash) (session.Stored, session.StoreState, error) {
+	vals, err := l.client.MGet(ctx, l.ks.session(h), l.ks.tomb(h)).Result()
 	if err != nil || len(vals) != 2 {
 		return session.Stored{}, session.StoreUnknown, err
 	}
@@ -215,7 +246,7 @@ func (c *Conn) read(ctx context.Context, id string, h keyHash) (session.Stored, 
 	if !ok {
 		return session.Stored{}, session.StoreAbsent, nil
 	}
-	return c.Parse(id, v), session.StoreHolds, nil
+	return l.Parse(id, v), session.StoreHolds, nil
 }
 
 // Peek is get without remembering the session: for the admin API.
@@ -277,60 +308,60 @@ func (c *Conn) Put(id, dial string, bound session.PrincipalSum, record string) {
 // [Table.confirm]), the session ID of its hash here, so that the table and
 // this index share one copy of it; a session this index does not hold is
 // left out.
-func (c *Conn) Rekey(id string) {
-	h := c.ks.hash(id)
-	c.mu.Lock()
-	if _, ok := c.byHash[h]; ok {
-		c.byHash[h] = id
+func (qu *queue) Rekey(id string) {
+	h := qu.keys.hash(id)
+	qu.mu.Lock()
+	if _, ok := qu.byHash[h]; ok {
+		qu.byHash[h] = id
 	}
-	if dial, ok := c.fresh[h]; ok { // confirmed: the table's TTL in Redis too
-		delete(c.fresh, h)
-		c.confirms[h] = dial
+	if dial, ok := qu.fresh[h]; ok { // confirmed: the table's TTL in Redis too
+		delete(qu.fresh, h)
+		qu.confirms[h] = dial
 	}
-	c.mu.Unlock()
+	qu.mu.Unlock()
 }
 
 // queuePut queues the write of session h, whose value is v, for when Redis
 // takes it; at most maxQueued are queued.
-func (c *Conn) queuePut(h keyHash, v string) {
-	c.mu.Lock()
-	if _, ok := c.puts[h]; ok || len(c.puts) < c.maxQueued {
-		c.puts[h] = v
+func (qu *queue) queuePut(h keyHash, v string) {
+	qu.mu.Lock()
+	if _, ok := qu.puts[h]; ok || len(qu.puts) < qu.maxQueued {
+		qu.puts[h] = v
 	}
-	c.mu.Unlock()
+	qu.mu.Unlock()
 }
 
 // writeSession queues the writes of one session, whose value is v: its
 // key, its place in its upstream's set, and the upstream's record. With
 // onlyNew, a session Redis holds already is left as it is.
-func (c *Conn) writeSession(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool) *redis.StatusCmd {
-	return c.writeSessionFor(ctx, pipe, h, v, onlyNew, c.ttl())
+func (l *layout) writeSession(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool) *redis.StatusCmd {
+	return l.writeSessionFor(ctx, pipe, h, v, onlyNew, l.ttl())
 }
 
 // writeSessionFor is writeSession with the session's TTL in Redis.
-func (c *Conn) writeSessionFor(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool, ttl time.Duration) *redis.StatusCmd {
+func (l *layout) writeSessionFor(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string, onlyNew bool, ttl time.Duration) *redis.StatusCmd {
 	now := time.Now()
 	args := redis.SetArgs{TTL: ttl}
 	if onlyNew {
 		args.Mode = "NX"
 	}
 	dial, _, _ := session.ParseValue(v)
-	set := pipe.SetArgs(ctx, c.ks.session(h), v, args)
-	pipe.ZAdd(ctx, c.ks.upstream(dial), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: h.String()})
-	pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
+	set := pipe.SetArgs(ctx, l.ks.session(h), v, args)
+	pipe.ZAdd(ctx, l.ks.upstream(dial), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: h.String()})
+	pipe.ZAddGT(ctx, l.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
 	return set
 }
 
 // countSessions queues a count of the live sessions of each of ups (at most
 // maxCounted) and returns the counts' commands, by dial.
-func (c *Conn) countSessions(ctx context.Context, pipe redis.Pipeliner, ups []*session.Upstream) map[string]*redis.IntCmd {
+func (l *layout) countSessions(ctx context.Context, pipe redis.Pipeliner, ups []*session.Upstream) map[string]*redis.IntCmd {
 	cmds := make(map[string]*redis.IntCmd, min(len(ups), maxCounted))
 	now := time.Now().UnixMilli()
 	for _, u := range ups {
 		if len(cmds) == maxCounted {
 			break
 		}
-		cmds[u.Dial()] = pipe.ZCount(ctx, c.ks.upstream(u.Dial()), itoa(now), "+inf")
+		cmds[u.Dial()] = pipe.ZCount(ctx, l.ks.upstream(u.Dial()), itoa(now), "+inf")
 	}
 	return cmds
 }
@@ -358,13 +389,13 @@ func (c *Conn) Touch(id, v string) {
 // Streaming records whether session id, whose value is v, has GET streams
 // open here: while it has, its idle timer in Redis is refreshed every
 // touch interval.
-func (c *Conn) Streaming(id, v string, open bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+func (qu *queue) Streaming(id, v string, open bool) {
+	qu.mu.Lock()
+	defer qu.mu.Unlock()
 	if open {
-		c.streams[id] = v
+		qu.streams[id] = v
 	} else {
-		delete(c.streams, id)
+		delete(qu.streams, id)
 	}
 }
 
@@ -425,62 +456,62 @@ func (c *Conn) endNow(h keyHash, e pendingEnd) bool {
 // EndUpstream removes every session of dial from Redis and from every
 // instance's table, soon; with a tomb life, it leaves a tombstone of each
 // for that long.
-func (c *Conn) EndUpstream(dial string, tomb time.Duration) {
-	c.mu.Lock()
-	c.upEnds[dial] = max(c.upEnds[dial], tomb)
-	c.mu.Unlock()
-	c.wake()
+func (qu *queue) EndUpstream(dial string, tomb time.Duration) {
+	qu.mu.Lock()
+	qu.upEnds[dial] = max(qu.upEnds[dial], tomb)
+	qu.mu.Unlock()
+	qu.wake()
 }
 
 // Drain sets dial's draining flag in Redis and on every instance, soon.
-func (c *Conn) Drain(dial string, on bool) {
-	c.mu.Lock()
-	c.drains[dial] = on
-	c.mu.Unlock()
-	c.wake()
+func (qu *queue) Drain(dial string, on bool) {
+	qu.mu.Lock()
+	qu.drains[dial] = on
+	qu.mu.Unlock()
+	qu.wake()
 }
 
 // Forget drops what the connection remembers of session id, which left
 // this instance's table only (TTL, LRU, or ended elsewhere).
-func (c *Conn) Forget(id string) {
-	h := c.ks.hash(id)
-	c.mu.Lock()
-	delete(c.byHash, h)
-	delete(c.streams, id)
-	if dial, ok := c.fresh[h]; ok { // dropped before its first use: from Redis too, unless used elsewhere
-		delete(c.fresh, h)
-		if _, queued := c.puts[h]; queued {
-			delete(c.puts, h)
+func (qu *queue) Forget(id string) {
+	h := qu.keys.hash(id)
+	qu.mu.Lock()
+	delete(qu.byHash, h)
+	delete(qu.streams, id)
+	if dial, ok := qu.fresh[h]; ok { // dropped before its first use: from Redis too, unless used elsewhere
+		delete(qu.fresh, h)
+		if _, queued := qu.puts[h]; queued {
+			delete(qu.puts, h)
 		} else {
-			c.drops[h] = dial
+			qu.drops[h] = dial
 		}
 	}
-	c.mu.Unlock()
+	qu.mu.Unlock()
 }
 
 // wake makes the flusher run now.
-func (c *Conn) wake() {
+func (qu *queue) wake() {
 	select {
-	case c.kick <- struct{}{}:
+	case qu.kick <- struct{}{}:
 	default:
 	}
 }
 
 // Reachable reports whether the last call to Redis succeeded.
-func (c *Conn) Reachable() bool { return c.healthy.Load() }
+func (h *health) Reachable() bool { return h.healthy.Load() }
 
 // PrincipalKey returns the key of principal hashes, derived from hash_key.
-func (c *Conn) PrincipalKey() []byte { return c.ks.principal }
+func (l *layout) PrincipalKey() []byte { return l.ks.principal }
 
 // Errors calls fn with each operation on Redis and its failed calls.
-func (c *Conn) Errors(fn func(op string, n uint64)) {
+func (h *health) Errors(fn func(op string, n uint64)) {
 	for _, op := range storeOps {
-		fn(op, c.ErrorCount(op))
+		fn(op, h.ErrorCount(op))
 	}
 }
 
 // ErrorCount returns the number of failed calls of op.
-func (c *Conn) ErrorCount(op string) uint64 { return c.errs[opIndex(op)].Load() }
+func (h *health) ErrorCount(op string) uint64 { return h.errs[opIndex(op)].Load() }
 
 // fail counts a failed call and, on the first of a burst, marks Redis
 // unreachable and logs it once.
@@ -503,10 +534,10 @@ func (c *Conn) fail(op string, err error) {
 		zap.String("op", op), zap.Error(err))
 }
 
-func (c *Conn) totalErrors() uint64 {
+func (h *health) totalErrors() uint64 {
 	var n uint64
-	for i := range c.errs {
-		n += c.errs[i].Load()
+	for i := range h.errs {
+		n += h.errs[i].Load()
 	}
 	return n
 }

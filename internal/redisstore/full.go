@@ -42,33 +42,33 @@ func refusesWrites(err error) bool {
 
 // Writable reports whether Redis took the store's last writes; false while
 // it answers them with OOM or READONLY.
-func (c *Conn) Writable() bool { return !c.refusing.Load() }
+func (h *health) Writable() bool { return !h.refusing.Load() }
 
 // refused counts a write Redis refused for op and, on the first of a
 // burst, logs it with its fix. Redis stays reachable.
-func (c *Conn) refused(op string, err error) {
-	c.errs[opIndex(op)].Add(1)
-	if !c.refusing.CompareAndSwap(false, true) {
+func (h *health) refused(op string, err error) {
+	h.errs[opIndex(op)].Add(1)
+	if !h.refusing.CompareAndSwap(false, true) {
 		return
 	}
 	if redis.IsReadOnlyError(err) {
-		c.logger.Error("redis store: Redis refuses writes with READONLY: this address is a replica. "+
+		h.logger.Error("redis store: Redis refuses writes with READONLY: this address is a replica. "+
 			"Sessions are still read from Redis; new sessions, ends and drains are kept on this instance and written "+
 			"when Redis takes writes again. Point address at the master, or give the Sentinels' addresses with master_name "+
 			"(during a Sentinel failover this lasts until the client follows the new master)",
 			zap.String("op", op), zap.Error(err))
 		return
 	}
-	c.logger.Error("redis store: Redis is full (OOM: maxmemory reached under maxmemory-policy noeviction). "+
+	h.logger.Error("redis store: Redis is full (OOM: maxmemory reached under maxmemory-policy noeviction). "+
 		"Sessions are still read from Redis; new sessions are kept on the instance that learned them, and written when Redis "+
 		"takes writes again. Raise maxmemory (docs/replicas.md#sizing), lower the tables' max_sessions, or move other data off "+
 		"this Redis", zap.String("op", op), zap.Error(err))
 }
 
 // accepted notes that Redis took a write, and logs the end of a refusal once.
-func (c *Conn) accepted() {
-	if c.refusing.CompareAndSwap(true, false) {
-		c.logger.Info("redis store: Redis takes writes again")
+func (h *health) accepted() {
+	if h.refusing.CompareAndSwap(true, false) {
+		h.logger.Info("redis store: Redis takes writes again")
 	}
 }
 
@@ -120,8 +120,8 @@ func exec(ctx context.Context, pipe redis.Pipeliner) (err, refusal error) {
 
 // unconfirmedLife returns the TTL of a session not yet used since its
 // initialize: unconfirmedTTL, or the table's when that is not much longer.
-func (c *Conn) unconfirmedLife() time.Duration {
-	if ttl := c.ttl(); ttl < 4*unconfirmedTTL {
+func (l *layout) unconfirmedLife() time.Duration {
+	if ttl := l.ttl(); ttl < 4*unconfirmedTTL {
 		return ttl
 	}
 	return unconfirmedTTL
@@ -129,17 +129,17 @@ func (c *Conn) unconfirmedLife() time.Duration {
 
 // shortLived reports whether unconfirmed sessions get a shorter TTL in
 // Redis than confirmed ones.
-func (c *Conn) shortLived() bool { return c.unconfirmedLife() < c.ttl() }
+func (l *layout) shortLived() bool { return l.unconfirmedLife() < l.ttl() }
 
 // confirmWrites queues, in a flush's pipeline, the table's TTL for each
 // session first used since its initialize (hash -> dial), in its key and
 // its upstream's set (only if still there: a move or an end wins).
-func (c *Conn) confirmWrites(ctx context.Context, pipe redis.Pipeliner, confirms map[keyHash]string) {
-	ttl := c.ttl()
+func (l *layout) confirmWrites(ctx context.Context, pipe redis.Pipeliner, confirms map[keyHash]string) {
+	ttl := l.ttl()
 	expiry := float64(time.Now().Add(ttl).UnixMilli())
 	for h, dial := range confirms {
-		pipe.PExpire(ctx, c.ks.session(h), ttl)
-		pipe.ZAddXX(ctx, c.ks.upstream(dial), redis.Z{Score: expiry, Member: h.String()})
+		pipe.PExpire(ctx, l.ks.session(h), ttl)
+		pipe.ZAddXX(ctx, l.ks.upstream(dial), redis.Z{Score: expiry, Member: h.String()})
 	}
 }
 
@@ -166,11 +166,11 @@ return 1`)
 // table dropped before its first use (hash -> dial).
 // It returns each drop's command, with what the table reclaims if this
 // drop removed the session (all but its key, which the record holds).
-func (c *Conn) dropWrites(ctx context.Context, pipe redis.Pipeliner, drops map[keyHash]string) map[*redis.Cmd]takenEnd {
-	life := c.unconfirmedLife().Milliseconds()
+func (l *layout) dropWrites(ctx context.Context, pipe redis.Pipeliner, drops map[keyHash]string) map[*redis.Cmd]takenEnd {
+	life := l.unconfirmedLife().Milliseconds()
 	out := make(map[*redis.Cmd]takenEnd, len(drops))
 	for h, dial := range drops {
-		cmd := dropScript.Eval(ctx, pipe, []string{c.ks.session(h), c.ks.upstream(dial), c.ks.reclaims()}, life, h.String())
+		cmd := dropScript.Eval(ctx, pipe, []string{l.ks.session(h), l.ks.upstream(dial), l.ks.reclaims()}, life, h.String())
 		out[cmd] = takenEnd{member: h.String(), f: session.Forgotten{Dial: dial, Reason: session.EvictUnconfirmed}}
 	}
 	return out

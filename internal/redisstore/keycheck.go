@@ -21,11 +21,11 @@ const (
 // announceHashKey queues, in the sync's pipeline, this instance's
 // hash_key fingerprint with the time, the removal of fingerprints nobody
 // announced for hashKeyForgotten, and the read of those left.
-func (c *Conn) announceHashKey(ctx context.Context, pipe redis.Pipeliner) *redis.ZSliceCmd {
+func (l *layout) announceHashKey(ctx context.Context, pipe redis.Pipeliner) *redis.ZSliceCmd {
 	now := time.Now()
-	pipe.ZAdd(ctx, c.ks.hashKeys(), redis.Z{Score: float64(now.UnixMilli()), Member: c.ks.fingerprint})
-	pipe.ZRemRangeByScore(ctx, c.ks.hashKeys(), "-inf", itoa(now.Add(-hashKeyForgotten).UnixMilli()))
-	return pipe.ZRangeWithScores(ctx, c.ks.hashKeys(), 0, -1)
+	pipe.ZAdd(ctx, l.ks.hashKeys(), redis.Z{Score: float64(now.UnixMilli()), Member: l.ks.fingerprint})
+	pipe.ZRemRangeByScore(ctx, l.ks.hashKeys(), "-inf", itoa(now.Add(-hashKeyForgotten).UnixMilli()))
+	return pipe.ZRangeWithScores(ctx, l.ks.hashKeys(), 0, -1)
 }
 
 // checkHashKeys logs, once per clash, that another instance announced
@@ -55,7 +55,7 @@ func (c *Conn) checkHashKeys(announced []redis.Z) {
 
 // HashKeyClash reports whether another instance announced another
 // hash_key on this table within the last five syncs.
-func (c *Conn) HashKeyClash() bool { return c.keyClash.Load() }
+func (h *health) HashKeyClash() bool { return h.keyClash.Load() }
 
 // misconfigured reports whether Redis refused a call for a reason that
 // lasts until the configuration changes: authentication, permissions or

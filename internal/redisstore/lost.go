@@ -54,11 +54,11 @@ type serverState struct {
 // is only ever compared with the same node's. A master of a cluster that
 // does not answer is left out (the keys' own reads tell whether the
 // table's are reachable); it errs only when none answers.
-func (c *Conn) readServers(ctx context.Context) (serverState, error) {
+func (l *layout) readServers(ctx context.Context) (serverState, error) {
 	st := serverState{runIDs: map[string]string{}}
-	cc, ok := c.client.(*redis.ClusterClient)
+	cc, ok := l.client.(*redis.ClusterClient)
 	if !ok {
-		id, ev, err := infoOf(ctx, c.client)
+		id, ev, err := infoOf(ctx, l.client)
 		st.runIDs[""], st.evicted = id, ev
 		return st, err
 	}
@@ -175,11 +175,11 @@ func (c *Conn) plantMarker(ctx context.Context) error {
 // WriteBacks calls fn with each cause of a write-back of the whole table
 // and how many ran, then with "" and the sessions they restored (those
 // Redis no longer held).
-func (c *Conn) WriteBacks(fn func(cause string, n uint64)) {
+func (h *health) WriteBacks(fn func(cause string, n uint64)) {
 	for i, cause := range writeBackCauses {
-		fn(cause, c.writeBacks[i].Load())
+		fn(cause, h.writeBacks[i].Load())
 	}
-	fn("", c.restored.Load())
+	fn("", h.restored.Load())
 }
 
 // evictingPolicies are the maxmemory-policy values under which Redis may

@@ -99,7 +99,7 @@ type takenEnd struct {
 
 // reclaimTaken hands the table the sessions whose reclaim record a script
 // of this instance took, once the pipeline ran.
-func (c *Conn) reclaimTaken(taken map[*redis.Cmd]takenEnd) {
+func (l *layout) reclaimTaken(taken map[*redis.Cmd]takenEnd) {
 	for cmd, te := range taken {
 		rec, ok := cmd.Val().(string) // the record; nil or a number without one
 		if !ok {
@@ -109,64 +109,64 @@ func (c *Conn) reclaimTaken(taken map[*redis.Cmd]takenEnd) {
 		if !ok {
 			continue
 		}
-		if te.f.Key, ok = c.ks.openReclaim(h, rec); ok {
-			c.t.Reclaim(te.f)
+		if te.f.Key, ok = l.ks.openReclaim(h, rec); ok {
+			l.t.Reclaim(te.f)
 		}
 	}
 }
 
 // writeEndScript queues the end e of the session whose key hash is h, and
 // returns its command: 1 when this write ended the session.
-func (c *Conn) writeEndScript(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) *redis.Cmd {
-	keys := []string{c.ks.session(h), c.ks.reclaims(), c.ks.tomb(h), c.ks.upstream(e.dial)}
+func (l *layout) writeEndScript(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) *redis.Cmd {
+	keys := []string{l.ks.session(h), l.ks.reclaims(), l.ks.tomb(h), l.ks.upstream(e.dial)}
 	return endScript.Eval(ctx, pipe, keys, h.String(), e.reason.String(), e.tomb.Milliseconds(),
-		c.ks.events(), msgEnded+" "+e.reason.String()+" "+h.String())
+		l.ks.events(), msgEnded+" "+e.reason.String()+" "+h.String())
 }
 
 // reclaimEnded hands the table the sessions whose end this instance's
 // write made, once the pipeline ran.
-func (c *Conn) reclaimEnded(cmds map[*redis.Cmd]*session.Forgotten) {
+func (l *layout) reclaimEnded(cmds map[*redis.Cmd]*session.Forgotten) {
 	for cmd, f := range cmds {
 		if n, err := cmd.Int(); err == nil && n == 1 && f != nil {
-			c.t.Reclaim(*f)
+			l.t.Reclaim(*f)
 		}
 	}
 }
 
 // queueReclaimRecord queues, in pipe, the reclaim record of session id,
 // whose key hash is h, when the table reclaims sessions.
-func (c *Conn) queueReclaimRecord(ctx context.Context, pipe redis.Pipeliner, h keyHash, id string) {
-	if c.t.Reclaiming() {
-		pipe.HSet(ctx, c.ks.reclaims(), h.String(), c.ks.sealReclaim(h, id))
+func (l *layout) queueReclaimRecord(ctx context.Context, pipe redis.Pipeliner, h keyHash, id string) {
+	if l.t.Reclaiming() {
+		pipe.HSet(ctx, l.ks.reclaims(), h.String(), l.ks.sealReclaim(h, id))
 	}
 }
 
 // expiredMembers queues, per upstream, the read of its set's members
 // whose expiry is past at now.
-func (c *Conn) expiredMembers(ctx context.Context, pipe redis.Pipeliner, dials map[string]int64, now time.Time) map[string]*redis.StringSliceCmd {
+func (l *layout) expiredMembers(ctx context.Context, pipe redis.Pipeliner, dials map[string]int64, now time.Time) map[string]*redis.StringSliceCmd {
 	out := make(map[string]*redis.StringSliceCmd, len(dials))
 	for dial := range dials {
-		out[dial] = pipe.ZRangeByScore(ctx, c.ks.upstream(dial), &redis.ZRangeBy{Min: "-inf", Max: itoa(now.UnixMilli()), Count: reapBatch})
+		out[dial] = pipe.ZRangeByScore(ctx, l.ks.upstream(dial), &redis.ZRangeBy{Min: "-inf", Max: itoa(now.UnixMilli()), Count: reapBatch})
 	}
 	return out
 }
 
 // reap removes the expired members read by expiredMembers, and reclaims
 // the sessions whose member this instance removed.
-func (c *Conn) reap(ctx context.Context, expired map[string]*redis.StringSliceCmd) error {
+func (l *layout) reap(ctx context.Context, expired map[string]*redis.StringSliceCmd) error {
 	for dial, cmd := range expired {
 		members := cmd.Val()
 		if len(members) == 0 {
 			continue
 		}
 		keys := make([]string, 0, len(members)+2)
-		keys = append(keys, c.ks.upstream(dial), c.ks.reclaims())
+		keys = append(keys, l.ks.upstream(dial), l.ks.reclaims())
 		args := make([]any, len(members))
 		for i, m := range members {
-			keys = append(keys, c.ks.tag+":s:"+m)
+			keys = append(keys, l.ks.tag+":s:"+m)
 			args[i] = m
 		}
-		got, err := reapScript.Run(ctx, c.client, keys, args...).StringSlice()
+		got, err := reapScript.Run(ctx, l.client, keys, args...).StringSlice()
 		if err != nil {
 			return err
 		}
@@ -175,8 +175,8 @@ func (c *Conn) reap(ctx context.Context, expired map[string]*redis.StringSliceCm
 			if !ok {
 				continue
 			}
-			if key, ok := c.ks.openReclaim(h, got[i+1]); ok {
-				c.t.Reclaim(session.Forgotten{Key: key, Dial: dial, Reason: session.EvictTTL})
+			if key, ok := l.ks.openReclaim(h, got[i+1]); ok {
+				l.t.Reclaim(session.Forgotten{Key: key, Dial: dial, Reason: session.EvictTTL})
 			}
 		}
 	}

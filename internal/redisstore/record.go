@@ -77,18 +77,18 @@ func (ks *keyspace) openRecord(h keyHash, rec string) (*session.Init, bool) {
 // WithRecord returns a copy of init that carries its sealed record for
 // session id, as the table keeps it: a touch or a move compares Redis's
 // value with it byte for byte.
-func (c *Conn) WithRecord(id string, init *session.Init) *session.Init {
+func (l *layout) WithRecord(id string, init *session.Init) *session.Init {
 	s := *init
-	s.StoreRecord = c.ks.sealRecord(c.ks.hash(id), init)
+	s.StoreRecord = l.ks.sealRecord(l.ks.hash(id), init)
 	return &s
 }
 
 // Parse returns what value v of session id holds.
-func (c *Conn) Parse(id, v string) session.Stored {
+func (l *layout) Parse(id, v string) session.Stored {
 	dial, bound, rec := session.ParseValue(v)
 	s := session.Stored{Dial: dial, Bound: bound, Value: v}
 	if rec != "" {
-		s.Init, _ = c.ks.openRecord(c.ks.hash(id), rec)
+		s.Init, _ = l.ks.openRecord(l.ks.hash(id), rec)
 	}
 	return s
 }
@@ -185,15 +185,15 @@ type pendingMove struct{ id, old, new string }
 // the outage), and is written as a move: with the compare-and-set of
 // moveScript, so that of the instances that moved the session during one
 // outage, the first to write wins and the others follow it (flushMoves).
-func (c *Conn) queueMove(h keyHash, m pendingMove) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.puts, h)
-	if prev, ok := c.moves[h]; ok {
+func (qu *queue) queueMove(h keyHash, m pendingMove) {
+	qu.mu.Lock()
+	defer qu.mu.Unlock()
+	delete(qu.puts, h)
+	if prev, ok := qu.moves[h]; ok {
 		m.old = prev.old // moved twice: from where Redis last had it
 	}
-	if _, ok := c.moves[h]; ok || len(c.moves) < c.maxQueued {
-		c.moves[h] = m
+	if _, ok := qu.moves[h]; ok || len(qu.moves) < qu.maxQueued {
+		qu.moves[h] = m
 	}
 }
 
@@ -248,15 +248,15 @@ return 1`)
 // writeTouch queues the refresh of session h, whose value is v: as
 // writeSession, or, for a value with a failover record, by touchScript,
 // whose command it returns (nil for the other).
-func (c *Conn) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string) *redis.Cmd {
+func (l *layout) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string) *redis.Cmd {
 	dial, _, rec := session.ParseValue(v)
 	if rec == "" {
-		c.writeSession(ctx, pipe, h, v, false)
+		l.writeSession(ctx, pipe, h, v, false)
 		return nil
 	}
 	now := time.Now()
-	keys := []string{c.ks.session(h), c.ks.upstream(dial), c.ks.upstreams(), c.ks.tomb(h)}
-	return touchScript.Eval(ctx, pipe, keys, v, c.ttl().Milliseconds(), h.String(), now.Add(c.ttl()).UnixMilli(), now.UnixMilli(), dial)
+	keys := []string{l.ks.session(h), l.ks.upstream(dial), l.ks.upstreams(), l.ks.tomb(h)}
+	return touchScript.Eval(ctx, pipe, keys, v, l.ttl().Milliseconds(), h.String(), now.Add(l.ttl()).UnixMilli(), now.UnixMilli(), dial)
 }
 
 // followTouched makes the sessions whose touch found another value in

@@ -61,46 +61,46 @@ func (q queued) empty() bool {
 }
 
 // take empties the queues and returns what they held.
-func (c *Conn) take() queued {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	q := queued{c.puts, c.ends, c.touches, c.drains, c.upEnds, c.confirms, c.drops}
-	c.puts, c.ends, c.touches = map[keyHash]string{}, map[keyHash]pendingEnd{}, map[string]string{}
-	c.drains, c.upEnds = map[string]bool{}, map[string]time.Duration{}
-	c.confirms, c.drops = map[keyHash]string{}, map[keyHash]string{}
+func (qu *queue) take() queued {
+	qu.mu.Lock()
+	defer qu.mu.Unlock()
+	q := queued{qu.puts, qu.ends, qu.touches, qu.drains, qu.upEnds, qu.confirms, qu.drops}
+	qu.puts, qu.ends, qu.touches = map[keyHash]string{}, map[keyHash]pendingEnd{}, map[string]string{}
+	qu.drains, qu.upEnds = map[string]bool{}, map[string]time.Duration{}
+	qu.confirms, qu.drops = map[keyHash]string{}, map[keyHash]string{}
 	return q
 }
 
 // requeue puts back what a failed flush did not write, unless something
 // newer was queued meanwhile. Idle timers are dropped: the write-back
 // rewrites every session it queued.
-func (c *Conn) requeue(q queued) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+func (qu *queue) requeue(q queued) {
+	qu.mu.Lock()
+	defer qu.mu.Unlock()
 	for h, dial := range q.puts {
-		if _, ended := c.ends[h]; !ended {
-			c.puts[h] = dial
+		if _, ended := qu.ends[h]; !ended {
+			qu.puts[h] = dial
 		}
 	}
 	for h, e := range q.ends {
-		if _, put := c.puts[h]; !put {
-			c.ends[h] = e
+		if _, put := qu.puts[h]; !put {
+			qu.ends[h] = e
 		}
 	}
 	for dial, on := range q.drains {
-		if _, newer := c.drains[dial]; !newer {
-			c.drains[dial] = on
+		if _, newer := qu.drains[dial]; !newer {
+			qu.drains[dial] = on
 		}
 	}
-	maps.Copy(c.upEnds, q.upEnds)
+	maps.Copy(qu.upEnds, q.upEnds)
 	for h, dial := range q.confirm {
-		if _, ended := c.ends[h]; !ended {
-			c.confirms[h] = dial
+		if _, ended := qu.ends[h]; !ended {
+			qu.confirms[h] = dial
 		}
 	}
 	for h, dial := range q.drops {
-		if _, put := c.puts[h]; !put {
-			c.drops[h] = dial
+		if _, put := qu.puts[h]; !put {
+			qu.drops[h] = dial
 		}
 	}
 }
@@ -155,23 +155,23 @@ func (c *Conn) Flush() {
 // writeEnd queues the removal of an ended session, with its reclaim
 // record, and its tombstone if it has one, and tells the instances
 // (endScript). Its command says whether this write ended the session.
-func (c *Conn) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) *redis.Cmd {
-	return c.writeEndScript(ctx, pipe, h, e)
+func (l *layout) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) *redis.Cmd {
+	return l.writeEndScript(ctx, pipe, h, e)
 }
 
 // writeDrains queues the drain flags and tells the instances.
-func (c *Conn) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains map[string]bool) {
+func (l *layout) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains map[string]bool) {
 	now := float64(time.Now().UnixMilli())
 	for dial, on := range drains {
 		flag := "0"
 		if on {
 			flag = "1"
-			pipe.HSet(ctx, c.ks.draining(), dial, flag)
+			pipe.HSet(ctx, l.ks.draining(), dial, flag)
 		} else {
-			pipe.HDel(ctx, c.ks.draining(), dial)
+			pipe.HDel(ctx, l.ks.draining(), dial)
 		}
-		pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: now, Member: dial})
-		pipe.Publish(ctx, c.ks.events(), msgDrain+" "+flag+" "+dial)
+		pipe.ZAddGT(ctx, l.ks.upstreams(), redis.Z{Score: now, Member: dial})
+		pipe.Publish(ctx, l.ks.events(), msgDrain+" "+flag+" "+dial)
 	}
 }
 
@@ -180,21 +180,21 @@ func (c *Conn) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains map
 // reclaim records, then tells the instances. It reclaims none: the members
 // read at flush time may include sessions learned after the eviction,
 // which must not be DELETEd upstream.
-func (c *Conn) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) (map[*redis.Cmd]takenEnd, error) {
+func (l *layout) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) (map[*redis.Cmd]takenEnd, error) {
 	for dial, tomb := range dials {
-		members, err := c.client.ZRange(ctx, c.ks.upstream(dial), 0, -1).Result()
+		members, err := l.client.ZRange(ctx, l.ks.upstream(dial), 0, -1).Result()
 		if err != nil {
 			return nil, err
 		}
 		for _, m := range members {
 			if tomb > 0 {
-				pipe.Set(ctx, c.ks.tag+":x:"+m, session.EvictAdmin.String(), tomb)
+				pipe.Set(ctx, l.ks.tag+":x:"+m, session.EvictAdmin.String(), tomb)
 			}
-			pipe.Del(ctx, c.ks.tag+":s:"+m)
-			pipe.HDel(ctx, c.ks.reclaims(), m)
+			pipe.Del(ctx, l.ks.tag+":s:"+m)
+			pipe.HDel(ctx, l.ks.reclaims(), m)
 		}
-		pipe.Del(ctx, c.ks.upstream(dial))
-		pipe.Publish(ctx, c.ks.events(), msgUpstream+" "+dial)
+		pipe.Del(ctx, l.ks.upstream(dial))
+		pipe.Publish(ctx, l.ks.events(), msgUpstream+" "+dial)
 	}
 	return nil, nil
 }
@@ -327,61 +327,61 @@ func (c *Conn) applyDraining(flags map[string]string) {
 // knows (dropping expired ones), refreshes the records of upstreams this
 // instance uses, and drops records no instance has used for the table's
 // upstream_ttl and that own no session.
-func (c *Conn) syncUpstreams(ctx context.Context, records []redis.Z) error {
+func (l *layout) syncUpstreams(ctx context.Context, records []redis.Z) error {
 	now := time.Now()
 	seen := map[string]int64{}
 	for _, z := range records {
 		seen[z.Member.(string)] = int64(z.Score)
 	}
-	for _, u := range c.t.Upstreams() {
+	for _, u := range l.t.Upstreams() {
 		if _, ok := seen[u.Dial()]; !ok {
 			seen[u.Dial()] = 0
 		}
 	}
-	pipe := c.client.Pipeline()
+	pipe := l.client.Pipeline()
 	counts := map[string]*redis.IntCmd{}
-	expired := c.expiredMembers(ctx, pipe, seen, now)
+	expired := l.expiredMembers(ctx, pipe, seen, now)
 	for dial := range seen {
-		counts[dial] = pipe.ZCount(ctx, c.ks.upstream(dial), "("+itoa(now.UnixMilli()), "+inf")
+		counts[dial] = pipe.ZCount(ctx, l.ks.upstream(dial), "("+itoa(now.UnixMilli()), "+inf")
 	}
-	for _, u := range c.t.Upstreams() {
-		if c.t.InUse(u) {
-			pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: u.Dial()})
+	for _, u := range l.t.Upstreams() {
+		if l.t.InUse(u) {
+			pipe.ZAddGT(ctx, l.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: u.Dial()})
 		}
 	}
 	if err, _ := exec(ctx, pipe); err != nil { // a refused ZADD leaves the counts read
 		return err
 	}
-	if err := c.reap(ctx, expired); err != nil {
+	if err := l.reap(ctx, expired); err != nil {
 		return err
 	}
-	return c.applyRecords(ctx, seen, counts, now)
+	return l.applyRecords(ctx, seen, counts, now)
 }
 
 // applyRecords brings the local records in line with Redis's: counts and
 // last use by other instances; and drops from Redis the records of
 // upstreams that own no session and that no instance used within the
 // upstream TTL (this instance's janitor then drops its own record).
-func (c *Conn) applyRecords(ctx context.Context, seen map[string]int64, counts map[string]*redis.IntCmd, now time.Time) error {
-	stale := now.Add(-c.t.UpstreamTTL()).UnixMilli()
-	pipe := c.client.Pipeline()
+func (l *layout) applyRecords(ctx context.Context, seen map[string]int64, counts map[string]*redis.IntCmd, now time.Time) error {
+	stale := now.Add(-l.t.UpstreamTTL()).UnixMilli()
+	pipe := l.client.Pipeline()
 	for dial, ms := range seen {
 		n := counts[dial].Val()
-		u := c.t.KnownUpstream(dial)
-		if n == 0 && ms != 0 && ms <= stale && (u == nil || !c.t.InUse(u)) {
-			pipe.ZRem(ctx, c.ks.upstreams(), dial)
-			pipe.HDel(ctx, c.ks.draining(), dial)
+		u := l.t.KnownUpstream(dial)
+		if n == 0 && ms != 0 && ms <= stale && (u == nil || !l.t.InUse(u)) {
+			pipe.ZRem(ctx, l.ks.upstreams(), dial)
+			pipe.HDel(ctx, l.ks.draining(), dial)
 			continue
 		}
 		if u == nil && n == 0 && ms <= stale {
 			continue
 		}
 		if u == nil {
-			u = c.t.StoreUpstream(dial)
+			u = l.t.StoreUpstream(dial)
 		}
 		u.SetClusterSessions(n)
 		if ms != 0 {
-			c.t.SeenElsewhere(u, time.UnixMilli(ms))
+			l.t.SeenElsewhere(u, time.UnixMilli(ms))
 		}
 	}
 	if pipe.Len() == 0 {
@@ -437,13 +437,13 @@ func (c *Conn) writeBackFailed(err error) {
 
 // writeBatch writes sessions that Redis does not hold, and returns how
 // many it wrote.
-func (c *Conn) writeBatch(batch []session.SessionRecord) (int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*c.timeout)
+func (l *layout) writeBatch(batch []session.SessionRecord) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*l.timeout)
 	defer cancel()
-	pipe := c.client.Pipeline()
+	pipe := l.client.Pipeline()
 	sets := make([]*redis.StatusCmd, 0, len(batch))
 	for _, s := range batch {
-		sets = append(sets, c.writeSession(ctx, pipe, c.ks.hash(s.ID), session.EncodeValue(s.Dial, s.Bound, s.Record), true))
+		sets = append(sets, l.writeSession(ctx, pipe, l.ks.hash(s.ID), session.EncodeValue(s.Dial, s.Bound, s.Record), true))
 	}
 	if err, refusal := exec(ctx, pipe); err != nil || refusal != nil { // nil: Redis held the session already
 		return 0, orErr(err, refusal)

@@ -43,6 +43,17 @@ func (r *Relay) Blackhole(on bool) { r.hole.Store(on) }
 // Slow delays every chunk of bytes by d in each direction (0: no delay).
 func (r *Relay) Slow(d time.Duration) { r.delay.Store(int64(d)) }
 
+// Cut closes every connection the relay carries now, both sides, as a
+// network that drops a connection does; later connections pass again.
+func (r *Relay) Cut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for c := range r.conns {
+		c.Close()
+		delete(r.conns, c)
+	}
+}
+
 // String describes the relay's state.
 func (r *Relay) String() string {
 	return fmt.Sprintf("relay %s -> %s (blackhole %v, delay %s)", r.Addr, r.target, r.hole.Load(), time.Duration(r.delay.Load()))

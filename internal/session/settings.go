@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/journal"
 	"golang.org/x/sync/singleflight"
 )
 
@@ -198,4 +200,36 @@ func (lt *lifetimes) FailoverMaxAge() time.Duration {
 		return d
 	}
 	return lt.TTL()
+}
+
+// journalLink holds a table's event journal (the journal setting); nil
+// while the setting is off.
+type journalLink struct {
+	journal atomic.Pointer[journalRef]
+}
+
+// journalRef holds a Journal and its limits, so that an atomic pointer can
+// swap them.
+type journalRef struct {
+	j      journal.Journal
+	limits journal.Limits
+}
+
+// SetJournal gives the table the journal j, bounded by limits; nil turns
+// the journal off.
+func (l *journalLink) SetJournal(j journal.Journal, limits journal.Limits) {
+	if j == nil {
+		l.journal.Store(nil)
+		return
+	}
+	l.journal.Store(&journalRef{j: j, limits: limits.WithDefaults()})
+}
+
+// Journal returns the table's journal and its limits; nil while the
+// journal setting is off.
+func (l *journalLink) Journal() (journal.Journal, journal.Limits) {
+	if r := l.journal.Load(); r != nil {
+		return r.j, r.limits
+	}
+	return nil, journal.Limits{}
 }

@@ -368,6 +368,8 @@ type Table struct {
 	lifetimes
 	// forgetHooks holds the hook told of sessions the upstream may still hold (forget.go).
 	forgetHooks
+	// journalLink holds the table's event journal, nil while it is off.
+	journalLink
 
 	// index holds the sessions of this process, their kept initialize
 	// requests and the lock that guards them (index.go, admission.go).

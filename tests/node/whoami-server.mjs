@@ -8,9 +8,15 @@
 // test helpers work against it.
 //
 // Usage: node whoami-server.mjs --name NAME [--listen 127.0.0.1:0] [--json]
-//                               [--unknown-session 404|400]
+//                               [--unknown-session 404|400] [--event-store]
 //                               [--express [--allowed-hosts h1,h2] [--oauth]] [--legacy-sse]
 // Writes "127.0.0.1:PORT" to $MCP_ADDR_FILE once listening.
+//
+// Its slow tool ({milliseconds, steps}) sends steps progress notifications
+// spread over milliseconds on the call's stream, then answers "done", as
+// the Go whoami server's does. With --event-store the transport keeps an
+// event store (the SDK's InMemoryEventStore): its events carry IDs and a
+// GET with Last-Event-ID replays them.
 //
 // With --express it is the Express app the SDK's createMcpExpressApp makes
 // (Express 5, JSON body parser, and for a server bound to 127.0.0.1 the
@@ -57,6 +63,7 @@ import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { SSEServerTransport } from '@modelcontextprotocol/sdk/server/sse.js';
 import { createMcpExpressApp } from '@modelcontextprotocol/sdk/server/express.js';
+import { InMemoryEventStore } from '@modelcontextprotocol/sdk/examples/shared/inMemoryEventStore.js';
 import { z } from 'zod';
 
 const { values: opt } = parseArgs({
@@ -69,6 +76,7 @@ const { values: opt } = parseArgs({
     'allowed-hosts': { type: 'string' },
     'legacy-sse': { type: 'boolean', default: false },
     oauth: { type: 'boolean', default: false },
+    'event-store': { type: 'boolean', default: false },
   },
 });
 if (!['400', '404'].includes(opt['unknown-session'])) {
@@ -94,6 +102,24 @@ function newMcpServer() {
     async (_args, extra) => {
       const out = { server: opt.name, session: extra.sessionId ?? '' };
       return { content: [{ type: 'text', text: JSON.stringify(out) }], structuredContent: out };
+    },
+  );
+  server.registerTool(
+    'slow',
+    {
+      description: 'Sends progress notifications for a while, then answers done.',
+      inputSchema: { milliseconds: z.number().int().min(0).max(600000).optional(), steps: z.number().int().min(0).max(10000).optional() },
+    },
+    async ({ milliseconds = 0, steps = 0 }, extra) => {
+      const n = Math.max(steps, 1);
+      const token = extra._meta?.progressToken;
+      for (let i = 1; i <= n; i++) {
+        await new Promise((resolve) => setTimeout(resolve, milliseconds / n));
+        if (token !== undefined && steps > 0) {
+          await extra.sendNotification({ method: 'notifications/progress', params: { progressToken: token, progress: i, total: steps } });
+        }
+      }
+      return { content: [{ type: 'text', text: 'done' }] };
     },
   );
   return server;
@@ -189,6 +215,7 @@ async function handle(req, res) {
   const transport = new StreamableHTTPServerTransport({
     sessionIdGenerator: () => randomUUID(),
     enableJsonResponse: opt.json,
+    eventStore: opt['event-store'] ? new InMemoryEventStore() : undefined,
     onsessioninitialized: (id) => {
       stats.initialized++;
       transports.set(id, transport);
