@@ -78,6 +78,8 @@ func parseMCPSession(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error
 //	    initialize_timeout    <duration>|off
 //	    pinned_timeout        <duration>|off
 //	    legacy_sse            off|<query parameters...>
+//	    reclaim               on|off
+//	    reclaim_header        <name> <value>
 //	    handle                <tool or pattern> <JSON pointer>|text <Mcp-Param-Name>
 //	    handle_table          <name>
 //	    unknown_handle        forward|reject [<4xx status>]
@@ -113,6 +115,8 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 		return unmarshalSealKeys(d, seen, &h.SealSessionIDs)
 	case "legacy_sse":
 		return unmarshalLegacySSE(d, seen, &h.DisableLegacySSE, &h.LegacySSEParams)
+	case "reclaim_header":
+		return h.unmarshalReclaimHeader(d)
 	case "handle":
 		return h.HandleSettings.unmarshalHandle(d)
 	case "unknown_handle":
@@ -139,6 +143,14 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 				return d.Errf("localhost_protection: '%s' must be 'on' or 'off'", v)
 			}
 			h.DisableLocalhostProtection = v == "off"
+			return nil
+		}
+	case "reclaim":
+		set = func(v string) error {
+			if v != ReclaimOn && v != ReclaimOff {
+				return d.Errf("reclaim: '%s' must be '%s' or '%s'", v, ReclaimOn, ReclaimOff)
+			}
+			h.Reclaim = v
 			return nil
 		}
 	case "unknown_session":
@@ -344,6 +356,30 @@ func unmarshalLegacySSE(d *caddyfile.Dispenser, seen map[string]bool, off *bool,
 	return 1 + len(args), nil
 }
 
+// unmarshalReclaimHeader parses `reclaim_header <name> <value>` at the
+// cursor and returns how many tokens it took. It may be given once per name.
+func (h *Handler) unmarshalReclaimHeader(d *caddyfile.Dispenser) (int, error) {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return 0, d.Err("reclaim_header needs a header name and a value, such as 'reclaim_header Authorization \"Bearer {env.MCP_TOKEN}\"'")
+	}
+	name := http.CanonicalHeaderKey(args[0])
+	if !validHeaderName(name) {
+		return 0, d.Errf("reclaim_header: '%s' is not a header name", args[0])
+	}
+	if _, dup := h.ReclaimHeaders[name]; dup {
+		return 0, d.Errf("reclaim_header: duplicate header '%s'", name)
+	}
+	if reservedReclaimHeader(name) {
+		return 0, d.Errf("reclaim_header: '%s' is set by the proxy for each DELETE", name)
+	}
+	if h.ReclaimHeaders == nil {
+		h.ReclaimHeaders = map[string]string{}
+	}
+	h.ReclaimHeaders[name] = args[1]
+	return 3, nil
+}
+
 // parseCap parses a cap whose 0, its default, means no cap.
 func parseCap(d *caddyfile.Dispenser, name, v string, dst *int) error {
 	n, err := strconv.Atoi(v)
@@ -473,6 +509,8 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 //	    initialize_timeout    <duration>|off
 //	    pinned_timeout        <duration>|off
 //	    legacy_sse            off|<query parameters...>
+//	    reclaim               on|off
+//	    reclaim_header        <name> <value>
 //	    handle                <tool or pattern> <JSON pointer>|text <Mcp-Param-Name>
 //	    handle_table          <name>
 //	    unknown_handle        forward|reject [<4xx status>]

@@ -58,13 +58,16 @@
 //     interface and the table's side of it), tombstone.go, upstreams.go
 //     (the upstream records, [session.Registry]), cooloff.go (stuck and
 //     refusing upstreams), settings.go (the settings, and the lifetimes
-//     of sessions and tombstones), methodstats.go.
+//     of sessions and tombstones), methodstats.go, forget.go (the hook
+//     told of forgotten sessions their upstream may still hold, and the
+//     reclaim counters).
 //   - internal/redisstore: the redis store's connection (conn.go: a Conn
 //     is the table's layout in Redis, the health Redis's answers show, and
 //     the queue of writes not yet taken), sync.go (flushes and the
 //     once-a-second sync), keys.go, keycheck.go (hash_key clashes),
 //     record.go (the sealed failover records), lost.go (keys Redis lost
-//     while running), full.go (a full or read-only Redis), journal.go.
+//     while running), full.go (a full or read-only Redis), journal.go,
+//     reclaim.go (which instance reclaims a session that ends in Redis).
 //   - internal/mcpwire: the wire facts: the JSON-RPC head scanner and
 //     initialize check, the one JSON-RPC error body and writer, the SSE
 //     event parser, the Mcp-Session-Id checks, protocol versions, method
@@ -101,9 +104,10 @@
 //     initialize sent elsewhere), reinit.go (a stale initialize),
 //     failover.go, sealed.go (over internal/seal), legacysse.go (legacy
 //     HTTP+SSE streams), writer.go (the response the session is learned
-//     from), handleserve.go and handleresult.go (the requests carrying
-//     handles, the results they are learned from), journal.go (resumable
-//     streams, over internal/journal).
+//     from), reclaim.go (the DELETEs of sessions the table forgot, sent
+//     through the handler's next handler), handleserve.go and
+//     handleresult.go (the requests carrying handles, the results they are
+//     learned from), journal.go (resumable streams, over internal/journal).
 //   - Configuration on top: caddyfile.go (the matcher's and the upstream
 //     source's parsers next to their modules, in matcher.go and
 //     unixsockets.go),

@@ -120,6 +120,7 @@ var jsonNames = map[string][]string{
 	"localhost_protection": {"disable_localhost_protection"},
 	"legacy_sse":           {"legacy_sse_params", "disable_legacy_sse"},
 	"address":              {"addresses"},
+	"reclaim_header":       {"reclaim_headers"},
 	"handle":               {"handles"},
 	"unknown_handle":       {"unknown_handle", "unknown_handle_status"},
 }

@@ -196,6 +196,33 @@ type Handler struct {
 	// TypeScript SDK and mcp-go, the Python SDK, the Go SDK).
 	LegacySSEParams []string `json:"legacy_sse_params,omitempty"`
 
+	// Whether the proxy ends upstream the sessions its table forgets while
+	// the upstream may still hold them: `on` or `off`. A session forgotten
+	// for `session_ttl`, pushed out by `max_sessions`, evicted through the
+	// admin API, or whose upstream was gone or answered an initialize with
+	// its ID again, gets `DELETE <path>` with its `Mcp-Session-Id` (the
+	// upstream's own ID: the inner ID of a sealed one, the new upstream's
+	// after a failover) and the `MCP-Protocol-Version` its upstream last
+	// saw, sent to its upstream through this handler's reverse_proxy. The
+	// path is that of the last initialize the upstream answered. Sessions
+	// ended by the upstream's own answer (a DELETE passed through, a 404)
+	// are not sent again. MCP servers keep a session until its DELETE, and
+	// most clients never send one: a server with a session cap (the Python
+	// SDK 2.2 answers initialize 503 past 10,000) fills up, so it is on by
+	// default. Best effort: at most 4 in flight and 100 a second per
+	// handler, 3 s each, one try, a queue of 4096 that drops (counted) when
+	// full; never on a client's request path. With the redis store, only
+	// the instance whose write ends the session in Redis sends it.
+	// Handlers sharing a table should agree: the one provisioned last
+	// decides. Default: `on`.
+	Reclaim string `json:"reclaim,omitempty"`
+
+	// Headers the reclaim DELETEs carry, such as a static token the
+	// upstream's authentication accepts: name to value, each value a
+	// placeholder template evaluated for each DELETE (`{env.MCP_TOKEN}`).
+	// The proxy never keeps a client's credentials for them. Default: none.
+	ReclaimHeaders map[string]string `json:"reclaim_headers,omitempty"`
+
 	// The handles of MCP 2026-07-28 tools: see [HandleSettings].
 	HandleSettings
 
@@ -210,6 +237,8 @@ type Handler struct {
 	sealer   *sealing    // nil unless SealSessionIDs is set
 	failover *failover   // moves the table's sessions when failover is on
 	journal  *journaling // the table's journal (journal.go)
+
+	reclaim *reclaimer // sends the DELETEs of forgotten sessions (reclaim.go)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -238,6 +267,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	if h.InitializeTimeout == 0 {
 		h.InitializeTimeout = caddy.Duration(DefaultInitializeTimeout)
+	}
+	if h.Reclaim == "" {
+		h.Reclaim = ReclaimOn
 	}
 	if err := h.Validate(); err != nil {
 		return err
@@ -268,6 +300,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.sealer = &sealing{SessionSealer: sealer, table: t, maxIDLen: h.MaxSessionIDLength}
 	}
 	h.setLogger(h.logger)
+	h.reclaim = newReclaimer(h)
+	return nil
+}
+
+// Cleanup stops the handler's reclaim DELETEs and removes its hook from
+// the table, if the table still has it. It never returns an error.
+func (h *Handler) Cleanup() error {
+	if h.reclaim != nil {
+		h.reclaim.close()
+	}
 	return nil
 }
 
@@ -303,6 +345,11 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("failover must be %q or %q, got %q", session.FailoverOff, session.FailoverReinitialize, h.Failover)
 	case h.MaxInitializeSize < 0:
 		return fmt.Errorf("max_initialize_size must be positive, got %d", h.MaxInitializeSize)
+	case h.Reclaim != "" && h.Reclaim != ReclaimOn && h.Reclaim != ReclaimOff:
+		return fmt.Errorf("reclaim must be %q or %q, got %q", ReclaimOn, ReclaimOff, h.Reclaim)
+	case h.badReclaimHeader():
+		name, _ := badReclaimHeader(h.ReclaimHeaders)
+		return fmt.Errorf("reclaim_headers: %q is not a header name, or one the proxy sets on each DELETE itself (Mcp-Session-Id, MCP-Protocol-Version, Host, Content-Length)", name)
 	case h.FailoverMaxAge != 0 && time.Duration(h.FailoverMaxAge) < session.MinSessionTTL:
 		return fmt.Errorf("failover_max_age %s is below the minimum of %s; give a duration such as 1h, or leave it out for session_ttl",
 			time.Duration(h.FailoverMaxAge), session.MinSessionTTL)
@@ -335,6 +382,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if err := h.app.Start(); err != nil {
 			return caddyhttp.Error(http.StatusServiceUnavailable, err)
 		}
+	}
+	if h.reclaim != nil {
+		h.reclaim.attachTo(r, next)
 	}
 	return h.observe(w, r, next)
 }
@@ -490,6 +540,7 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 	pin(r, up)
 	h.table.Stats.CountPinned()
 	h.debug("pinned", id, up.Dial())
+	up.SetProtocolVersion(exchangeOf(r).version)
 	if r.Method == http.MethodGet {
 		h.table.StreamOpened(id)
 		up.AddStreams(1)
@@ -638,6 +689,9 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 	origin := session.Origin{Principal: principalOf(r, h.table.BindPrincipal()), Client: placeholderValue(r, h.table.ClientKey())}
 	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*session.Init)
 	if key := h.sealer.tableKey(ids[0]); h.table.LearnInit(key, sel.Dial, origin, init) {
+		if h.reclaim != nil {
+			h.reclaim.learnedPath(r, h.table.UseUpstream(sel.Dial))
+		}
 		decide(r, decisionLearned, sel.Dial)
 		h.debug("learned", key, sel.Dial)
 	}
@@ -703,5 +757,6 @@ var (
 	_ tableWriter                 = (*Handler)(nil)
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )

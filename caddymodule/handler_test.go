@@ -60,11 +60,17 @@ func provisionHandler(t testing.TB, h *Handler) (*Handler, *observer.ObservedLog
 	if h.Table == "" {
 		h.Table = "test/" + t.Name()
 	}
+	if h.Reclaim == "" {
+		// The fake proxies serve one request at a time: reclaim DELETEs,
+		// sent from goroutines of their own, are reclaim_test.go's.
+		h.Reclaim = ReclaimOff
+	}
 	ctx := newContext(t)
 	if err := h.Provision(ctx); err != nil {
 		t.Fatalf("Provision: %v", err)
 	}
 	startApp(t, ctx)
+	t.Cleanup(func() { _ = h.Cleanup() })
 	core, logs := observer.New(zapcore.DebugLevel)
 	h.setLogger(zap.New(core))
 	return h, logs

@@ -58,6 +58,12 @@ var (
 		"1 while another instance on the table's store and key_prefix uses another hash_key (neither finds the other's sessions), else 0.", []string{"table"}, nil)
 	descStoreErrors = prometheus.NewDesc("caddy_mcp_store_errors_total",
 		"Failed calls to the table's shared store, by operation.", []string{"table", "op"}, nil)
+	descReclaimSent = prometheus.NewDesc("caddy_mcp_reclaim_sent_total",
+		"DELETEs the proxy sent to upstreams for sessions its table forgot while the upstream may still hold them (reclaim).", []string{"table"}, nil)
+	descReclaimResults = prometheus.NewDesc("caddy_mcp_reclaim_results_total",
+		"Outcomes of reclaim DELETEs: ok (answered 2xx), not_found (answered 404: the upstream held the session no more), failed (no answer within 3s, another status, or not sendable: the upstream's path or session ID unknown).", []string{"table", "result"}, nil)
+	descReclaimDropped = prometheus.NewDesc("caddy_mcp_reclaim_dropped_total",
+		"Forgotten sessions whose DELETE was not sent because the reclaim queue (4096) was full.", []string{"table"}, nil)
 	descBodyMemory = prometheus.NewDesc("caddy_mcp_body_memory_bytes",
 		"Bytes of request bodies the proxy holds in memory to inspect them, over all requests in flight; at most 64 MiB.", nil, nil)
 	descBodyRefused = prometheus.NewDesc("caddy_mcp_body_memory_refused_total",
@@ -88,7 +94,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 // Describe sends the descriptors of all the plugin's metrics.
 func (tableCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLive, descDraining, descRefusing, descRefusals, descUnconfirmed, descMax, descLearned, descAdopted, descPinned, descUnknown, descGone, descMismatch, descUnavailable, descEvicted, descRequests, descByMethod, descStreams, descFailovers,
-		descClusterLive, descShared, descStoreUp, descStoreErrors, descWriteBacks, descRestored, descWritable, descHashKeyClash, descBodyMemory, descBodyRefused} {
+		descClusterLive, descShared, descStoreUp, descStoreErrors, descWriteBacks, descRestored, descWritable, descHashKeyClash, descBodyMemory, descBodyRefused, descReclaimSent, descReclaimResults, descReclaimDropped} {
 		ch <- d
 	}
 	for _, d := range journalDescs {
@@ -151,6 +157,12 @@ func collectTable(ch chan<- prometheus.Metric, t *session.Table) {
 		counter(descFailovers, s.Failovers(c, false), t.Name(), c.String(), session.ResultFailed)
 		counter(descFailovers, s.FailoversRefused(c), t.Name(), c.String(), session.ResultRefused)
 	}
+	rc := &s.Reclaims
+	counter(descReclaimSent, rc.Sent.Load(), t.Name())
+	counter(descReclaimResults, rc.OK.Load(), t.Name(), "ok")
+	counter(descReclaimResults, rc.NotFound.Load(), t.Name(), "not_found")
+	counter(descReclaimResults, rc.Failed.Load(), t.Name(), "failed")
+	counter(descReclaimDropped, rc.Dropped.Load(), t.Name())
 	collectMethods(ch, t)
 	collectStore(ch, t)
 }

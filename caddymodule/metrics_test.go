@@ -49,6 +49,10 @@ var metricNames = map[string]dto.MetricType{
 	"caddy_mcp_store_hash_key_clash":          dto.MetricType_GAUGE,
 	"caddy_mcp_store_writable":                dto.MetricType_GAUGE,
 	"caddy_mcp_failovers_total":               dto.MetricType_COUNTER,
+	// reclaim.go
+	"caddy_mcp_reclaim_sent_total":    dto.MetricType_COUNTER,
+	"caddy_mcp_reclaim_results_total": dto.MetricType_COUNTER,
+	"caddy_mcp_reclaim_dropped_total": dto.MetricType_COUNTER,
 	// bodymemory.go
 	"caddy_mcp_body_memory_bytes":         dto.MetricType_GAUGE,
 	"caddy_mcp_body_memory_refused_total": dto.MetricType_COUNTER,
@@ -139,7 +143,7 @@ func tableSeries(name string, maxSessions int) gathered {
 	l := fmt.Sprintf("table=%q", name)
 	g["caddy_mcp_sessions_max{"+l+"}"] = float64(maxSessions)
 	g["caddy_mcp_sessions_unconfirmed{"+l+"}"] = 0
-	for _, n := range []string{"caddy_mcp_sessions_learned_total", "caddy_mcp_sessions_adopted_total", "caddy_mcp_requests_pinned_total", "caddy_mcp_unknown_session_total", "caddy_mcp_upstream_gone_total", "caddy_mcp_principal_mismatch_total", "caddy_mcp_upstream_unavailable_total"} {
+	for _, n := range []string{"caddy_mcp_sessions_learned_total", "caddy_mcp_sessions_adopted_total", "caddy_mcp_requests_pinned_total", "caddy_mcp_unknown_session_total", "caddy_mcp_upstream_gone_total", "caddy_mcp_principal_mismatch_total", "caddy_mcp_upstream_unavailable_total", "caddy_mcp_reclaim_sent_total", "caddy_mcp_reclaim_dropped_total"} {
 		g[n+"{"+l+"}"] = 0
 	}
 	for _, r := range session.EvictReasons {
@@ -155,6 +159,9 @@ func tableSeries(name string, maxSessions int) gathered {
 	}
 	for _, k := range []string{"get", "listen"} {
 		g[fmt.Sprintf("caddy_mcp_streams_open{kind=%q,%s}", k, l)] = 0
+	}
+	for _, res := range []string{"ok", "not_found", "failed"} {
+		g[fmt.Sprintf("caddy_mcp_reclaim_results_total{result=%q,%s}", res, l)] = 0
 	}
 	return g
 }

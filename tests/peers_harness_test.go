@@ -762,12 +762,19 @@ const gunicornReady = "Application startup complete"
 // worker has started the app and its address accepts connections.
 func startGunicornsOn(t *testing.T, peer gunicornPeer, names []string, workers int, socketDir string) []*testproc.Proc {
 	t.Helper()
+	return startGunicornsWith(t, peer, names, workers, socketDir, func(string) []string { return nil })
+}
+
+// startGunicornsWith is startGunicornsOn with env(name) added to the
+// environment of gunicorn name (MCP_MAX_SESSIONS=3 caps its sessions).
+func startGunicornsWith(t *testing.T, peer gunicornPeer, names []string, workers int, socketDir string, env func(name string) []string) []*testproc.Proc {
+	t.Helper()
 	gs := make([]*testproc.Proc, len(names))
 	for i, name := range names {
 		addr, bind := gunicornBind(t, name, socketDir)
 		cmd := exec.Command(peer.bin, "--chdir", peer.dir, "app:app",
 			"-k", "uvicorn.workers.UvicornWorker", "--workers", strconv.Itoa(workers), "--bind", bind)
-		gs[i] = launch(t, name, addr, withEnv(cmd, "MCP_SERVER_NAME="+name, "PYTHONDONTWRITEBYTECODE=1"))
+		gs[i] = launch(t, name, addr, withEnv(cmd, append([]string{"MCP_SERVER_NAME=" + name, "PYTHONDONTWRITEBYTECODE=1"}, env(name)...)...))
 	}
 	ready(t, gunicornStartTimeout, gs, testproc.LogCount(gunicornReady, workers), testproc.Listening())
 	return gs

@@ -10,7 +10,7 @@ import (
 
 // TestNoBlackHoleForRefusingUpstream: one of three upstreams refuses new
 // sessions — a server at its session cap answering initialize 503 as the
-// Python SDK 2.2 does, or one answering every initialize 500 — and 60 new
+// Python SDK 2.2 does, or one answering every initialize 500 — and 100 new
 // sessions through mcp_proxy all open on the others: the refused initialize
 // goes to another upstream, and the refusing one gets no new sessions for a
 // while, visible in the admin API and the metrics, while the sessions it
@@ -18,7 +18,7 @@ import (
 // same servers hands the refusal to about a third of the clients. With no
 // other upstream, the client gets the server's refusal itself, not a 502.
 func TestNoBlackHoleForRefusingUpstream(t *testing.T) {
-	const sessions = 60
+	const sessions = 100
 	for _, tc := range []struct {
 		name  string
 		flags []string

@@ -41,6 +41,12 @@ python-sdk's SseServerTransport does (what fastapi-mcp's mount() serves):
 The server name is $MCP_SERVER_NAME (default "gunicorn") plus the worker's pid,
 so the workers of one gunicorn are told apart.
 
+$MCP_MAX_SESSIONS, if set above 0, caps the live sessions of each process as
+the Python MCP SDK 2.2 does at its cap (10,000 by default there): an
+`initialize` past that many answers 503 with `Retry-After: 1` and a JSON-RPC
+error, and only a DELETE frees a slot (no idle reaper, as with FastMCP's
+`session_idle_timeout=None`).
+
 Run it: gunicorn app:app (with gunicorn.conf.py and its hooks), or one single-worker
 gunicorn per port: gunicorn app:app -k uvicorn.workers.UvicornWorker --workers 1 --bind 127.0.0.1:9001
 """
@@ -53,6 +59,7 @@ import uuid
 
 SERVER_NAME = os.environ.get("MCP_SERVER_NAME", "gunicorn")
 ENDPOINT = os.environ.get("MCP_ENDPOINT", "/mcp")
+MAX_SESSIONS = int(os.environ.get("MCP_MAX_SESSIONS", "0") or 0)
 SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST_VERSION = SUPPORTED_VERSIONS[0]
 # python-sdk's default when bound to loopback: a loopback host *with a port*.
@@ -203,6 +210,10 @@ async def handle_mcp(scope, receive, send):
     if msg.get("method") == "initialize":
         if session is not None:
             await send_response(send, 400, rpc_error(-32600, "Bad Request: initialize must not carry a session ID", msg.get("id")))
+            return
+        if 0 < MAX_SESSIONS <= len(sessions):
+            await send_response(send, 503, rpc_error(-32000, "Service Unavailable: too many sessions (%d); end one with DELETE"
+                                                     % MAX_SESSIONS, msg.get("id")), extra=[(b"retry-after", b"1")])
             return
         wanted = (msg.get("params") or {}).get("protocolVersion")
         version = wanted if wanted in SUPPORTED_VERSIONS else LATEST_VERSION

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"strconv"
 	"sync"
 )
 
-// capped wraps an MCP handler with the session limits of Options: with
+// capped wraps an MCP handler with the session limits of Options (GET
+// /capz, served by NewHandler, tells its counts): with
 // MaxSessions positive, an initialize past that many live sessions gets 503
 // with Retry-After, as the Python MCP SDK 2.2 answers at its session cap
 // (no reaper: only a DELETE frees a slot); with InitializeStatus set, every
@@ -19,17 +21,42 @@ func capped(next http.Handler, opts Options) http.Handler {
 	if opts.MaxSessions <= 0 && opts.InitializeStatus == 0 {
 		return next
 	}
-	c := &sessionCap{next: next, max: opts.MaxSessions, status: opts.InitializeStatus, live: map[string]bool{}}
+	c := &sessionCap{next: next, max: opts.MaxSessions, status: opts.InitializeStatus, live: map[string]bool{}, deletes: map[string]int{}}
 	return c
 }
 
 // sessionCap counts the sessions a handler opened and ends.
 type sessionCap struct {
-	next   http.Handler
-	max    int
-	status int
-	mu     sync.Mutex
-	live   map[string]bool
+	next    http.Handler
+	max     int
+	status  int
+	refused int
+	mu      sync.Mutex
+	live    map[string]bool
+	// deletes counts the DELETEs of each session ID, known or not: a
+	// test's count of what a proxy sent.
+	deletes map[string]int
+}
+
+// CapStats is what GET /capz answers for a capped server.
+type CapStats struct {
+	// Live is the number of sessions opened and not DELETEd.
+	Live int `json:"live"`
+	// Max is the cap.
+	Max int `json:"max"`
+	// Refused counts initializes answered 503 at the cap.
+	Refused int `json:"refused"`
+	// Deletes counts the DELETEs of each session ID.
+	Deletes map[string]int `json:"deletes"`
+}
+
+// stats answers GET /capz with the server's CapStats.
+func (c *sessionCap) stats(w http.ResponseWriter, _ *http.Request) {
+	c.mu.Lock()
+	st := CapStats{Live: len(c.live), Max: c.max, Refused: c.refused, Deletes: maps.Clone(c.deletes)}
+	c.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(st)
 }
 
 // ServeHTTP refuses an initialize past the cap and counts the sessions
@@ -44,6 +71,9 @@ func (c *sessionCap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		c.mu.Lock()
 		full := len(c.live) >= c.max
+		if full {
+			c.refused++
+		}
 		c.mu.Unlock()
 		if full {
 			refuse(w, http.StatusServiceUnavailable, "the server holds its most sessions ("+strconv.Itoa(c.max)+"); end one with DELETE")
@@ -57,6 +87,9 @@ func (c *sessionCap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			c.mu.Unlock()
 		}
 	case r.Method == http.MethodDelete && id != "":
+		c.mu.Lock()
+		c.deletes[id]++
+		c.mu.Unlock()
 		rec := &statusRecorder{ResponseWriter: w}
 		c.next.ServeHTTP(rec, r)
 		if rec.status < 300 || rec.status == http.StatusNotFound {

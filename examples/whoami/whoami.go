@@ -134,18 +134,23 @@ type SlowInput struct {
 
 // NewHandler returns an http.Handler serving the whoami MCP server over
 // Streamable HTTP at any path but /healthz, its health endpoint for a
-// proxy's active health checks (see HealthHandler). Sessions are kept in
-// memory. DNS-rebinding protection stays on unless opts.AnyHost: requests
+// proxy's active health checks (see HealthHandler), and, for a server with
+// a session cap, /capz, which answers its counts (see CapStats). Sessions
+// are kept in memory. DNS-rebinding protection stays on unless opts.AnyHost: requests
 // arriving on a loopback address must carry a loopback Host header.
 func NewHandler(opts Options) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /healthz", HealthHandler(opts.DownFile))
+	inner := capped(mcpHandler(opts), opts)
+	if c, ok := inner.(*sessionCap); ok {
+		mux.HandleFunc("GET /capz", c.stats)
+	}
 	if opts.BearerToken == "" {
-		mux.Handle("/", capped(mcpHandler(opts), opts))
+		mux.Handle("/", inner)
 		return mux
 	}
 	mux.Handle("GET "+ResourceMetadataPrefix+"/", ResourceMetadataHandler())
-	mux.Handle("/", ProtectedByHost(opts.BearerToken, capped(mcpHandler(opts), opts)))
+	mux.Handle("/", ProtectedByHost(opts.BearerToken, inner))
 	return mux
 }
 

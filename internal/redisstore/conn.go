@@ -61,6 +61,9 @@ type pendingEnd struct {
 	reason session.EvictReason
 	// tomb is the life of the session's tombstone in Redis; 0 leaves none.
 	tomb time.Duration
+	// reclaim is what the table reclaims if this end ends the session in
+	// Redis (reclaim.go); nil for none.
+	reclaim *session.Forgotten
 }
 
 // redisConn is one table's connection to Redis: it answers the table's
@@ -284,6 +287,7 @@ func (c *Conn) Put(id, dial string, bound session.PrincipalSum, record string) {
 	pipe := c.client.Pipeline()
 	pipe.Del(ctx, c.ks.tomb(h)) // an upstream opened a session with this ID again
 	c.writeSessionFor(ctx, pipe, h, v, false, life)
+	c.queueReclaimRecord(ctx, pipe, h, id)
 	counts := c.countSessions(ctx, pipe, c.t.Upstreams())
 	err, refusal := exec(ctx, pipe)
 	switch {
@@ -412,9 +416,9 @@ func (c *Conn) touchStreams() {
 // for that long (the table's tombstones), and returns once Redis has it, or failed
 // to take it in time: the client that ended the session gets its answer
 // only then, so that no replica it asks next finds the session in Redis.
-func (c *Conn) End(id, dial string, reason session.EvictReason, tomb time.Duration) {
+func (c *Conn) End(id, dial string, reason session.EvictReason, tomb time.Duration, reclaim *session.Forgotten) {
 	h := c.ks.hash(id)
-	e := pendingEnd{dial: dial, reason: reason, tomb: tomb}
+	e := pendingEnd{dial: dial, reason: reason, tomb: tomb, reclaim: reclaim}
 	c.mu.Lock()
 	delete(c.byHash, h)
 	delete(c.puts, h)
@@ -440,11 +444,12 @@ func (c *Conn) endNow(h keyHash, e pendingEnd) bool {
 	ctx, cancel := c.call()
 	defer cancel()
 	pipe := c.client.Pipeline()
-	c.writeEnd(ctx, pipe, h, e)
+	cmd := c.writeEnd(ctx, pipe, h, e)
 	if err, refusal := exec(ctx, pipe); err != nil || refusal != nil {
 		c.failWrite(opFlush, orErr(err, refusal))
 		return false
 	}
+	c.reclaimEnded(map[*redis.Cmd]*session.Forgotten{cmd: e.reclaim})
 	return true
 }
 

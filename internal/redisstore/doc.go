@@ -15,7 +15,9 @@
 // eviction) and writes the table back; full.go keeps a Redis that refuses
 // writes (OOM, READONLY) readable, and bounds what sessions never used
 // after their initialize hold in Redis; keycheck.go notices instances on
-// another hash_key.
+// another hash_key. reclaim.go makes exactly one instance reclaim each
+// session that ends in Redis: the one whose write (or expiry sweep)
+// removed it.
 //
 // The package imports no Caddy package: caddymodule/redis.go configures it.
 package redisstore

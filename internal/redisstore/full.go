@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
@@ -143,22 +144,34 @@ func (l *layout) confirmWrites(ctx context.Context, pipe redis.Pipeliner, confir
 }
 
 // dropScript removes an unconfirmed session from Redis unless an instance
-// confirmed it meanwhile (its TTL is then longer than an unconfirmed one's).
+// confirmed it meanwhile (its TTL is then longer than an unconfirmed one's),
+// with its reclaim record (reclaim.go). It returns 0 when it kept the
+// session; else the reclaim record it removed, or 1 without one.
 //
-//	KEYS: the session, its upstream's set
+//	KEYS: the session, its upstream's set, the reclaim hash
 //	ARGV: the unconfirmed TTL (ms), the session's member
 var dropScript = redis.NewScript(`
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl > tonumber(ARGV[1]) then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[2])
+local rec = redis.call('HGET', KEYS[3], ARGV[2])
+if rec then
+  redis.call('HDEL', KEYS[3], ARGV[2])
+  return rec
+end
 return 1`)
 
 // dropWrites queues, in a flush's pipeline, the removal of each session the
 // table dropped before its first use (hash -> dial).
-func (l *layout) dropWrites(ctx context.Context, pipe redis.Pipeliner, drops map[keyHash]string) {
+// It returns each drop's command, with what the table reclaims if this
+// drop removed the session (all but its key, which the record holds).
+func (l *layout) dropWrites(ctx context.Context, pipe redis.Pipeliner, drops map[keyHash]string) map[*redis.Cmd]takenEnd {
 	life := l.unconfirmedLife().Milliseconds()
+	out := make(map[*redis.Cmd]takenEnd, len(drops))
 	for h, dial := range drops {
-		dropScript.Eval(ctx, pipe, []string{l.ks.session(h), l.ks.upstream(dial)}, life, h.String())
+		cmd := dropScript.Eval(ctx, pipe, []string{l.ks.session(h), l.ks.upstream(dial), l.ks.reclaims()}, life, h.String())
+		out[cmd] = takenEnd{member: h.String(), f: session.Forgotten{Dial: dial, Reason: session.EvictUnconfirmed}}
 	}
+	return out
 }

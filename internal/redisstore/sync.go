@@ -127,13 +127,15 @@ func (c *Conn) Flush() {
 			touched[id] = cmd
 		}
 	}
+	ended := make(map[*redis.Cmd]*session.Forgotten, len(q.ends))
 	for h, e := range q.ends {
-		c.writeEnd(ctx, pipe, h, e)
+		ended[c.writeEnd(ctx, pipe, h, e)] = e.reclaim
 	}
 	c.writeDrains(ctx, pipe, q.drains)
 	c.confirmWrites(ctx, pipe, q.confirm)
-	c.dropWrites(ctx, pipe, q.drops)
-	if err := c.writeUpstreamEnds(ctx, pipe, q.upEnds); err != nil {
+	dropped := c.dropWrites(ctx, pipe, q.drops)
+	taken, err := c.writeUpstreamEnds(ctx, pipe, q.upEnds)
+	if err != nil {
 		c.fail(opFlush, err)
 		c.requeue(q)
 		return
@@ -145,17 +147,16 @@ func (c *Conn) Flush() {
 	}
 	c.accepted()
 	c.followTouched(touched)
+	c.reclaimEnded(ended)
+	c.reclaimTaken(taken)
+	c.reclaimTaken(dropped)
 }
 
-// writeEnd queues the removal of an ended session, and its tombstone if
-// it has one, and tells the instances.
-func (l *layout) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) {
-	if e.tomb > 0 {
-		pipe.Set(ctx, l.ks.tomb(h), e.reason.String(), e.tomb)
-	}
-	pipe.Del(ctx, l.ks.session(h))
-	pipe.ZRem(ctx, l.ks.upstream(e.dial), h.String())
-	pipe.Publish(ctx, l.ks.events(), msgEnded+" "+e.reason.String()+" "+h.String())
+// writeEnd queues the removal of an ended session, with its reclaim
+// record, and its tombstone if it has one, and tells the instances
+// (endScript). Its command says whether this write ended the session.
+func (l *layout) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) *redis.Cmd {
+	return l.writeEndScript(ctx, pipe, h, e)
 }
 
 // writeDrains queues the drain flags and tells the instances.
@@ -175,24 +176,27 @@ func (l *layout) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains m
 }
 
 // writeUpstreamEnds reads the sessions of each evicted upstream and queues
-// their removal, with their tombstones when they leave one, then tells the
-// instances.
-func (l *layout) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) error {
+// their removal, with their tombstones when they leave one and their
+// reclaim records, then tells the instances. It reclaims none: the members
+// read at flush time may include sessions learned after the eviction,
+// which must not be DELETEd upstream.
+func (l *layout) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) (map[*redis.Cmd]takenEnd, error) {
 	for dial, tomb := range dials {
 		members, err := l.client.ZRange(ctx, l.ks.upstream(dial), 0, -1).Result()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for _, m := range members {
 			if tomb > 0 {
 				pipe.Set(ctx, l.ks.tag+":x:"+m, session.EvictAdmin.String(), tomb)
 			}
 			pipe.Del(ctx, l.ks.tag+":s:"+m)
+			pipe.HDel(ctx, l.ks.reclaims(), m)
 		}
 		pipe.Del(ctx, l.ks.upstream(dial))
 		pipe.Publish(ctx, l.ks.events(), msgUpstream+" "+dial)
 	}
-	return nil
+	return nil, nil
 }
 
 // syncLoop reads the cluster's view every syncEvery while Redis is
@@ -336,9 +340,9 @@ func (l *layout) syncUpstreams(ctx context.Context, records []redis.Z) error {
 	}
 	pipe := l.client.Pipeline()
 	counts := map[string]*redis.IntCmd{}
+	expired := l.expiredMembers(ctx, pipe, seen, now)
 	for dial := range seen {
-		pipe.ZRemRangeByScore(ctx, l.ks.upstream(dial), "-inf", itoa(now.UnixMilli()))
-		counts[dial] = pipe.ZCard(ctx, l.ks.upstream(dial))
+		counts[dial] = pipe.ZCount(ctx, l.ks.upstream(dial), "("+itoa(now.UnixMilli()), "+inf")
 	}
 	for _, u := range l.t.Upstreams() {
 		if l.t.InUse(u) {
@@ -346,6 +350,9 @@ func (l *layout) syncUpstreams(ctx context.Context, records []redis.Z) error {
 		}
 	}
 	if err, _ := exec(ctx, pipe); err != nil { // a refused ZADD leaves the counts read
+		return err
+	}
+	if err := l.reap(ctx, expired); err != nil {
 		return err
 	}
 	return l.applyRecords(ctx, seen, counts, now)

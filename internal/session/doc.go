@@ -12,6 +12,8 @@
 // counters in methodstats.go). Its [Registry] of upstream records
 // (upstreams.go) carries draining flags, drain deadlines and cool-offs
 // (cooloff.go); its settings live in small embedded types (settings.go).
+// It tells a [ForgetHook] of the sessions it forgets that their upstream
+// may still hold, so that the proxy can end them there (forget.go).
 //
 // A table can share its sessions with other instances through a [Shared]
 // store (tableshare.go): the table calls the store outside its locks, and

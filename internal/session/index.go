@@ -86,18 +86,26 @@ func (ix *index) MaxSessions() int {
 	return ix.max
 }
 
-// evictHere removes session id from this process's table only, and returns
+// EvictHere removes session id from this process's table only, and returns
 // its upstream's dial address and whether the table held it.
 func (ix *index) EvictHere(id string, reason EvictReason) (string, bool) {
+	dial, _, held := ix.evictHere(id, reason)
+	return dial, held
+}
+
+// evictHere is EvictHere that also returns the ID the session's upstream
+// knows it by, when a failover changed it (see [Forgotten]).
+func (ix *index) evictHere(id string, reason EvictReason) (dial, upstreamID string, held bool) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	e, list, ok := ix.peek(id)
 	if !ok {
-		return "", false
+		return "", "", false
 	}
+	upstreamID = ix.inits[id].upstreamID()
 	ix.reason = reason
 	list.Remove(id)
-	return e.up.dial, true
+	return e.up.dial, upstreamID, true
 }
 
 // expired reports whether e has been idle longer than the TTL at time now.

@@ -159,6 +159,10 @@ type Upstream struct {
 	refusals      atomic.Uint64
 	evicted       atomic.Uint64 // its sessions that left the table, for any reason
 	movedAway     atomic.Uint64 // its sessions that this instance failed over to another upstream
+	// mcpPath and version are the request path of its last initialize and
+	// the last MCP-Protocol-Version its sessions used, for the DELETEs of
+	// forgotten sessions (forget.go).
+	mcpPath, version atomic.Pointer[string]
 }
 
 // Evicted returns how many of the upstream's sessions left the table, for
@@ -266,6 +270,9 @@ type Stats struct {
 
 	adopted atomic.Uint64 // sessions recorded from sealed session IDs
 
+	// Reclaims count the DELETEs sent for sessions the table forgot (forget.go).
+	Reclaims ReclaimStats
+
 	failovers failoverStats // tablefailover.go
 }
 
@@ -359,6 +366,8 @@ type Table struct {
 	// lifetimes holds the TTL, the failover settings and what the table's
 	// keys are: how long sessions and their tombstones live.
 	lifetimes
+	// forgetHooks holds the hook told of sessions the upstream may still hold (forget.go).
+	forgetHooks
 	// journalLink holds the table's event journal, nil while it is off.
 	journalLink
 
@@ -725,7 +734,7 @@ func (t *Table) evict(id string, reason EvictReason, bury bool) bool {
 	if !reason.Valid() {
 		return false
 	}
-	dial, held := t.EvictHere(id, reason)
+	dial, upstreamID, held := t.evictHere(id, reason)
 	if bury && (!held || !reason.leavesTombstone()) { // else the eviction callback buried it
 		t.bury(id, TombEnded)
 	}
@@ -745,7 +754,11 @@ func (t *Table) evict(id string, reason EvictReason, bury bool) bool {
 	if bury && t.buries(id) {
 		life = t.tombLife(id)
 	}
-	c.End(id, dial, reason, life)
+	var reclaim *Forgotten
+	if reason.Reclaims() && t.Reclaiming() {
+		reclaim = &Forgotten{Key: strings.Clone(id), Dial: dial, UpstreamID: upstreamID, Reason: reason}
+	}
+	c.End(id, dial, reason, life, reclaim)
 	return true
 }
 
@@ -875,6 +888,9 @@ func (t *Table) onEvict(id string, e entry) {
 	}
 	e.up.live.Add(-1)
 	e.up.evicted.Add(1)
+	if t.shared() == nil && t.reason.Reclaims() {
+		t.Reclaim(Forgotten{Key: id, Dial: e.up.dial, UpstreamID: t.inits[id].upstreamID(), Reason: t.reason})
+	}
 	delete(t.inits, id)
 	t.Stats.evictions[t.reason].Add(1) // valid: only the table's own code and Evict's checked reasons set it
 	switch {

@@ -55,8 +55,11 @@ type Shared interface {
 	Streaming(id, v string, open bool)
 	// End removes session id of dial from the store and from every
 	// instance's table, for reason; with a tomb life above 0 it leaves a
-	// tombstone for that long, and returns once the store has it.
-	End(id, dial string, reason EvictReason, tomb time.Duration)
+	// tombstone for that long, and returns once the store has it. With
+	// reclaim not nil, the store hands it to [Table.Reclaim] if its write
+	// ended the session in the store (another instance's write, or the
+	// store's expiry, may have come first).
+	End(id, dial string, reason EvictReason, tomb time.Duration, reclaim *Forgotten)
 	// EndUpstream removes every session of dial from the store and from
 	// every instance's table, soon; with a tomb life, each leaves a
 	// tombstone for that long.
