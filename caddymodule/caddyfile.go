@@ -116,7 +116,7 @@ func (h *Handler) unmarshalOption(d *caddyfile.Dispenser, seen map[string]bool) 
 	case "legacy_sse":
 		return unmarshalLegacySSE(d, seen, &h.DisableLegacySSE, &h.LegacySSEParams)
 	case "reclaim_header":
-		return h.unmarshalReclaimHeader(d)
+		return unmarshalReclaimHeader(d, &h.ReclaimHeaders)
 	case "handle":
 		return h.HandleSettings.unmarshalHandle(d)
 	case "unknown_handle":
@@ -357,8 +357,9 @@ func unmarshalLegacySSE(d *caddyfile.Dispenser, seen map[string]bool, off *bool,
 }
 
 // unmarshalReclaimHeader parses `reclaim_header <name> <value>` at the
-// cursor and returns how many tokens it took. It may be given once per name.
-func (h *Handler) unmarshalReclaimHeader(d *caddyfile.Dispenser) (int, error) {
+// cursor into headers and returns how many tokens it took. It may be given
+// once per name.
+func unmarshalReclaimHeader(d *caddyfile.Dispenser, headers *map[string]string) (int, error) {
 	args := d.RemainingArgs()
 	if len(args) != 2 {
 		return 0, d.Err("reclaim_header needs a header name and a value, such as 'reclaim_header Authorization \"Bearer {env.MCP_TOKEN}\"'")
@@ -367,16 +368,16 @@ func (h *Handler) unmarshalReclaimHeader(d *caddyfile.Dispenser) (int, error) {
 	if !validHeaderName(name) {
 		return 0, d.Errf("reclaim_header: '%s' is not a header name", args[0])
 	}
-	if _, dup := h.ReclaimHeaders[name]; dup {
+	if _, dup := (*headers)[name]; dup {
 		return 0, d.Errf("reclaim_header: duplicate header '%s'", name)
 	}
 	if reservedReclaimHeader(name) {
 		return 0, d.Errf("reclaim_header: '%s' is set by the proxy for each DELETE", name)
 	}
-	if h.ReclaimHeaders == nil {
-		h.ReclaimHeaders = map[string]string{}
+	if *headers == nil {
+		*headers = map[string]string{}
 	}
-	h.ReclaimHeaders[name] = args[1]
+	(*headers)[name] = args[1]
 	return 3, nil
 }
 

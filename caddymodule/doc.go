@@ -81,7 +81,8 @@
 //     decided for it, its request variables and era), decision.go (the
 //     {mcp.decision} values), placeholders.go, body.go and bodymemory.go
 //     (the body's reads and their memory budget), jsonrpc.go and answer.go
-//     (the proxy's own answers, decoded upstream answers), deadline.go
+//     (the proxy's own answers, the upstreams' answers to the proxy's own
+//     requests), deadline.go
 //     (write limits lifted while an upstream answers), host.go,
 //     sessionkey.go (table keys and the IDs clients hold), legacyquery.go
 //     (a legacy session named in a query), templates.go (placeholder
@@ -91,7 +92,9 @@
 //     NewTable), tablesettings.go and journalsettings.go (the settings a
 //     handler and the app share), handles.go (the handle rules of
 //     2026-07-28 tools and their settings), matcher.go (the mcp matcher),
-//     selection.go, leastsessions.go,
+//     sealer.go (the keys of sealed session IDs), reclaim.go (the DELETEs
+//     of sessions the table forgot, sent through the handler's next
+//     handler), selection.go, leastsessions.go,
 //     health.go, redis.go, admin.go and adminbody.go, metrics.go and
 //     journalmetrics.go, the status page in statuspage.go (its HTML and
 //     CSS beside it), statushandler.go and activity.go (its recent
@@ -102,10 +105,10 @@
 //     observe.go (the exchange kept around serving), frozen.go and open.go
 //     (bounded waits for upstream answers), refusal.go (a refused
 //     initialize sent elsewhere), reinit.go (a stale initialize),
-//     failover.go, sealed.go (over internal/seal), legacysse.go (legacy
+//     failover.go, sealed.go (sealing responses, over internal/seal),
+//     legacysse.go (legacy
 //     HTTP+SSE streams), writer.go (the response the session is learned
-//     from), reclaim.go (the DELETEs of sessions the table forgot, sent
-//     through the handler's next handler), handleserve.go and
+//     from), handleserve.go and
 //     handleresult.go (the requests carrying handles, the results they are
 //     learned from), journal.go (resumable streams, over internal/journal).
 //   - Configuration on top: caddyfile.go (the matcher's and the upstream

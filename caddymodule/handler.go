@@ -300,7 +300,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.sealer = &sealing{SessionSealer: sealer, table: t, maxIDLen: h.MaxSessionIDLength}
 	}
 	h.setLogger(h.logger)
-	h.reclaim = newReclaimer(h)
+	h.reclaim = newReclaimer(t, sealer, h.logger, h.Reclaim, h.ReclaimHeaders)
 	return nil
 }
 
@@ -323,12 +323,18 @@ func (h *Handler) setLogger(l *zap.Logger) {
 	if h.handles != nil {
 		h.handles.table.SetLogger(l)
 	}
+	if h.reclaim != nil {
+		h.reclaim.logger = l
+	}
 }
 
 // Validate checks the handler's settings. Its error names the first
 // setting that is negative or below its minimum, or an unknown_session
 // that is neither reject nor forward.
 func (h *Handler) Validate() error {
+	if err := checkReclaimHeaders(h.ReclaimHeaders); err != nil {
+		return err
+	}
 	switch {
 	case h.MaxSessions < 0:
 		return fmt.Errorf("max_sessions must be positive, got %d", h.MaxSessions)
@@ -347,9 +353,6 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("max_initialize_size must be positive, got %d", h.MaxInitializeSize)
 	case h.Reclaim != "" && h.Reclaim != ReclaimOn && h.Reclaim != ReclaimOff:
 		return fmt.Errorf("reclaim must be %q or %q, got %q", ReclaimOn, ReclaimOff, h.Reclaim)
-	case h.badReclaimHeader():
-		name, _ := badReclaimHeader(h.ReclaimHeaders)
-		return fmt.Errorf("reclaim_headers: %q is not a header name, or one the proxy sets on each DELETE itself (Mcp-Session-Id, MCP-Protocol-Version, Host, Content-Length)", name)
 	case h.FailoverMaxAge != 0 && time.Duration(h.FailoverMaxAge) < session.MinSessionTTL:
 		return fmt.Errorf("failover_max_age %s is below the minimum of %s; give a duration such as 1h, or leave it out for session_ttl",
 			time.Duration(h.FailoverMaxAge), session.MinSessionTTL)

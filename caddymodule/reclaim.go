@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -54,7 +55,9 @@ const (
 // same transport, TLS and header operations as the session's requests),
 // pinned to the session's upstream.
 type reclaimer struct {
-	h       *Handler
+	table   *session.Table
+	sealer  *SessionSealer      // the handler's; nil without sealed IDs
+	logger  *zap.Logger         // the handler's (see [Handler.setLogger])
 	headers map[string]string   // reclaim_headers, placeholders unexpanded
 	hook    *session.ForgetHook // Fn nil with reclaim off
 	prev    *session.ForgetHook // the table's hook before this one
@@ -77,19 +80,21 @@ type reclaimRoute struct {
 	path   atomic.Pointer[string]
 }
 
-// newReclaimer returns h's reclaimer and makes its hook the table's: the
+// newReclaimer returns the reclaimer of a handler of table t, with its
+// sealer, reclaim setting and reclaim_headers, and makes its hook the
+// table's: the
 // handler provisioned last decides for the table, and the sessions the
 // table forgets from then on wait in the queue until the handler serves
 // its first request, which tells the senders where to send. With reclaim
 // off its hook receives nothing.
-func newReclaimer(h *Handler) *reclaimer {
-	rc := &reclaimer{h: h, headers: h.ReclaimHeaders, stop: make(chan struct{}), hook: &session.ForgetHook{}}
-	if h.Reclaim != ReclaimOff {
+func newReclaimer(t *session.Table, sealer *SessionSealer, logger *zap.Logger, reclaim string, headers map[string]string) *reclaimer {
+	rc := &reclaimer{table: t, sealer: sealer, logger: logger, headers: headers, stop: make(chan struct{}), hook: &session.ForgetHook{}}
+	if reclaim != ReclaimOff {
 		rc.queue = make(chan session.Forgotten, reclaimQueue)
 		rc.limit = rate.NewLimiter(reclaimRate, reclaimBurst)
 		rc.hook.Fn = rc.enqueue
 	}
-	rc.prev = h.table.SetForgetHook(rc.hook)
+	rc.prev = t.SetForgetHook(rc.hook)
 	openReclaimers.Store(rc.hook, rc)
 	return rc
 }
@@ -132,13 +137,13 @@ func (rc *reclaimer) learnedPath(r *http.Request, up *session.Upstream) {
 // full. It runs with the table's lock held, so it never waits.
 func (rc *reclaimer) enqueue(s session.Forgotten) {
 	if rc.closed.Load() {
-		rc.h.table.Stats.Reclaims.Dropped.Add(1)
+		rc.table.Stats.Reclaims.Dropped.Add(1)
 		return
 	}
 	select {
 	case rc.queue <- s:
 	default:
-		rc.h.table.Stats.Reclaims.Dropped.Add(1)
+		rc.table.Stats.Reclaims.Dropped.Add(1)
 	}
 }
 
@@ -155,7 +160,7 @@ func (rc *reclaimer) close() {
 	if _, open := openReclaimers.Load(prev); !open {
 		prev = nil // closed too: the config that set it is gone
 	}
-	rc.h.table.RestoreForgetHook(rc.hook, prev)
+	rc.table.RestoreForgetHook(rc.hook, prev)
 	rc.prev = nil
 	rc.attach.Do(func() {}) // no senders start after this
 	if rc.queue == nil {
@@ -166,7 +171,7 @@ func (rc *reclaimer) close() {
 	for {
 		select {
 		case <-rc.queue:
-			rc.h.table.Stats.Reclaims.Dropped.Add(1)
+			rc.table.Stats.Reclaims.Dropped.Add(1)
 		default:
 			return
 		}
@@ -195,7 +200,7 @@ func (rc *reclaimer) run() {
 
 // send sends the DELETE of s once, and counts its outcome.
 func (rc *reclaimer) send(ctx context.Context, s session.Forgotten) {
-	stats := &rc.h.table.Stats.Reclaims
+	stats := &rc.table.Stats.Reclaims
 	req, up := rc.request(ctx, s)
 	if req == nil {
 		stats.Failed.Add(1)
@@ -213,7 +218,7 @@ func (rc *reclaimer) send(ctx context.Context, s session.Forgotten) {
 		stats.NotFound.Add(1)
 	default:
 		stats.Failed.Add(1)
-		if c := rc.h.logger.Check(zap.DebugLevel, "reclaim DELETE failed"); c != nil {
+		if c := rc.logger.Check(zap.DebugLevel, "reclaim DELETE failed"); c != nil {
 			c.Write(zap.String("session", fingerprint(s.Key)), zap.String("upstream", up.Dial()),
 				zap.Int("status", ans.status), zap.Error(err))
 		}
@@ -225,7 +230,7 @@ func (rc *reclaimer) send(ctx context.Context, s session.Forgotten) {
 // upstream's record dropped, or no upstream session ID or path known.
 func (rc *reclaimer) request(ctx context.Context, s session.Forgotten) (*http.Request, *session.Upstream) {
 	rt := rc.route.Load()
-	up := rc.h.table.KnownUpstream(s.Dial)
+	up := rc.table.KnownUpstream(s.Dial)
 	id := rc.upstreamID(s)
 	if rt == nil || up == nil || id == "" {
 		return nil, nil
@@ -268,10 +273,10 @@ func (rc *reclaimer) upstreamID(s session.Forgotten) string {
 	if len(s.Key) == 0 || !isSealVersion(s.Key[0]) {
 		return s.Key
 	}
-	if rc.h.sealer == nil {
+	if rc.sealer == nil {
 		return ""
 	}
-	_, ss, ok := rc.h.sealer.open(clientID(s.Key))
+	_, ss, ok := rc.sealer.open(clientID(s.Key))
 	if !ok {
 		return ""
 	}
@@ -302,19 +307,14 @@ func reservedReclaimHeader(name string) bool {
 	return false
 }
 
-// badReclaimHeader returns a name of headers that is not a header name
-// or is one the proxy sets itself, and whether there is one.
-func badReclaimHeader(headers map[string]string) (string, bool) {
+// checkReclaimHeaders returns an error naming a header of headers
+// (reclaim_headers) that is not a header name or is one the proxy sets
+// on each DELETE itself; nil if there is none.
+func checkReclaimHeaders(headers map[string]string) error {
 	for name := range headers {
 		if !validHeaderName(name) || reservedReclaimHeader(name) {
-			return name, true
+			return fmt.Errorf("reclaim_headers: %q is not a header name, or one the proxy sets on each DELETE itself (Mcp-Session-Id, MCP-Protocol-Version, Host, Content-Length)", name)
 		}
 	}
-	return "", false
-}
-
-// badReclaimHeader reports whether one of h's reclaim_headers cannot be sent.
-func (h *Handler) badReclaimHeader() bool {
-	_, bad := badReclaimHeader(h.ReclaimHeaders)
-	return bad
+	return nil
 }
