@@ -328,3 +328,52 @@ func TestJournalDeleteEndsCall(t *testing.T) {
 		t.Errorf("after the DELETE the journal recorded %v more events and holds %v sessions; want the call ended and nothing held", after-atDelete, sessions)
 	}
 }
+
+// TestJournalCancelledEndsCall: with the journal on, a client whose
+// connection was cut mid-call can still cancel the call with
+// notifications/cancelled (MCP 2025-11-25, Cancellation): the proxy passes
+// it to the upstream, whose tool stops, so the journal records no more of
+// the call, and the session stays (only the call ends). Control, in the
+// same run: before the cancellation, the journal goes on recording the call
+// after the cut.
+func TestJournalCancelledEndsCall(t *testing.T) {
+	srv := startBackends(t, 1, false)[0]
+	const table = "journal-cancel"
+	p := startProxy(t, journalSite(srv.Addr(), table, true))
+	relay := redistest.NewRelay(t, p.addr)
+	url := "http://" + relay.Addr + "/mcp"
+	hc := newHTTPClient()
+	defer hc.CloseIdleConnections()
+	id := goSDKSession(t, hc, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	got := new(callEvents)
+	resp := postSSE(ctx, t, hc, url, id, progressCall(2, 5000, 20))
+	if err := readEvents(ctx, resp.Body, got, func(c *callEvents) bool { return len(c.progress) == cutAfter }); err != nil {
+		t.Fatalf("before the cut: %v, %s", err, got)
+	}
+	relay.Cut()
+	metric := func(name string) float64 {
+		families, _ := scrape(t)
+		return metricValue(families, name, map[string]string{"table": table})
+	}
+	atCut := metric("caddy_mcp_journal_events_total")
+	if !testproc.Until(5*time.Second, func() bool { return metric("caddy_mcp_journal_events_total") >= atCut+2 }) {
+		t.Fatalf("control: the journal recorded nothing after the cut (%v events)", metric("caddy_mcp_journal_events_total"))
+	}
+	atCancel := metric("caddy_mcp_journal_events_total")
+	ex := send(t, hc, http.MethodPost, url, mcpPOSTHeaders(id),
+		`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2,"reason":"the client went away"}}`)
+	if ex.status != http.StatusAccepted {
+		t.Fatalf("notifications/cancelled: %d %s; want 202", ex.status, ex.body)
+	}
+	time.Sleep(time.Second) // three progress events' time
+	after, sessions := metric("caddy_mcp_journal_events_total"), metric("caddy_mcp_journal_sessions")
+	t.Logf("events recorded: %v at the cut, %v at the cancellation, %v a second later; sessions held %v", atCut, atCancel, after, sessions)
+	if after > atCancel+2 { // events on their way while the cancellation was sent
+		t.Errorf("after notifications/cancelled the journal recorded %v more events; want the call ended", after-atCancel)
+	}
+	if ex := send(t, hc, http.MethodPost, url, mcpPOSTHeaders(id), `{"jsonrpc":"2.0","id":3,"method":"ping"}`); ex.status != http.StatusOK {
+		t.Errorf("a ping of the session after the cancellation: %d %s; want the session kept", ex.status, ex.body)
+	}
+}

@@ -60,14 +60,14 @@ func TestReclaimOncePerSessionAcrossReplicas(t *testing.T) {
 		}
 	}
 
-	st := waitCapLive(t, f.hc, f.srv[0].Addr(), 0)
+	waitCapLive(t, f.hc, f.srv[0].Addr(), 0)
 	if !waitFor(20*time.Second, func() bool {
 		return metricSum(t, f.rs, "caddy_mcp_reclaim_sent_total", map[string]string{"table": "reclaim-sealed"}) >= 3*n
 	}) {
 		t.Fatalf("the control: %v reclaim DELETEs sent for sealed sessions, want %d", metricSum(t, f.rs, "caddy_mcp_reclaim_sent_total", map[string]string{"table": "reclaim-sealed"}), 3*n)
 	}
 	time.Sleep(2 * time.Second) // a replica that would DELETE a shared session again has had its sweep
-	st = capz(t, f.hc, f.srv[0].Addr())
+	st := capz(t, f.hc, f.srv[0].Addr())
 	if got := deleteCounts(st); len(st.Deletes) != n || got[1] != n {
 		t.Errorf("redis store: DELETEs per session %v (sessions: number of them), over %d sessions; want %d sessions with exactly 1", got, len(st.Deletes), n)
 	}
