@@ -377,3 +377,47 @@ func TestJournalCancelledEndsCall(t *testing.T) {
 		t.Errorf("a ping of the session after the cancellation: %d %s; want the session kept", ex.status, ex.body)
 	}
 }
+
+// TestJournalWindowEndsCall: the proxy reads a call on for a client that
+// went away only for journal_window; then it cancels the call, whose
+// upstream tool stops, and the journal records no more of it. Control, in
+// the same run: with the default window (5m) the call goes on after the same
+// time.
+func TestJournalWindowEndsCall(t *testing.T) {
+	srv := startBackends(t, 1, false)[0]
+	ps := startProxies(t, journalSite(srv.Addr(), "journal-window-short", true, "journal_window 1s"),
+		journalSite(srv.Addr(), "journal-window-default", true))
+	for i, table := range []string{"journal-window-short", "journal-window-default"} {
+		short := i == 0
+		t.Run(table, func(t *testing.T) {
+			relay := redistest.NewRelay(t, ps[i].addr)
+			url := "http://" + relay.Addr + "/mcp"
+			hc := newHTTPClient()
+			defer hc.CloseIdleConnections()
+			id := goSDKSession(t, hc, url)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			got := new(callEvents)
+			resp := postSSE(ctx, t, hc, url, id, progressCall(2, 6000, 24)) // 4 events a second for 6 s
+			if err := readEvents(ctx, resp.Body, got, func(c *callEvents) bool { return len(c.progress) == cutAfter }); err != nil {
+				t.Fatalf("before the cut: %v, %s", err, got)
+			}
+			relay.Cut()
+			metric := func() float64 {
+				families, _ := scrape(t)
+				return metricValue(families, "caddy_mcp_journal_events_total", map[string]string{"table": table})
+			}
+			time.Sleep(2 * time.Second) // the short window and a margin
+			atWindow := metric()
+			time.Sleep(time.Second)
+			after := metric()
+			t.Logf("%s: %v events 2 s after the cut, %v a second later", table, atWindow, after)
+			switch {
+			case short && after > atWindow:
+				t.Errorf("journal_window 1s: the journal recorded %v events more than 2 s after the cut; want the call cancelled at the window", after-atWindow)
+			case !short && after < atWindow+2:
+				t.Errorf("control, default window: the journal recorded %v events in the third second after the cut; want the call read on", after-atWindow)
+			}
+		})
+	}
+}
