@@ -292,30 +292,7 @@ func TestJournalAcrossReplicas(t *testing.T) {
 // holds nothing of the session. Control, in the same run: before the
 // DELETE, the journal goes on recording the call after the cut.
 func TestJournalDeleteEndsCall(t *testing.T) {
-	srv := startBackends(t, 1, false)[0]
-	const table = "journal-delete"
-	p := startProxy(t, journalSite(srv.Addr(), table, true))
-	relay := redistest.NewRelay(t, p.addr)
-	url := "http://" + relay.Addr + "/mcp"
-	hc := newHTTPClient()
-	defer hc.CloseIdleConnections()
-	id := goSDKSession(t, hc, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	got := new(callEvents)
-	resp := postSSE(ctx, t, hc, url, id, progressCall(2, 5000, 20))
-	if err := readEvents(ctx, resp.Body, got, func(c *callEvents) bool { return len(c.progress) == cutAfter }); err != nil {
-		t.Fatalf("before the cut: %v, %s", err, got)
-	}
-	relay.Cut()
-	metric := func(name string) float64 {
-		families, _ := scrape(t)
-		return metricValue(families, name, map[string]string{"table": table})
-	}
-	atCut := metric("caddy_mcp_journal_events_total")
-	if !testproc.Until(5*time.Second, func() bool { return metric("caddy_mcp_journal_events_total") >= atCut+2 }) {
-		t.Fatalf("control: the journal recorded nothing after the cut (%v events)", metric("caddy_mcp_journal_events_total"))
-	}
+	hc, url, id, metric, atCut := cutJournaledCall(t, "journal-delete")
 	atDelete := metric("caddy_mcp_journal_events_total")
 	ex := send(t, hc, http.MethodDelete, url, sid(id), "")
 	if ex.status/100 != 2 {
@@ -337,30 +314,7 @@ func TestJournalDeleteEndsCall(t *testing.T) {
 // same run: before the cancellation, the journal goes on recording the call
 // after the cut.
 func TestJournalCancelledEndsCall(t *testing.T) {
-	srv := startBackends(t, 1, false)[0]
-	const table = "journal-cancel"
-	p := startProxy(t, journalSite(srv.Addr(), table, true))
-	relay := redistest.NewRelay(t, p.addr)
-	url := "http://" + relay.Addr + "/mcp"
-	hc := newHTTPClient()
-	defer hc.CloseIdleConnections()
-	id := goSDKSession(t, hc, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	got := new(callEvents)
-	resp := postSSE(ctx, t, hc, url, id, progressCall(2, 5000, 20))
-	if err := readEvents(ctx, resp.Body, got, func(c *callEvents) bool { return len(c.progress) == cutAfter }); err != nil {
-		t.Fatalf("before the cut: %v, %s", err, got)
-	}
-	relay.Cut()
-	metric := func(name string) float64 {
-		families, _ := scrape(t)
-		return metricValue(families, name, map[string]string{"table": table})
-	}
-	atCut := metric("caddy_mcp_journal_events_total")
-	if !testproc.Until(5*time.Second, func() bool { return metric("caddy_mcp_journal_events_total") >= atCut+2 }) {
-		t.Fatalf("control: the journal recorded nothing after the cut (%v events)", metric("caddy_mcp_journal_events_total"))
-	}
+	hc, url, id, metric, atCut := cutJournaledCall(t, "journal-cancel")
 	atCancel := metric("caddy_mcp_journal_events_total")
 	ex := send(t, hc, http.MethodPost, url, mcpPOSTHeaders(id),
 		`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2,"reason":"the client went away"}}`)
@@ -420,4 +374,37 @@ func TestJournalWindowEndsCall(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cutJournaledCall opens a session through a relay to a proxy with the
+// journal on for table, starts a 5 s call of 20 progress events, cuts the
+// client's connection after three, and checks the control: the journal
+// goes on recording the call. It returns the client, the relay's URL, the
+// session, a reader of table's metrics, and the events recorded at the cut.
+func cutJournaledCall(t *testing.T, table string) (*http.Client, string, string, func(string) float64, float64) {
+	t.Helper()
+	srv := startBackends(t, 1, false)[0]
+	p := startProxy(t, journalSite(srv.Addr(), table, true))
+	relay := redistest.NewRelay(t, p.addr)
+	url := "http://" + relay.Addr + "/mcp"
+	hc := newHTTPClient()
+	t.Cleanup(hc.CloseIdleConnections)
+	id := goSDKSession(t, hc, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	got := new(callEvents)
+	resp := postSSE(ctx, t, hc, url, id, progressCall(2, 5000, 20))
+	if err := readEvents(ctx, resp.Body, got, func(c *callEvents) bool { return len(c.progress) == cutAfter }); err != nil {
+		t.Fatalf("before the cut: %v, %s", err, got)
+	}
+	relay.Cut()
+	metric := func(name string) float64 {
+		families, _ := scrape(t)
+		return metricValue(families, name, map[string]string{"table": table})
+	}
+	atCut := metric("caddy_mcp_journal_events_total")
+	if !testproc.Until(5*time.Second, func() bool { return metric("caddy_mcp_journal_events_total") >= atCut+2 }) {
+		t.Fatalf("control: the journal recorded nothing after the cut (%v events)", metric("caddy_mcp_journal_events_total"))
+	}
+	return hc, url, id, metric, atCut
 }

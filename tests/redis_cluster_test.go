@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -26,21 +25,7 @@ func TestReplicasRedisCluster(t *testing.T) {
 	for i, n := range nodes[:3] {
 		masters[i] = n.Addr
 	}
-	bs := startBackends(t, 3, true)
-	store := fmt.Sprintf("store redis {\n\t\t\taddress %s\n\t\t\thash_key {env.MCP_SESSIONS_HASH_KEY}\n\t\t\ttimeout 1s\n\t\t}", strings.Join(masters, " "))
-	global := "mcp_sessions shared {\n\t\t" + store + "\n\t}\n\t" + storeLog
-	rs := startStoreReplicas(t, 3, global, tableRoutes(upstreams(bs), "shared"))
-	hc := newHTTPClient()
-	defer hc.CloseIdleConnections()
-	known := make([]string, 18)
-	for i := range known {
-		known[i] = rawSession(t, hc, tableURL(rs[i%3], "shared"))
-		for _, r := range rs {
-			if ex := sessionCall(t, hc, tableURL(r, "shared"), known[i]); ex.status != http.StatusOK {
-				t.Fatalf("warming up: %s does not pin a session: %d %s", r.name, ex.status, ex.body)
-			}
-		}
-	}
+	rs, bs, hc, known := sharedStoreReplicas(t, "address "+strings.Join(masters, " "))
 	writeBacks := func() float64 {
 		return metricSum(t, rs, "caddy_mcp_store_write_backs_total", map[string]string{"table": "shared"})
 	}

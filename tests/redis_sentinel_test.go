@@ -39,23 +39,7 @@ func TestReplicasRedisSentinelFailover(t *testing.T) {
 	for i, s := range sentinels {
 		addrs[i] = s.Addr
 	}
-	bs := startBackends(t, 3, true)
-	store := fmt.Sprintf("store redis {\n\t\t\taddress %s\n\t\t\tmaster_name mymaster\n\t\t\thash_key {env.MCP_SESSIONS_HASH_KEY}\n\t\t\ttimeout 1s\n\t\t}",
-		strings.Join(addrs, " "))
-	global := "mcp_sessions shared {\n\t\t" + store + "\n\t}\n\t" + storeLog
-	rs := startStoreReplicas(t, 3, global, tableRoutes(upstreams(bs), "shared"))
-	hc := newHTTPClient()
-	defer hc.CloseIdleConnections()
-
-	known := make([]string, 18)
-	for i := range known {
-		known[i] = rawSession(t, hc, tableURL(rs[i%3], "shared"))
-		for _, r := range rs {
-			if ex := sessionCall(t, hc, tableURL(r, "shared"), known[i]); ex.status != http.StatusOK {
-				t.Fatalf("warming up: %s does not pin a session: %d %s", r.name, ex.status, ex.body)
-			}
-		}
-	}
+	rs, bs, hc, known := sharedStoreReplicas(t, "address "+strings.Join(addrs, " ")+"\n\t\t\tmaster_name mymaster")
 	churn := startChurn(t, rs, "shared", 6)
 	loadDone := make(chan *troubleLoad)
 	go func() { loadDone <- runTroubleLoad(t, rs, known, 10*time.Second) }()

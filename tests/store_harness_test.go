@@ -410,3 +410,28 @@ func runTroubleLoad(t *testing.T, rs []*replica, known []string, d time.Duration
 func unreachableLogs(r *replica) int {
 	return r.proc.Log().Count("redis store unreachable")
 }
+
+// sharedStoreReplicas starts three Caddy replicas in front of three
+// backends (returned with them) whose table "shared" uses the redis store with storeOpts (its
+// address, master_name ...) and the test hash key, and opens 18 sessions,
+// each used through every replica so that every replica holds them. The
+// client is closed when the test ends.
+func sharedStoreReplicas(t *testing.T, storeOpts string) ([]*replica, []*testproc.Proc, *http.Client, []string) {
+	t.Helper()
+	bs := startBackends(t, 3, true)
+	store := "store redis {\n\t\t\t" + storeOpts + "\n\t\t\thash_key {env.MCP_SESSIONS_HASH_KEY}\n\t\t\ttimeout 1s\n\t\t}"
+	global := "mcp_sessions shared {\n\t\t" + store + "\n\t}\n\t" + storeLog
+	rs := startStoreReplicas(t, 3, global, tableRoutes(upstreams(bs), "shared"))
+	hc := newHTTPClient()
+	t.Cleanup(hc.CloseIdleConnections)
+	known := make([]string, 18)
+	for i := range known {
+		known[i] = rawSession(t, hc, tableURL(rs[i%3], "shared"))
+		for _, r := range rs {
+			if ex := sessionCall(t, hc, tableURL(r, "shared"), known[i]); ex.status != http.StatusOK {
+				t.Fatalf("warming up: %s does not pin a session: %d %s", r.name, ex.status, ex.body)
+			}
+		}
+	}
+	return rs, bs, hc, known
+}
