@@ -93,7 +93,8 @@ func waitFor(d time.Duration, cond func() bool) bool {
 // the upstream through one of them reclaims each session once, by the
 // evicting instance, for admin, and ends it on every instance; a session
 // learned on the upstream right after the eviction, and a session of
-// another upstream, stay on every instance and are not reclaimed.
+// another upstream, stay on every instance and are not reclaimed. Evicted
+// through two instances at once, a session is still reclaimed once.
 func TestReclaimEvictedUpstreamOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	name := "reclaim/" + t.Name()
@@ -153,5 +154,17 @@ func TestReclaimEvictedUpstreamOnce(t *testing.T) {
 				t.Errorf("session %s gone from instance c%d; want it kept", id, i)
 			}
 		}
+	}
+
+	// Two operators evict the upstream at once, through two instances:
+	// each session is still reclaimed once.
+	var wg sync.WaitGroup
+	for _, tbl := range tbls[:2] {
+		wg.Go(func() { tbl.EvictUpstream(gone, session.EvictAdmin) })
+	}
+	wg.Wait()
+	time.Sleep(2 * syncEvery)
+	if got := log.of(after); len(got) != 1 || got[0][2:] != " "+gone+" admin" {
+		t.Errorf("a session evicted by two instances at once reclaimed by %v; want once", got)
 	}
 }
