@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/caddymodule"
 	whoamisrv "github.com/caddy-mcp-affinity/caddy-mcp-affinity/examples/whoami"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
@@ -213,4 +214,137 @@ func runFullServer(t *testing.T, table, reclaim string, n int) fullServer {
 	st := capz(t, hc, full.Addr())
 	r.deletes, r.liveAfter = deleteCounts(st), st.Live
 	return r
+}
+
+// upstreamEviction is one run of the upstream-eviction scenario (see
+// TestReclaimEvictedUpstream) on one table: the sessions it opened on the
+// evicted upstream and on the other, and the one learned on the evicted
+// upstream after the eviction.
+type upstreamEviction struct {
+	evicted, kept []string
+	after         string
+	evictedHere   int // what the admin API answered: the sessions the evicting Caddy held
+}
+
+// evictUpstreamRun opens sessions through urls[0] in turn with urls[1:]
+// (one URL per Caddy, the same table behind each), each initialized
+// through the next URL and called through every one, until at least n
+// are on gone and one on the other server; evicts gone's sessions through
+// the admin API at admin; and then opens sessions through the last URL
+// until one lands on gone again, which it calls through every URL.
+func evictUpstreamRun(t *testing.T, hc *http.Client, urls []string, admin, table string, gone, other *testproc.Proc, n int) upstreamEviction {
+	t.Helper()
+	var r upstreamEviction
+	for i := 0; len(r.evicted) < n || len(r.kept) == 0; i++ {
+		if i == 4*n {
+			t.Fatalf("%s: %d sessions on %s and %d on %s after %d initializes", table, len(r.evicted), gone.Name(), len(r.kept), other.Name(), i)
+		}
+		id, server := openCalledEverywhere(t, hc, urls, i%len(urls))
+		if server == gone.Name() {
+			r.evicted = append(r.evicted, id)
+		} else {
+			r.kept = append(r.kept, id)
+		}
+	}
+	var ev caddymodule.UpstreamEviction
+	if st, err := adminDoAt(admin, http.MethodPost, "/mcp_sessions/evict", map[string]string{"table": table, "upstream": gone.Addr()}, &ev); st != http.StatusOK {
+		t.Fatalf("admin evict of %s: %d %v", gone.Addr(), st, err)
+	}
+	r.evictedHere = ev.EvictedSessions
+	for i := 0; r.after == ""; i++ {
+		if i == 20 {
+			t.Fatalf("%s: no new session on %s after the eviction in 20 initializes", table, gone.Name())
+		}
+		id, server := openCalledEverywhere(t, hc, urls, len(urls)-1)
+		if server == gone.Name() {
+			r.after = id
+		} else {
+			r.kept = append(r.kept, id)
+		}
+	}
+	return r
+}
+
+// openCalledEverywhere opens a raw session through urls[first] and calls
+// whoami in it through every URL, so that every Caddy holds it; it returns
+// the session's ID and the server that answered.
+func openCalledEverywhere(t *testing.T, hc *http.Client, urls []string, first int) (id, server string) {
+	t.Helper()
+	id = mcpInitialize(t, hc, urls[first])
+	for _, u := range urls {
+		status, who := rawWhoami(t, hc, u, id)
+		if status != http.StatusOK || (server != "" && who.Server != server) {
+			t.Fatalf("whoami of a new session through %s: %d from %q, first answered by %q", u, status, who.Server, server)
+		}
+		server = who.Server
+	}
+	return id, server
+}
+
+// callStatuses calls whoami in each of ids through each of urls and
+// returns the statuses by count, and the calls a server other than want
+// answered.
+func callStatuses(t *testing.T, hc *http.Client, urls, ids []string, want string) (statuses map[int]int, misrouted int) {
+	t.Helper()
+	statuses = map[int]int{}
+	for _, id := range ids {
+		for _, u := range urls {
+			status, who := rawWhoami(t, hc, u, id)
+			statuses[status]++
+			if status == http.StatusOK && who.Server != want {
+				misrouted++
+			}
+		}
+	}
+	return statuses, misrouted
+}
+
+// evictRoutes is a site body routing /<on>/mcp to an mcp_proxy over the
+// first two of srv with table on, and /<off>/mcp to one over the other two
+// with table off and reclaim off.
+func evictRoutes(srv []*testproc.Proc, on, off string) string {
+	return fmt.Sprintf("handle_path /%s/* {\n\t\tmcp_proxy %s %s {\n\t\t\ttable %s\n\t\t}\n\t}\n\t"+
+		"handle_path /%s/* {\n\t\tmcp_proxy %s %s {\n\t\t\ttable %s\n\t\t\treclaim off\n\t\t}\n\t}\n\t",
+		on, srv[0].Addr(), srv[1].Addr(), on, off, srv[2].Addr(), srv[3].Addr(), off)
+}
+
+// checkUpstreamEviction checks one run of evictUpstreamRun through urls,
+// once the evicted server's DELETEs had their time: with reclaim, each
+// session of gone got exactly one DELETE there and the server holds only
+// the one learned after the eviction; without, it got none and holds them
+// all. Either way the other server got no DELETE and holds its sessions,
+// which answer through every URL, from their server, as the session
+// learned after the eviction does; the evicted ones get the proxy's 404.
+func checkUpstreamEviction(t *testing.T, hc *http.Client, urls []string, r upstreamEviction, gone, other *testproc.Proc, reclaim bool) {
+	t.Helper()
+	st := capz(t, hc, gone.Addr())
+	if reclaim {
+		once := 0
+		for _, id := range r.evicted {
+			if st.Deletes[id] == 1 {
+				once++
+			}
+		}
+		if once != len(r.evicted) || len(st.Deletes) != len(r.evicted) || st.Live != 1 {
+			t.Errorf("%s: %d of its %d evicted sessions DELETEd exactly once, DELETEs per session %v, %d live; want all once, no other, 1 live (the one learned after)",
+				gone.Name(), once, len(r.evicted), deleteCounts(st), st.Live)
+		}
+	} else if len(st.Deletes) != 0 || st.Live != len(r.evicted)+1 {
+		t.Errorf("reclaim off: %s got DELETEs %v and holds %d; want none, %d", gone.Name(), deleteCounts(st), st.Live, len(r.evicted)+1)
+	}
+	if st := capz(t, hc, other.Addr()); len(st.Deletes) != 0 || st.Live != len(r.kept) {
+		t.Errorf("the other upstream %s got DELETEs %v and holds %d; want none, %d", other.Name(), deleteCounts(st), st.Live, len(r.kept))
+	}
+	if got, mis := callStatuses(t, hc, urls, r.kept, other.Name()); got[http.StatusOK] != len(r.kept)*len(urls) || mis != 0 {
+		t.Errorf("the other upstream's %d sessions through %d proxies: statuses %v, %d misrouted; want all 200 from %s", len(r.kept), len(urls), got, mis, other.Name())
+	}
+	if got, mis := callStatuses(t, hc, urls, []string{r.after}, gone.Name()); got[http.StatusOK] != len(urls) || mis != 0 {
+		t.Errorf("the session learned on %s after the eviction: statuses %v, %d misrouted; want 200 from it through every proxy", gone.Name(), got, mis)
+	}
+	if got, _ := callStatuses(t, hc, urls, r.evicted, ""); got[http.StatusNotFound] != len(r.evicted)*len(urls) {
+		t.Errorf("the evicted sessions: statuses %v; want 404 through every proxy", got)
+	}
+	if st := capz(t, hc, gone.Addr()); reclaim && len(st.Deletes) != len(r.evicted) {
+		t.Errorf("%s: DELETEs of %d sessions after the calls; want %d", gone.Name(), len(st.Deletes), len(r.evicted))
+	}
 }

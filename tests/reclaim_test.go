@@ -187,3 +187,80 @@ func TestReclaimAfterFailover(t *testing.T) {
 		t.Errorf("DELETEs at the new upstream %v; want one of its own ID %s, none of the client's %s", st.Deletes, moved.Session, id)
 	}
 }
+
+// TestReclaimEvictedUpstream: an operator evicts every session of one
+// upstream through the admin API (POST /mcp_sessions/evict with
+// "upstream"). Each of its sessions gets exactly one DELETE at that
+// server; the other upstream's sessions get none and keep working; a
+// session learned on the evicted upstream right after the eviction works
+// through every proxy and gets no DELETE. The control, same run: the same
+// with reclaim off, where the server gets no DELETE and still holds every
+// session the proxy forgot. Run on three Caddy replicas sharing one Redis,
+// each holding every session, the eviction sent to the second replica;
+// and on one Caddy without a store.
+func TestReclaimEvictedUpstream(t *testing.T) {
+	const n = 8
+	capped := func(string) []string { return []string{"-max-sessions", "1000"} }
+	t.Run("three replicas on one Redis", func(t *testing.T) {
+		srv := startBackendsWith(t, 4, false, capped)
+		global := func(f *fleet) string {
+			store := redisStore(f.redis.Addr, sharedTimeout)
+			return fmt.Sprintf("mcp_sessions evict-on {\n\t\t%s\n\t}\n\tmcp_sessions evict-off {\n\t\t%s\n\t}\n\t%s", store, store, storeLog)
+		}
+		body := func(*fleet) string { return evictRoutes(srv, "evict-on", "evict-off") }
+		f := newFleet(t, withRedis(), withServersOf(srv), withReplicas(3, "c", global, body))
+		urls := func(table string) []string {
+			out := make([]string, len(f.rs))
+			for i, r := range f.rs {
+				out[i] = tableURL(r, table)
+			}
+			return out
+		}
+		on := evictUpstreamRun(t, f.hc, urls("evict-on"), f.rs[1].admin, "evict-on", srv[0], srv[1], n)
+		off := evictUpstreamRun(t, f.hc, urls("evict-off"), f.rs[1].admin, "evict-off", srv[2], srv[3], n)
+		if on.evictedHere != len(on.evicted) || off.evictedHere != len(off.evicted) {
+			t.Errorf("the admin API evicted %d and %d sessions; want %d and %d", on.evictedHere, off.evictedHere, len(on.evicted), len(off.evicted))
+		}
+		waitCapLive(t, f.hc, srv[0].Addr(), 1)
+		time.Sleep(2 * time.Second) // a replica that would DELETE a session again, or with reclaim off, has flushed and synced
+		checkUpstreamEviction(t, f.hc, urls("evict-on"), on, srv[0], srv[1], true)
+		checkUpstreamEviction(t, f.hc, urls("evict-off"), off, srv[2], srv[3], false)
+		sent := metricSum(t, f.rs, "caddy_mcp_reclaim_sent_total", map[string]string{"table": "evict-on"})
+		ok := metricSum(t, f.rs, "caddy_mcp_reclaim_results_total", map[string]string{"table": "evict-on", "result": "ok"})
+		if sent != float64(len(on.evicted)) || ok != sent {
+			t.Errorf("the replicas sent %v DELETEs, %v answered 2xx; want %d", sent, ok, len(on.evicted))
+		}
+		if sent := metricSum(t, f.rs, "caddy_mcp_reclaim_sent_total", map[string]string{"table": "evict-off"}); sent != 0 {
+			t.Errorf("reclaim off: the replicas sent %v DELETEs", sent)
+		}
+		t.Logf("3 replicas: %d sessions of the evicted upstream, %v DELETEs (%v answered 2xx); %d of the other kept; reclaim off: %d sessions, 0 DELETEs",
+			len(on.evicted), sent, ok, len(on.kept), len(off.evicted))
+	})
+	t.Run("one Caddy, no store", func(t *testing.T) {
+		srv := startBackendsWith(t, 4, false, capped)
+		p := startProxy(t, evictRoutes(srv, "evict-local-on", "evict-local-off"))
+		hc := newHTTPClient()
+		defer hc.CloseIdleConnections()
+		url := func(table string) []string { return []string{"http://" + p.addr + "/" + table + "/mcp"} }
+		sent0, ok0, _, _ := reclaimCounts(t, "evict-local-on") // the in-process Caddy keeps a table's counts across runs
+		off0, _, _, _ := reclaimCounts(t, "evict-local-off")
+		on := evictUpstreamRun(t, hc, url("evict-local-on"), adminAddr, "evict-local-on", srv[0], srv[1], n)
+		off := evictUpstreamRun(t, hc, url("evict-local-off"), adminAddr, "evict-local-off", srv[2], srv[3], n)
+		if on.evictedHere != len(on.evicted) || off.evictedHere != len(off.evicted) {
+			t.Errorf("the admin API evicted %d and %d sessions; want %d and %d", on.evictedHere, off.evictedHere, len(on.evicted), len(off.evicted))
+		}
+		waitCapLive(t, hc, srv[0].Addr(), 1)
+		checkUpstreamEviction(t, hc, url("evict-local-on"), on, srv[0], srv[1], true)
+		checkUpstreamEviction(t, hc, url("evict-local-off"), off, srv[2], srv[3], false)
+		sent, ok, _, _ := reclaimCounts(t, "evict-local-on")
+		sent, ok = sent-sent0, ok-ok0
+		if sent != float64(len(on.evicted)) || ok != sent {
+			t.Errorf("the proxy sent %v DELETEs, %v answered 2xx; want %d", sent, ok, len(on.evicted))
+		}
+		if sent, _, _, _ := reclaimCounts(t, "evict-local-off"); sent != off0 {
+			t.Errorf("reclaim off: the proxy sent %v DELETEs", sent-off0)
+		}
+		t.Logf("1 Caddy: %d sessions of the evicted upstream, %v DELETEs (%v answered 2xx); %d of the other kept; reclaim off: %d sessions, 0 DELETEs",
+			len(on.evicted), sent, ok, len(on.kept), len(off.evicted))
+	})
+}

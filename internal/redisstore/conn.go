@@ -453,16 +453,6 @@ func (c *Conn) endNow(h keyHash, e pendingEnd) bool {
 	return true
 }
 
-// EndUpstream removes every session of dial from Redis and from every
-// instance's table, soon; with a tomb life, it leaves a tombstone of each
-// for that long.
-func (qu *queue) EndUpstream(dial string, tomb time.Duration) {
-	qu.mu.Lock()
-	qu.upEnds[dial] = max(qu.upEnds[dial], tomb)
-	qu.mu.Unlock()
-	qu.wake()
-}
-
 // Drain sets dial's draining flag in Redis and on every instance, soon.
 func (qu *queue) Drain(dial string, on bool) {
 	qu.mu.Lock()

@@ -17,7 +17,8 @@
 // after their initialize hold in Redis; keycheck.go notices instances on
 // another hash_key. reclaim.go makes exactly one instance reclaim each
 // session that ends in Redis: the one whose write (or expiry sweep)
-// removed it.
+// removed it; upend.go ends the sessions of an evicted upstream that Redis
+// holds when the eviction is written, and no session learned after it.
 //
 // The package imports no Caddy package: caddymodule/redis.go configures it.
 package redisstore

@@ -87,3 +87,84 @@ func waitFor(d time.Duration, cond func() bool) bool {
 	}
 	return true
 }
+
+// TestReclaimEvictedUpstreamOnce: three tables share one Redis, each with
+// a forget hook, and each holds every session of an upstream. Evicting
+// the upstream through one of them reclaims each session once, by the
+// evicting instance, for admin, and ends it on every instance; a session
+// learned on the upstream right after the eviction, and a session of
+// another upstream, stay on every instance and are not reclaimed. Evicted
+// through two instances at once, a session is still reclaimed once.
+func TestReclaimEvictedUpstreamOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	name := "reclaim/" + t.Name()
+	log := &reclaimLog{got: map[string][]string{}}
+	tbls := make([]*session.Table, 3)
+	for i := range tbls {
+		tbl, err := session.NewTable(name, 100, time.Minute, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		attachStore(t, tbl, srv.Addr, name, testHashKey, time.Second)
+		tbl.SetForgetHook(log.hook(fmt.Sprint("c", i)))
+		tbls[i] = tbl
+	}
+	const gone, kept = "10.0.0.1:80", "10.0.0.2:80"
+	var evicted []string
+	for i := range 6 {
+		id := fmt.Sprintf("EVICTEDUPSTREAM%011d", i)
+		tbls[1+i%2].Learn(id, gone)
+		evicted = append(evicted, id)
+	}
+	const other, after = "OTHERUPSTREAM0000000000000", "LEARNEDAFTERTHEEVICTION000"
+	tbls[1].Learn(other, kept)
+	for _, tbl := range tbls {
+		for _, id := range append([]string{other}, evicted...) {
+			if tbl.Lookup(id) == nil {
+				t.Fatalf("%s not held on every instance", id)
+			}
+		}
+	}
+	if n := tbls[0].EvictUpstream(gone, session.EvictAdmin); n != len(evicted) {
+		t.Fatalf("EvictUpstream evicted %d here; want %d", n, len(evicted))
+	}
+	tbls[2].Learn(after, gone)
+	if !waitFor(5*time.Second, func() bool {
+		for _, id := range evicted {
+			if len(log.of(id)) == 0 || tbls[1].Lookup(id) != nil || tbls[2].Lookup(id) != nil {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("the evicted upstream's sessions not all reclaimed and ended everywhere: %v", log.got)
+	}
+	time.Sleep(2 * syncEvery) // every instance has flushed and reaped again
+	for _, id := range evicted {
+		if got := log.of(id); len(got) != 1 || got[0] != "c0 "+gone+" admin" {
+			t.Errorf("session %s of the evicted upstream reclaimed by %v; want once, by the evicting instance", id, got)
+		}
+	}
+	for _, id := range []string{other, after} {
+		if got := log.of(id); len(got) != 0 {
+			t.Errorf("session %s reclaimed by %v; want none", id, got)
+		}
+		for i, tbl := range tbls {
+			if tbl.Lookup(id) == nil {
+				t.Errorf("session %s gone from instance c%d; want it kept", id, i)
+			}
+		}
+	}
+
+	// Two operators evict the upstream at once, through two instances:
+	// each session is still reclaimed once.
+	var wg sync.WaitGroup
+	for _, tbl := range tbls[:2] {
+		wg.Go(func() { tbl.EvictUpstream(gone, session.EvictAdmin) })
+	}
+	wg.Wait()
+	time.Sleep(2 * syncEvery)
+	if got := log.of(after); len(got) != 1 || got[0][2:] != " "+gone+" admin" {
+		t.Errorf("a session evicted by two instances at once reclaimed by %v; want once", got)
+	}
+}

@@ -175,11 +175,12 @@ func (l *layout) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains m
 	}
 }
 
-// writeUpstreamEnds reads the sessions of each evicted upstream and queues
-// their removal, with their tombstones when they leave one and their
-// reclaim records, then tells the instances. It reclaims none: the members
-// read at flush time may include sessions learned after the eviction,
-// which must not be DELETEd upstream.
+// writeUpstreamEnds reads the sessions of each upstream whose eviction
+// Redis did not take at once (upend.go) and queues their removal, with
+// their tombstones when they leave one and their reclaim records, then
+// tells the instances. It reclaims none: the members read at flush time
+// may include sessions learned after the eviction, which must not be
+// DELETEd upstream.
 func (l *layout) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) (map[*redis.Cmd]takenEnd, error) {
 	for dial, tomb := range dials {
 		members, err := l.client.ZRange(ctx, l.ks.upstream(dial), 0, -1).Result()

@@ -766,7 +766,8 @@ func (t *Table) evict(id string, reason EvictReason, bury bool) bool {
 // reason, and returns how many it removed (0 for an upstream the table does
 // not know, or an invalid reason). It walks the whole table under its lock:
 // an operator's call, not a request path. With a shared store, the sessions
-// are removed from the store and every instance's table too.
+// the store holds are removed from it and every instance's table too, and
+// it returns once the store has that (see [Shared.EndUpstream]).
 func (t *Table) EvictUpstream(dial string, reason EvictReason) int {
 	if !reason.Valid() {
 		return 0

@@ -61,8 +61,12 @@ type Shared interface {
 	// store's expiry, may have come first).
 	End(id, dial string, reason EvictReason, tomb time.Duration, reclaim *Forgotten)
 	// EndUpstream removes every session of dial from the store and from
-	// every instance's table, soon; with a tomb life, each leaves a
-	// tombstone for that long.
+	// every instance's table; with a tomb life, each leaves a tombstone for
+	// that long. The sessions it removes are those the store holds when it
+	// takes the eviction: one learned after it stays. It returns once the
+	// store has it, or failed to take it in time (then it is written
+	// later), and hands [Table.Reclaim] each session whose end its write
+	// made.
 	EndUpstream(dial string, tomb time.Duration)
 	// Drain sets dial's draining flag in the store and on every instance, soon.
 	Drain(dial string, on bool)
