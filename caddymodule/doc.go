@@ -78,7 +78,8 @@
 // Here, in four layers; a file uses names of its own layer and of the
 // layers before it, never of a later one:
 //   - The request's facts: exchange.go (what one request is and what was
-//     decided for it, its request variables and era), decision.go (the
+//     decided for it, and its era: the request's one variable in Caddy's
+//     map, shared by its attempts), decision.go (the
 //     {mcp.decision} values), placeholders.go, body.go and bodymemory.go
 //     (the body's reads and their memory budget), jsonrpc.go and answer.go
 //     (the proxy's own answers, the upstreams' answers to the proxy's own

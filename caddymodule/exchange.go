@@ -84,6 +84,31 @@ type exchange struct {
 	// failedBy.
 	replay bool
 
+	// What the handler and the selection policy tell each other about the
+	// request besides owner and selected. The request's attempts share
+	// them: each attempt gets its own copy of Caddy's request variables
+	// (withOwnVars), which nothing here is.
+
+	// tried holds the dial addresses of the upstreams that let the request
+	// wait past its bound, or refused its initialize: the policy picks them
+	// last.
+	tried []string
+	// gone is true when the policy found the pinned upstream not in the
+	// pool, or failing active health checks for longer than the grace.
+	gone bool
+	// unavailable is the Retry-After seconds (≥ 1) of a request whose
+	// pinned upstream the policy found failing active health checks,
+	// within the grace; 0 when it did not.
+	unavailable int
+	// init is the initialize request the table keeps for failover once its
+	// session is learned; nil for other requests.
+	init *session.Init
+	// failedOver is true once the request's session failed over: the
+	// request is sent again, to the new upstream, and may not fail over again.
+	failedOver bool
+	// legacyPost is true for a POST of a legacy HTTP+SSE session.
+	legacyPost bool
+
 	// sealed: the request's Mcp-Session-Id is a sealed ID that opened;
 	// issued is its issue time in seconds since the Unix epoch, 0 for the
 	// format versions without it (sealed.go).
@@ -144,9 +169,7 @@ func clearSelection(r *http.Request) {
 		ex.noteFailed(ex.selected.Dial)
 	}
 	ex.owner, ex.selected = nil, nil
-	for _, k := range policyVars {
-		caddyhttp.SetVar(r.Context(), k, nil)
-	}
+	ex.gone, ex.unavailable = false, 0
 }
 
 // newExchange reads what the request's headers say about it.
@@ -371,39 +394,18 @@ func selectedUpstream(r *http.Request) *reverseproxy.Upstream {
 	return exchangeOf(r).selected
 }
 
-// varTried is the request variable holding the dial addresses of the
-// upstreams that let this request wait past its bound ([]string).
-const varTried = "mcp_session.tried"
-
 // triedBy reports whether the request already waited past its bound for
 // the upstream dialed at dial.
 func triedBy(r *http.Request, dial string) bool {
-	tried, _ := caddyhttp.GetVar(r.Context(), varTried).([]string)
-	for _, d := range tried {
-		if d == dial {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(exchangeOf(r).tried, dial)
 }
 
-// Request variables through which the handler and the selection policy
-// talk, besides the request's exchange (exchange.owner, exchange.selected).
-const (
-	// varGone is true when the pinned upstream was not in the pool, or
-	// failed active health checks for longer than the grace.
-	varGone = "mcp_session.upstream_gone"
-	// varUnavailable holds the Retry-After seconds (int) of a request whose
-	// pinned upstream fails active health checks, within the grace.
-	varUnavailable = "mcp_session.upstream_unavailable"
-	// varInit holds the *sessionInit of an initialize request the table
-	// keeps for failover once its session is learned.
-	varInit = "mcp_session.init"
-)
-
-// policyVars are the request variables the selection policy sets for a
-// request; they start afresh when the request is served again.
-var policyVars = []string{varGone, varUnavailable}
+// noteTried records that the upstream dialed at dial let the request wait
+// past its bound, or refused its initialize.
+func noteTried(r *http.Request, dial string) {
+	ex := exchangeOf(r)
+	ex.tried = append(ex.tried, dial)
+}
 
 // HeaderSessionID is the MCP session header, in Go's canonical spelling.
 // Header names are case-insensitive (RFC 9110 §5.1); `mcp-session-id` and

@@ -28,10 +28,6 @@ import (
 // messages are small; 1 MiB bounds the memory of a request in flight.
 const maxReplayBody = 1 << 20
 
-// varFailedOver is true once a request's session failed over: the request
-// is not failed over again.
-const varFailedOver = "mcp_session.failed_over"
-
 // failover fails the sessions of one mcp_session handler over: it keeps
 // what a session's requests need to be sent again, replays the session's
 // kept initialize on another upstream, and records the move in the table.
@@ -129,8 +125,7 @@ func (f *failover) failoverFor(w http.ResponseWriter, r *http.Request, id string
 	if init.UpstreamID != "" {
 		r.Header[HeaderSessionID] = []string{init.UpstreamID}
 	}
-	done, _ := caddyhttp.GetVar(r.Context(), varFailedOver).(bool)
-	pf := &pinnedFailover{init: init, again: !done, sent: r.Header.Get(HeaderSessionID)}
+	pf := &pinnedFailover{init: init, again: !exchangeOf(r).failedOver, sent: r.Header.Get(HeaderSessionID)}
 	if pf.again {
 		pf.header = w.Header().Clone()
 		if r.Method == http.MethodPost {
@@ -185,10 +180,11 @@ func (pf *pinnedFailover) cause(r *http.Request, err error, wrote bool, dial str
 	case err == nil || wrote:
 		return 0
 	}
-	if _, ok := caddyhttp.GetVar(r.Context(), varUnavailable).(int); ok && !refused(r, dial) {
+	ex := exchangeOf(r)
+	if ex.unavailable > 0 && !refused(r, dial) {
 		return 0
 	}
-	if gone, _ := caddyhttp.GetVar(r.Context(), varGone).(bool); gone {
+	if ex.gone {
 		return session.FailoverGone
 	}
 	if upstreamGone(r, err, dial) {
@@ -442,10 +438,7 @@ func subrequest(r *http.Request, body []byte) *http.Request {
 	if own == nil {
 		own = map[string]any{}
 	}
-	for _, k := range policyVars {
-		delete(own, k)
-	}
-	own[varExchange] = new(exchange)
+	own[varExchange] = subexchange(exchangeOf(r))
 	sr := r.Clone(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, own))
 	sr.Method = http.MethodPost
 	sr.Body, sr.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
@@ -455,6 +448,15 @@ func subrequest(r *http.Request, body []byte) *http.Request {
 	}
 	sr.Header.Set("Accept-Encoding", identityEncoding)
 	return sr
+}
+
+// subexchange returns the exchange of a request the proxy sends for the
+// client's request of exchange ex: what ex's attempts learned of the
+// upstreams (tried), and what the client's request is (init, failedOver,
+// legacyPost), without the session's upstream, the policy's picks and
+// marks, and the body.
+func subexchange(ex *exchange) *exchange {
+	return &exchange{tried: slices.Clone(ex.tried), init: ex.init, failedOver: ex.failedOver, legacyPost: ex.legacyPost}
 }
 
 // setInitHeaders sets the headers of the kept initialize on h.
@@ -475,7 +477,7 @@ func setInitHeaders(h http.Header, init *session.Init) {
 func (f *failover) prepareRetry(w http.ResponseWriter, r *http.Request, pf *pinnedFailover, upstreamID string) *http.Request {
 	r = withOwnVars(r)
 	clearSelection(r)
-	caddyhttp.SetVar(r.Context(), varFailedOver, true)
+	exchangeOf(r).failedOver = true
 	r.Header[HeaderSessionID] = []string{upstreamID}
 	if pf.kept && r.Method == http.MethodPost {
 		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(pf.body)), int64(len(pf.body))

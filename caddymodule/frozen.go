@@ -280,8 +280,7 @@ func leftStuck(t *session.Table, r *http.Request) string {
 		return ""
 	}
 	t.MarkStuck(sel.Dial)
-	tried, _ := caddyhttp.GetVar(r.Context(), varTried).([]string)
-	caddyhttp.SetVar(r.Context(), varTried, append(tried, sel.Dial))
+	noteTried(r, sel.Dial)
 	return sel.Dial
 }
 

@@ -498,9 +498,7 @@ func (h *Handler) serveWithoutHeader(w http.ResponseWriter, r *http.Request, nex
 // serveNew serves a request without a session: it is balanced, and its
 // response may create a session, which the table learns.
 func (h *Handler) serveNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if init := h.failover.captureInit(r); init != nil {
-		caddyhttp.SetVar(r.Context(), varInit, init)
-	}
+	exchangeOf(r).init = h.failover.captureInit(r)
 	if h.handles != nil {
 		return h.serveHandles(w, r, next)
 	}
@@ -584,7 +582,7 @@ func (h *Handler) servePinned(w http.ResponseWriter, r *http.Request, next caddy
 // active health checks within the grace, but not refusing connections),
 // 404 once it is gone, which ends the session; any other error as it is.
 func (h *Handler) serveFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, err error, id string, up *session.Upstream) error {
-	if retryAfter, ok := caddyhttp.GetVar(r.Context(), varUnavailable).(int); ok && !refused(r, up.Dial()) {
+	if retryAfter := exchangeOf(r).unavailable; retryAfter > 0 && !refused(r, up.Dial()) {
 		return h.writeUnavailable(w, id, up, retryAfter)
 	}
 	if !upstreamGone(r, err, up.Dial()) {
@@ -623,10 +621,11 @@ func (h *Handler) writeUnavailable(w http.ResponseWriter, id string, up *session
 // it closed the kept-alive connection before reading the request and
 // nothing listens at its address any more: it died between two requests.
 func upstreamGone(r *http.Request, err error, dial string) bool {
-	if gone, _ := caddyhttp.GetVar(r.Context(), varGone).(bool); gone {
+	ex := exchangeOf(r)
+	if ex.gone {
 		return true
 	}
-	if _, unavailable := caddyhttp.GetVar(r.Context(), varUnavailable).(int); unavailable {
+	if ex.unavailable > 0 {
 		return true // and refusing connections, or serveFailed would have answered 503
 	}
 	var dialErr reverseproxy.DialError
@@ -690,7 +689,7 @@ func (h *Handler) learn(r *http.Request, header http.Header) {
 		return
 	}
 	origin := session.Origin{Principal: principalOf(r, h.table.BindPrincipal()), Client: placeholderValue(r, h.table.ClientKey())}
-	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*session.Init)
+	init := exchangeOf(r).init
 	if key := h.sealer.tableKey(ids[0]); h.table.LearnInit(key, sel.Dial, origin, init) {
 		if h.reclaim != nil {
 			h.reclaim.learnedPath(r, h.table.UseUpstream(sel.Dial))

@@ -720,8 +720,8 @@ func TestPinnedUpstreamGone(t *testing.T) {
 	if f.proxy.last() != nil {
 		t.Errorf("request went to %v, want no upstream", f.proxy.last())
 	}
-	if gone, _ := caddyhttp.GetVar(r.Context(), varGone).(bool); !gone {
-		t.Error("the gone variable is not set")
+	if !exchangeOf(r).gone {
+		t.Error("the exchange does not say the upstream is gone")
 	}
 	checkRPCError(t, rec, 404, CodeSessionNotFound, "its upstream is gone")
 	if f.h.table.Len() != 0 {

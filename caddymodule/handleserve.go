@@ -71,7 +71,7 @@ func (h *Handler) servePinnedHandle(w http.ResponseWriter, r *http.Request, next
 	if err == nil || ex.status != 0 {
 		return err
 	}
-	if retryAfter, ok := caddyhttp.GetVar(r.Context(), varUnavailable).(int); ok && !refused(r, up.Dial()) {
+	if retryAfter := exchangeOf(r).unavailable; retryAfter > 0 && !refused(r, up.Dial()) {
 		t.Stats.CountUnavailable()
 		h.debug("handle_upstream_unavailable", handle, up.Dial(), headerField(header))
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))

@@ -10,7 +10,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -155,7 +154,7 @@ func (s *SessionSelection) unavailable(r *http.Request, since time.Time) {
 		wait = min(wait, time.Duration(hc.HealthChecks.Active.Interval))
 	}
 	seconds := max(int(math.Ceil(wait.Seconds())), 1)
-	caddyhttp.SetVar(r.Context(), varUnavailable, seconds)
+	exchangeOf(r).unavailable = seconds
 }
 
 // Interface guards

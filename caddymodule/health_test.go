@@ -66,7 +66,7 @@ func TestPinnedUpstreamUnavailable(t *testing.T) {
 			h, _ := provisionHandler(t, &Handler{})
 			h.table.Learn(testSessionID, tc.dial)
 			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-				caddyhttp.SetVar(r.Context(), varUnavailable, 7) // as the policy marks it
+				exchangeOf(r).unavailable = 7 // as the policy marks it
 				return caddyhttp.Error(http.StatusServiceUnavailable, errors.New("no upstreams available"))
 			})
 			rec := httptest.NewRecorder()

@@ -12,7 +12,6 @@ import (
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -559,7 +558,7 @@ func TestCandidates(t *testing.T) {
 	if got := s.candidates(pool, r); len(got) != 2 {
 		t.Errorf("with every undrained upstream stuck: candidates = %v, want both stuck ones", got)
 	}
-	caddyhttp.SetVar(r.Context(), varTried, []string{pool[0].Dial})
+	noteTried(r, pool[0].Dial)
 	if got := s.candidates(pool, r); len(got) != 1 || got[0] != pool[2] {
 		t.Errorf("after waiting for %s in vain: candidates = %v, want [%v]", pool[0].Dial, got, pool[2])
 	}

@@ -47,19 +47,15 @@ func (h *Handler) legacyParams() []string {
 	return DefaultLegacySSEParams
 }
 
-// varLegacyPost is true for a POST of a legacy HTTP+SSE session.
-const varLegacyPost = "mcp_session.legacy_post"
-
 // isLegacyPost reports whether r is a POST of a legacy HTTP+SSE session.
 func isLegacyPost(r *http.Request) bool {
-	v, _ := caddyhttp.GetVar(r.Context(), varLegacyPost).(bool)
-	return v
+	return exchangeOf(r).legacyPost
 }
 
 // serveLegacyPost pins a POST of a legacy HTTP+SSE session to its stream's
 // upstream, or answers it as a request of an unknown session.
 func (h *Handler) serveLegacyPost(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
-	caddyhttp.SetVar(r.Context(), varLegacyPost, true)
+	exchangeOf(r).legacyPost = true
 	return h.serveKnown(w, r, next, id)
 }
 

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 )
 
@@ -93,8 +92,7 @@ func leftRefusing(t *session.Table, logger *zap.Logger, r *http.Request, a *held
 	}
 	cooloff := refusalCooloff(a.header, time.Now())
 	t.MarkRefusing(sel.Dial, cooloff)
-	tried, _ := caddyhttp.GetVar(r.Context(), varTried).([]string)
-	caddyhttp.SetVar(r.Context(), varTried, append(tried, sel.Dial))
+	noteTried(r, sel.Dial)
 	logger.Warn("upstream refused a new session; it gets no new sessions for a while, and the request goes to another upstream",
 		zap.String("upstream", sel.Dial), zap.Int("status", a.status), zap.Duration("cooloff", cooloff))
 	return sel.Dial

@@ -133,7 +133,7 @@ func (s *sealing) sealResponse(r *http.Request, header http.Header, key string, 
 // max_session_id_length, which the proxy would refuse. Such a session fails
 // over only on the replica that learned it.
 func (s *sealing) initToSeal(r *http.Request, ss seal.Session) seal.Init {
-	init, _ := caddyhttp.GetVar(r.Context(), varInit).(*session.Init)
+	init := exchangeOf(r).init
 	if init == nil {
 		return seal.Init{}
 	}

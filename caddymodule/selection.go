@@ -11,7 +11,6 @@ import (
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 )
@@ -202,7 +201,7 @@ func (s *SessionSelection) notePool(pool reverseproxy.UpstreamPool) {
 func (s *SessionSelection) candidates(pool reverseproxy.UpstreamPool, r *http.Request) reverseproxy.UpstreamPool {
 	ex := exchangeOf(r)
 	avoid := ex.replay && len(ex.failedBy) > 0
-	if s.table == nil || !avoid && !s.table.AnyDraining() && !s.table.AnyStuck() && !s.table.AnyRefusing() && caddyhttp.GetVar(r.Context(), varTried) == nil {
+	if s.table == nil || !avoid && !s.table.AnyDraining() && !s.table.AnyStuck() && !s.table.AnyRefusing() && len(ex.tried) == 0 {
 		return pool
 	}
 	kept := make(reverseproxy.UpstreamPool, 0, len(pool))
@@ -276,7 +275,7 @@ func (s *SessionSelection) selectPinned(pool reverseproxy.UpstreamPool, r *http.
 		}
 		return u
 	}
-	caddyhttp.SetVar(r.Context(), varGone, true)
+	exchangeOf(r).gone = true
 	return nil
 }
 

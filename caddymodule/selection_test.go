@@ -108,7 +108,7 @@ func TestSelectPinned(t *testing.T) {
 			if up != want {
 				t.Errorf("Select = %v, want %v", up, want)
 			}
-			gone, _ := caddyhttp.GetVar(r.Context(), varGone).(bool)
+			gone := exchangeOf(r).gone
 			if gone != tc.wantGone {
 				t.Errorf("gone = %v, want %v", gone, tc.wantGone)
 			}
