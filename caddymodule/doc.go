@@ -102,8 +102,9 @@
 //     figures). They see the request path only through the exchange and
 //     the tableWriter interface.
 //   - The request path, the one cycle by design (the handler and the
-//     branches it takes): handler.go (Provision, ServeHTTP, the routing),
-//     observe.go (the exchange kept around serving), frozen.go and open.go
+//     branches it takes): handler.go (Provision, ServeHTTP, serving each
+//     route), route.go (the one decision of where a request goes, from the
+//     request and the table), observe.go (the exchange kept around serving), frozen.go and open.go
 //     (bounded waits for upstream answers), refusal.go (a refused
 //     initialize sent elsewhere), reinit.go (a stale initialize),
 //     failover.go, sealed.go (sealing responses, over internal/seal),

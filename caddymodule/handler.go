@@ -411,26 +411,24 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		return mcpwire.WriteError(w, http.StatusBadRequest, nil, CodeInvalidRequest, fmt.Sprintf(
 			"Bad Request: the request body ended after fewer than its Content-Length of %d bytes, or broke: %v", r.ContentLength, err))
 	}
-	ids := r.Header[HeaderSessionID]
-	legacy, problem := legacySessionOf(r, h.legacyParams(), h.MaxSessionIDLength)
-	if len(ids) == 0 {
-		return h.serveWithoutHeader(w, r, next, legacy, problem)
-	}
-	h.table.Stats.CountRequest(eraOf(r, len(ids)))
-	id, problem := h.headerSession(r, legacy, problem)
-	if problem != "" {
+	rt := h.route(r) // route.go
+	h.table.Stats.CountRequest(rt.era)
+	switch rt.kind {
+	case routeBadSession:
 		decide(r, decisionRejected, "")
-		return writeBadSession(w, problem)
+		return writeBadSession(w, rt.problem)
+	case routeFault:
+		return rt.fault.write(w)
+	case routeNew:
+		return h.serveNew(w, r, next)
+	case routeMismatch:
+		return h.serveMismatch(w, r, rt.key)
+	case routeUnknown:
+		return h.serveUnknown(w, r, next, rt.key)
+	case routeStaleInitialize:
+		return h.serveAsNew(w, r, next, rt.key, nil)
 	}
-	if legacy != "" { // named twice, in the header and the query: served as the legacy POST it is
-		return h.serveLegacyPost(w, r, next, legacy)
-	}
-	if h.sealer != nil {
-		if key, ss, ok := h.sealer.open(id); ok {
-			return h.serveSealed(w, r, next, key, ss)
-		}
-	}
-	return h.serveKnown(w, r, next, id)
+	return h.servePinned(w, r, next, rt.key, rt.up)
 }
 
 // headerSession returns the session that r's Mcp-Session-Id names, or why
@@ -461,40 +459,6 @@ func (h *Handler) headerSession(r *http.Request, legacy, queryProblem string) (i
 	return id, ""
 }
 
-// serveKnown serves a request of session id by the table: pinned to its
-// upstream, or answered as a request of another principal's or an unknown
-// session.
-func (h *Handler) serveKnown(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
-	up, mismatch := h.table.LookupAs(id, principalOf(r, h.table.BindPrincipal()))
-	if mismatch {
-		return h.serveMismatch(w, r, id)
-	}
-	if up == nil {
-		return h.serveUnknown(w, r, next, id)
-	}
-	return h.servePinned(w, r, next, id, up)
-}
-
-// serveWithoutHeader serves a request without Mcp-Session-Id: one that
-// names legacy HTTP+SSE session id in its query is pinned, or refused for
-// problem (see legacySessionOf); any other request is balanced, and its
-// response may teach a session.
-func (h *Handler) serveWithoutHeader(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id, problem string) error {
-	era := eraOf(r, 0)
-	if id != "" || problem != "" {
-		era = session.EraLegacySession // with legacy_sse naming other parameters too
-	}
-	h.table.Stats.CountRequest(era)
-	switch {
-	case problem != "":
-		decide(r, decisionRejected, "")
-		return writeBadSession(w, problem)
-	case id != "":
-		return h.serveLegacyPost(w, r, next, id)
-	}
-	return h.serveNew(w, r, next)
-}
-
 // serveNew serves a request without a session: it is balanced, and its
 // response may create a session, which the table learns.
 func (h *Handler) serveNew(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
@@ -505,14 +469,8 @@ func (h *Handler) serveNew(w http.ResponseWriter, r *http.Request, next caddyhtt
 	return h.forwardNew(w, r, next)
 }
 
-// serveUnknown answers a request whose session the table does not hold;
-// an initialize carrying it starts a new session.
+// serveUnknown answers a request whose session the table does not hold.
 func (h *Handler) serveUnknown(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
-	if stale, f := staleInitialize(r, nil); f != nil {
-		return f.write(w)
-	} else if stale {
-		return h.serveAsNew(w, r, next, id, nil)
-	}
 	h.table.Stats.CountUnknown()
 	decide(r, decisionUnknown, "")
 	h.debug("unknown", id, "")

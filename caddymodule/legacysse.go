@@ -52,13 +52,6 @@ func isLegacyPost(r *http.Request) bool {
 	return exchangeOf(r).legacyPost
 }
 
-// serveLegacyPost pins a POST of a legacy HTTP+SSE session to its stream's
-// upstream, or answers it as a request of an unknown session.
-func (h *Handler) serveLegacyPost(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, id string) error {
-	exchangeOf(r).legacyPost = true
-	return h.serveKnown(w, r, next, id)
-}
-
 // watchLegacyStream starts reading the response for an endpoint event if it
 // can announce a legacy session: a 2xx, uncompressed SSE response to a GET
 // without a session, with legacy pinning on.

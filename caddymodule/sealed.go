@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/mcpwire"
@@ -23,50 +22,6 @@ type sealing struct {
 	logger         *zap.Logger
 	maxIDLen       int         // the handler's max_session_id_length
 	warnedInitSize atomic.Bool // the warning of an initialize too large to seal was logged
-}
-
-// serveSealed proxies a request whose Mcp-Session-Id opened to ss; key is
-// its table key. A session bound to another principal than the request's
-// gets the unknown session's 404, as in the table. A replica that has not
-// seen the session yet records it in its table, with the initialize
-// request the value carries when the table fails sessions over: the
-// replica can then fail the session over on its own, once, after which its
-// table routes it. A session that ended for good (a DELETE, an operator's
-// eviction), as a tombstone here or in the shared store says, is not
-// adopted: it is answered as an unknown session. The upstream receives its
-// own session ID (or, once the session moved, the one its new upstream
-// knows).
-func (h *Handler) serveSealed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, key string, ss seal.Session) error {
-	bind := h.table.BindPrincipal()
-	principal := principalOf(r, bind)
-	if ss.Bound != "" && bind != session.BindPrincipalOff && ss.Bound != principalDigest(principal) {
-		return h.serveMismatch(w, r, key)
-	}
-	ex := exchangeOf(r)
-	ex.sealed, ex.issued = true, ss.Issued
-	up, mismatch, ended := h.table.LookupEnded(key, principal)
-	if mismatch {
-		return h.serveMismatch(w, r, key)
-	}
-	if up == nil && !ended {
-		origin := session.Origin{}
-		if ss.Bound != "" {
-			origin.Principal = principal
-		}
-		key = strings.Clone(key) // not the buffer that holds the plaintext too
-		if up = h.table.Adopt(key, ss.Dial, origin); up != nil {
-			h.debug("adopted", key, ss.Dial)
-			if init := sessionInitOf(ss.Init); init != nil && h.table.Failover().On {
-				h.table.AdoptInit(key, init)
-			}
-		}
-	}
-	if up == nil { // ended for good, here or as the shared store says
-		h.debug("ended", key, "")
-		return h.serveUnknown(w, r, next, key)
-	}
-	r.Header[HeaderSessionID] = []string{ss.ID}
-	return h.servePinned(w, r, next, key, up)
 }
 
 // tableKey returns the key under which the table holds the session id:
