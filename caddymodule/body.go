@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -58,23 +57,24 @@ func (ex *exchange) readRPC(r *http.Request, limit int64) (buf []byte, head *mcp
 // back for anything else that reads r. The body is read before the
 // request is routed, so that its upload is not counted against the
 // upstream (pinned_timeout) and a body that ends early, or breaks, is the
-// client's fault, answered without contacting an upstream. It returns the
-// read's error, errBodyMemory when the budget is spent (nothing is read
-// then); other bodies are left to stream.
+// client's fault, answered without contacting an upstream. It reads
+// through readHead: a body an mcp matcher read whole already is not read
+// or charged again, and the later reads of the request (failover's kept
+// body, a stale initialize's check) get these bytes back too. It returns
+// the read's error, errBodyMemory when the budget is spent (what was read
+// is put back then); other bodies are left to stream.
 func (ex *exchange) readWhole(r *http.Request) error {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength <= 0 || r.ContentLength > MaxInMemoryBody || ex.sent != nil {
 		return nil
 	}
-	if !ex.mem.charge(r.ContentLength) {
-		return errBodyMemory
-	}
-	buf := make([]byte, r.ContentLength)
-	if n, err := io.ReadFull(r.Body, buf); err != nil {
-		r.Body = &replayBody{buf: buf[:n], rest: r.Body}
+	buf, _, err := ex.readHead(r, r.ContentLength)
+	switch {
+	case err != nil:
 		return err
+	case int64(len(buf)) != r.ContentLength: // net/http reports a short body as io.ErrUnexpectedEOF; a wrapped body may not
+		return io.ErrUnexpectedEOF
 	}
 	ex.sent = buf
-	r.Body = io.NopCloser(bytes.NewReader(buf))
 	return nil
 }
 
