@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -251,18 +252,27 @@ func (f proxyFlags) check() error {
 }
 
 // checkUpstream reports why to, a --to value, names no upstream a request
-// can reach: a network address without a port, or with port 0.
+// can reach: a network address without a port, with a path (servers print
+// their URL with one), or with a port that is not one.
 func checkUpstream(to string) error {
 	if strings.HasPrefix(to, "unix/") || to == "" {
 		return nil // a socket path; an empty value is refused as a token
 	}
 	addr := strings.TrimPrefix(strings.TrimPrefix(to, "http://"), "h2c://")
+	if host, path, ok := strings.Cut(addr, "/"); ok {
+		return fmt.Errorf("give host:port without the path (--to %s): the proxy sends each request to the path the client asked for, so clients use the proxy's URL with /%s", host, path)
+	}
 	_, port, err := net.SplitHostPort(addr)
-	switch {
-	case err != nil:
+	if err != nil {
 		return fmt.Errorf("give host:port, such as 127.0.0.1:9001, or unix//path.sock")
-	case port == "0":
-		return fmt.Errorf("port 0 is no upstream's port")
+	}
+	for _, p := range strings.SplitN(port, "-", 2) { // a port or a range, 9001-9003
+		switch n, err := strconv.Atoi(p); {
+		case err != nil || n < 0 || n > 65535:
+			return fmt.Errorf("port %q is not a port number (1-65535) or a range of them", port)
+		case n == 0:
+			return fmt.Errorf("port 0 is no upstream's port")
+		}
 	}
 	return nil
 }
@@ -310,6 +320,9 @@ func (f proxyFlags) site() (proxySite, error) {
 	from := f.from
 	if strings.HasPrefix(from, "unix/") {
 		return proxySite{}, fmt.Errorf("invalid --from %q: the command listens on TCP; for a unix socket, write a Caddyfile with `bind unix//path.sock` (start from --print-caddyfile)", f.from)
+	}
+	if _, err := strconv.Atoi(from); err == nil {
+		return proxySite{}, fmt.Errorf("invalid --from %q: give :%s to listen on every interface, or 127.0.0.1:%s for this machine only", f.from, from, from)
 	}
 	if !strings.Contains(from, "://") {
 		from = "http://" + from
