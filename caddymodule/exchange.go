@@ -83,6 +83,10 @@ type exchange struct {
 	// whose handle's upstream is gone: the policy sends it to none of
 	// failedBy.
 	replay bool
+	// own is true for a request the proxy sends of its own (a failover's
+	// replay, its notifications/initialized, a reclaim DELETE), which no
+	// mcp_session handler serves by design.
+	own bool
 
 	// What the handler and the selection policy tell each other about the
 	// request besides owner and selected. The request's attempts share

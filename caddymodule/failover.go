@@ -456,7 +456,7 @@ func subrequest(r *http.Request, body []byte) *http.Request {
 // legacyPost), without the session's upstream, the policy's picks and
 // marks, and the body.
 func subexchange(ex *exchange) *exchange {
-	return &exchange{tried: slices.Clone(ex.tried), init: ex.init, failedOver: ex.failedOver, legacyPost: ex.legacyPost}
+	return &exchange{own: true, tried: slices.Clone(ex.tried), init: ex.init, failedOver: ex.failedOver, legacyPost: ex.legacyPost}
 }
 
 // setInitHeaders sets the headers of the kept initialize on h.

@@ -259,7 +259,7 @@ func (rc *reclaimer) request(ctx context.Context, s session.Forgotten) (*http.Re
 		req.Header.Set(HeaderProtocolVersion, v)
 	}
 	ex := exchangeOf(req)
-	ex.owner = up
+	ex.owner, ex.own = up, true
 	return req, up
 }
 

@@ -158,7 +158,7 @@ func withTable(raw json.RawMessage, table string) (json.RawMessage, error) {
 // request without a known session, the fallback policy's choice.
 func (s *SessionSelection) Select(pool reverseproxy.UpstreamPool, r *http.Request, w http.ResponseWriter) *reverseproxy.Upstream {
 	ex := exchangeOf(r)
-	if !ex.serving && s.warnedNoHandler != nil && !s.warnedNoHandler.Load() && s.warnedNoHandler.CompareAndSwap(false, true) { // once per policy: a config mistake
+	if !ex.serving && !ex.own && s.warnedNoHandler != nil && !s.warnedNoHandler.Load() && s.warnedNoHandler.CompareAndSwap(false, true) { // once per policy: a config mistake
 		s.logger.Warn("lb_policy mcp_session cannot pin sessions: no mcp_session handler serves this request before the " +
 			"reverse_proxy, so no session is learned and later requests are balanced; use mcp_proxy, or put " +
 			"mcp_session before this reverse_proxy (docs/caddyfile.md#mcp_session-and-lb_policy-mcp_session)")

@@ -285,6 +285,10 @@ func TestSelectionWarnsWithoutHandler(t *testing.T) {
 	if n := logs.Len(); n != 0 {
 		t.Fatalf("a request the handler serves: want no warning, got %d", n)
 	}
+	s.Select(pool, subrequest(served, []byte(`{}`)), nil) // a failover's replay: the proxy's own request
+	if n := logs.Len(); n != 0 {
+		t.Fatalf("the proxy's own request (a failover's replay): want no warning, got %d: %v", n, logs.All())
+	}
 	for range 3 {
 		s.Select(pool, newRequest(http.MethodPost), nil)
 	}
