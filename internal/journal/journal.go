@@ -39,7 +39,8 @@ var ErrNotHeld = errors.New("journal: the stream's events after this ID are not 
 type Journal interface {
 	// Append records ev as the next event of stream of session (events
 	// come in order of Seq). It may push out older events to keep within
-	// the journal's limits.
+	// the journal's limits. It may keep ev.Block: the caller must not
+	// change its bytes afterwards.
 	Append(ctx context.Context, session, stream string, ev Event) error
 	// End records that stream of session has ended: a Follow of it
 	// returns once it has given its last event.
