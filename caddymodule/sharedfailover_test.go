@@ -135,21 +135,25 @@ func TestFailoverConcurrentMoves(t *testing.T) {
 	srv := redistest.Start(t)
 	ts := failoverTables(t, srv.Addr, 3)
 	ts[0].LearnInit(testSessionID, "10.0.0.1:80", session.Origin{}, testInit())
-	for _, tbl := range ts[1:] {
-		tbl.Lookup(testSessionID)
+	storeOf(ts[0]).Flush() // the write is queued; under load it may land after the others look
+	for i, tbl := range ts[1:] {
+		if !testproc.Until(5*time.Second, func() bool { _, init := tbl.InitOf(testSessionID); return tbl.Lookup(testSessionID) != nil && init != nil }) {
+			t.Fatalf("setup: instance %d does not find the session and its kept initialize in Redis", i+1)
+		}
 	}
 	results := make([]session.FailoverResult, 2)
+	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i, to := range []string{"10.0.0.2:80", "10.0.0.3:80"} {
 		wg.Go(func() {
 			tbl := ts[i]
 			from, init := tbl.InitOf(testSessionID)
-			results[i], _ = tbl.RecordMove(testSessionID, from, init, tbl.UseUpstream(to), init.MovedTo("ID-ON-"+to))
+			results[i], errs[i] = tbl.RecordMove(testSessionID, from, init, tbl.UseUpstream(to), init.MovedTo("ID-ON-"+to))
 		})
 	}
 	wg.Wait()
 	if results[0].Followed == results[1].Followed {
-		t.Fatalf("followed: %v and %v; want exactly one instance to follow the other's move", results[0].Followed, results[1].Followed)
+		t.Fatalf("followed: %v and %v (errors %v, %v); want exactly one instance to follow the other's move", results[0].Followed, results[1].Followed, errs[0], errs[1])
 	}
 	winner := results[0]
 	if winner.Followed {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/testproc"
 )
 
 // announced is the line `caddy mcp-proxy` prints once it serves: the URL
@@ -40,9 +41,15 @@ func TestProxyCommandPinsSessions(t *testing.T) {
 		args = append(args, "--to", b.Addr())
 	}
 	p := runProxyCommand(t, "mcp-proxy", addr, args...)
-	m := announced.FindStringSubmatch(p.Log().String())
+	// The command prints its lines once Caddy has started, which may be
+	// after its listener accepts connections.
+	var m []string
+	testproc.Until(10*time.Second, func() bool {
+		m = announced.FindStringSubmatch(p.Log().String())
+		return m != nil && strings.Contains(p.Log().String(), "Status page: ")
+	})
 	if m == nil || m[1] != "http://"+addr {
-		t.Fatalf("want the command to print the URL http://%s for MCP clients; it printed:\n%s", addr, p.Log().Tail(20))
+		t.Fatalf("want the command to print the URL http://%s for MCP clients; it printed:\n%s", addr, p.Log().Tail(2000))
 	}
 
 	const sessions, calls = 30, 5
@@ -52,7 +59,7 @@ func TestProxyCommandPinsSessions(t *testing.T) {
 		t.Fatalf("want %d/%d sessions ok, %d calls on the creating server, over 3 servers; got %s", sessions, sessions, sessions*calls, res)
 	}
 	if !strings.Contains(p.Log().String(), "Status page: http://"+addr+"/mcp-status") {
-		t.Fatalf("want the command to print its status page's URL; it printed:\n%s", p.Log().Tail(20))
+		t.Fatalf("want the command to print its status page's URL; it printed:\n%s", p.Log().Tail(2000))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
