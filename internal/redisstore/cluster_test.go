@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"sync"
@@ -69,6 +70,14 @@ func TestClusterSpreadsSessions(t *testing.T) {
 		}
 	}
 
+	// A reclaim record lives as long as its value, and a minute more: what
+	// nobody takes does not stay.
+	ca := storeOf(a)
+	rec := ca.ks.record(ca.ks.hash("spread-00003"))
+	if ttl := ca.client.PTTL(context.Background(), rec).Val(); ttl <= ca.ttl() || ttl > ca.recordLife() {
+		t.Errorf("a reclaim record's TTL is %s, want above the session's %s, at most %s", ttl, ca.ttl(), ca.recordLife())
+	}
+
 	// An end on both instances at once: reclaimed once.
 	const ended = "spread-00007"
 	b.Lookup(ended)
@@ -86,7 +95,6 @@ func TestClusterSpreadsSessions(t *testing.T) {
 	}
 
 	// A move, then touches of the moved value (a failover record's CAS).
-	ca := storeOf(a)
 	moving := "spread-00011"
 	oldV := session.EncodeValue("10.0.0.1:80", session.PrincipalSum{}, "")
 	newV := session.EncodeValue("10.0.0.2:80", session.PrincipalSum{}, ca.ks.sealRecord(ca.ks.hash(moving), &session.Init{UpstreamID: "up-2", Body: []byte("{}")}))

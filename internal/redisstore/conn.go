@@ -359,6 +359,9 @@ func (l *layout) writeSessionFor(ctx context.Context, pipe redis.Pipeliner, h ke
 	}
 	dial, _, _ := session.ParseValue(v)
 	set := pipe.SetArgs(ctx, l.ks.session(h), v, args)
+	if l.t.Reclaiming() {
+		pipe.PExpire(ctx, l.ks.record(h), l.recordLife()) // the record outlives the value (reclaim.go)
+	}
 	pipe.ZAdd(ctx, l.ks.upstream(dial), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: h.String()})
 	pipe.ZAddGT(ctx, l.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
 	return set

@@ -39,7 +39,8 @@ func parseKeyHash(s string) (keyHash, bool) {
 //	<p>:<t>:x:{<hash>}  string  the tombstone of a session that ended for good (DELETE, admin
 //	                            eviction): the eviction reason, with the ID's remaining natural
 //	                            life as TTL (session tombstones); no replica adopts or fails it over
-//	<p>:<t>:r:{<hash>}  string  the session's sealed reclaim record, while its table reclaims (reclaim.go)
+//	<p>:<t>:r:{<hash>}  string  the session's sealed reclaim record, while its table reclaims (reclaim.go),
+//	                            with the value's TTL and a minute more
 //	{p:t}:u:<dial>      zset    the upstream's sessions: member <hash>, score the expiry (Unix ms)
 //	{p:t}:upstreams     zset    upstreams known to any instance: member <dial>, score last seen (Unix ms)
 //	{p:t}:draining      hash    draining upstreams: field <dial>

@@ -32,6 +32,15 @@ const reclaimVersion byte = 2
 // reapBatch is the most expired sessions of one upstream one sync reaps.
 const reapBatch = 512
 
+// recordGrace is how much longer than its session's value a reclaim
+// record lives in Redis: long enough for a sync's reap to find the value
+// gone and take the record, and a bound on what a record nobody takes
+// holds (a member lost between two commands, an older replica's reap).
+const recordGrace = time.Minute
+
+// recordLife is the TTL of a reclaim record, refreshed with its session's.
+func (l *layout) recordLife() time.Duration { return l.ttl() + recordGrace }
+
 // sealReclaim returns the reclaim record of the session whose table key
 // is key and whose key hash is h.
 func (ks *keyspace) sealReclaim(h keyHash, key string) string {
@@ -149,7 +158,7 @@ func (l *layout) reclaimEnded(cmds map[endCmds]*session.Forgotten) {
 // whose key hash is h, when the table reclaims sessions.
 func (l *layout) queueReclaimRecord(ctx context.Context, pipe redis.Pipeliner, h keyHash, id string) {
 	if l.t.Reclaiming() {
-		pipe.Set(ctx, l.ks.record(h), l.ks.sealReclaim(h, id), 0)
+		pipe.Set(ctx, l.ks.record(h), l.ks.sealReclaim(h, id), l.recordLife())
 	}
 }
 

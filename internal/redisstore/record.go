@@ -115,14 +115,15 @@ func (c *Conn) Current(id string) (session.Stored, session.StoreState) {
 // nothing. It touches the session's slot only (a channel is no key); the
 // upstreams' sets follow in moveTable.
 //
-//	KEYS: the session, its tombstone
-//	ARGV: the old value, the new value, the TTL (ms), the channel, the message
+//	KEYS: the session, its tombstone, its reclaim record
+//	ARGV: the old value, the new value, the TTL (ms), the channel, the message, the record's TTL (ms)
 var moveScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then return cur end
 local tomb = redis.call('GET', KEYS[2])
 if not cur and tomb then return '` + movedEnded + `' .. tomb end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return ''`)
 
@@ -162,8 +163,8 @@ func (c *Conn) moveValue(id, old, new string) (string, error) {
 	now := time.Now()
 	ctx, cancel := c.call()
 	defer cancel()
-	cur, err := moveScript.Run(ctx, c.client, []string{c.ks.session(h), c.ks.tomb(h)}, old, new, c.ttl().Milliseconds(),
-		c.ks.events(), msgMoved+" "+h.String()+" "+new).Text()
+	cur, err := moveScript.Run(ctx, c.client, []string{c.ks.session(h), c.ks.tomb(h), c.ks.record(h)}, old, new, c.ttl().Milliseconds(),
+		c.ks.events(), msgMoved+" "+h.String()+" "+new, c.recordLife().Milliseconds()).Text()
 	if err != nil {
 		c.failWrite(OpMove, err)
 		c.queueMove(h, pendingMove{id, old, new})
@@ -253,13 +254,14 @@ func (c *Conn) flushMoves() bool {
 // an end must not undo it. It touches the session's slot only: the
 // upstream's set follows in touchTable, for the touches it took.
 //
-//	KEYS: the session, its tombstone
-//	ARGV: the value, the TTL (ms)
+//	KEYS: the session, its tombstone, its reclaim record
+//	ARGV: the value, the TTL (ms), the record's TTL (ms)
 var touchScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then return 0 end
 if not cur and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return 1`)
 
 // writeTouch queues the refresh of session h, whose value is v: as
@@ -271,7 +273,7 @@ func (l *layout) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyHash
 		l.writeSession(ctx, pipe, h, v, false)
 		return nil
 	}
-	return touchScript.Eval(ctx, pipe, []string{l.ks.session(h), l.ks.tomb(h)}, v, l.ttl().Milliseconds())
+	return touchScript.Eval(ctx, pipe, []string{l.ks.session(h), l.ks.tomb(h), l.ks.record(h)}, v, l.ttl().Milliseconds(), l.recordLife().Milliseconds())
 }
 
 // touched is a touch by touchScript queued in a flush: the session's ID,
