@@ -92,6 +92,7 @@ type bodyHold struct {
 	held   int64           // bytes
 	ended  bool
 	watch  bool // a release is registered on ctx
+	owned  bool // an mcp_session handler serves the request and releases on return
 }
 
 // charge takes n bytes of the budget for the request.
@@ -108,11 +109,20 @@ func (h *bodyHold) charge(n int64) bool {
 		return false
 	}
 	h.held += n
-	if !h.watch && h.ctx != nil {
+	if !h.watch && !h.owned && h.ctx != nil {
 		h.watch = true
 		context.AfterFunc(h.ctx, h.release)
 	}
 	return true
+}
+
+// own tells the hold that an mcp_session handler serves the request and
+// releases the hold when it returns: later charges need no watch on the
+// request's context (a context.AfterFunc, two allocations per request).
+func (h *bodyHold) own() {
+	h.mu.Lock()
+	h.owned = true
+	h.mu.Unlock()
 }
 
 // release gives back everything the request holds; later charges are refused.

@@ -134,31 +134,57 @@ func eventBlock(stream string, ev journal.Event) []byte {
 }
 
 // journaled wraps w in a journalWriter for session id, and gives r a
-// context that the client's going away cancels only after window.
+// context that the client's going away cancels only after window. The
+// returned func ends the call once it is served.
 func (jn *journaling) journaled(w http.ResponseWriter, r *http.Request, id string, j journal.Journal, window time.Duration) (*journalWriter, *http.Request, func()) {
-	jw := &journalWriter{ResponseWriter: w, j: j, session: id, logger: jn.logger}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	var mu sync.Mutex
-	var timer *time.Timer
-	stop := context.AfterFunc(r.Context(), func() {
-		jw.gone.Store(true)
-		mu.Lock()
-		timer = time.AfterFunc(window, cancel)
-		mu.Unlock()
-	})
-	key := detachedKey{jn.table, id}
-	addDetached(key, jw, journaledRequest{cancel: cancel, get: r.Method == http.MethodGet, done: make(chan struct{})})
-	return jw, r.WithContext(ctx), func() {
-		stop()
-		mu.Lock()
-		if timer != nil {
-			timer.Stop()
-		}
-		mu.Unlock()
-		jw.finish()
-		cancel()
-		removeDetached(key, jw)
+	c := &journaledCall{key: detachedKey{jn.table, id}, get: r.Method == http.MethodGet, window: window}
+	c.jw = journalWriter{ResponseWriter: w, j: j, session: id, logger: jn.logger}
+	var ctx context.Context
+	ctx, c.cancel = context.WithCancel(context.WithoutCancel(r.Context()))
+	c.stopWatch = context.AfterFunc(r.Context(), c.clientGone)
+	addDetached(c)
+	return &c.jw, r.WithContext(ctx), c.end
+}
+
+// journaledCall is a journaled request in progress: its writer, and what
+// ends the reading of the upstream's response.
+type journaledCall struct {
+	jw        journalWriter
+	key       detachedKey
+	get       bool // a GET: a stream of the session's own
+	window    time.Duration
+	cancel    context.CancelFunc // ends the request to the upstream
+	stopWatch func() bool        // stops the watch on the client's context
+
+	mu    sync.Mutex
+	timer *time.Timer // from the client's going away, window long
+
+	// Guarded by detached's lock:
+	done       chan struct{}  // closed once the call is served; made by the first endGone waiting for it
+	prev, next *journaledCall // the session's other calls in detached
+}
+
+// clientGone starts the window after which the call ends: the client's
+// connection broke.
+func (c *journaledCall) clientGone() {
+	c.jw.gone.Store(true)
+	c.mu.Lock()
+	c.timer = time.AfterFunc(c.window, c.cancel)
+	c.mu.Unlock()
+}
+
+// end ends the call once it is served: it stops its watch and timer,
+// records the stream's end, and cancels the upstream request.
+func (c *journaledCall) end() {
+	c.stopWatch()
+	c.mu.Lock()
+	if c.timer != nil {
+		c.timer.Stop()
 	}
+	c.mu.Unlock()
+	c.jw.finish()
+	c.cancel()
+	removeDetached(c)
 }
 
 // detachedKey names a session of a table.
@@ -167,48 +193,49 @@ type detachedKey struct {
 	id string
 }
 
-// journaledRequest is a journaled request in progress.
-type journaledRequest struct {
-	cancel context.CancelFunc
-	get    bool          // a GET: a stream of the session's own
-	done   chan struct{} // closed once the request is served
-}
-
-// detached holds each session's journaled requests, which a DELETE of the
-// session, or a new GET, ends.
+// detached holds each session's journaled calls, a list linked through
+// the calls, which a DELETE of the session, or a new GET, ends.
 var detached = struct {
 	sync.Mutex
-	m map[detachedKey]map[*journalWriter]journaledRequest
-}{m: map[detachedKey]map[*journalWriter]journaledRequest{}}
+	m map[detachedKey]*journaledCall
+}{m: map[detachedKey]*journaledCall{}}
 
-func addDetached(k detachedKey, jw *journalWriter, req journaledRequest) {
+func addDetached(c *journaledCall) {
 	detached.Lock()
 	defer detached.Unlock()
-	if detached.m[k] == nil {
-		detached.m[k] = map[*journalWriter]journaledRequest{}
+	if head := detached.m[c.key]; head != nil {
+		c.next, head.prev = head, c
 	}
-	detached.m[k][jw] = req
+	detached.m[c.key] = c
 }
 
-func removeDetached(k detachedKey, jw *journalWriter) {
+func removeDetached(c *journaledCall) {
 	detached.Lock()
 	defer detached.Unlock()
-	if req, ok := detached.m[k][jw]; ok {
-		close(req.done)
+	if c.done != nil {
+		close(c.done)
 	}
-	delete(detached.m[k], jw)
-	if len(detached.m[k]) == 0 {
-		delete(detached.m, k)
+	switch {
+	case c.prev != nil:
+		c.prev.next = c.next
+	case c.next != nil:
+		detached.m[c.key] = c.next
+	default:
+		delete(detached.m, c.key)
 	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	}
+	c.prev, c.next = nil, nil
 }
 
-// endDetached cancels the journaled requests of session id of t: a DELETE
+// endDetached cancels the journaled calls of session id of t: a DELETE
 // ended the session.
 func endDetached(t *session.Table, id string) {
 	detached.Lock()
 	defer detached.Unlock()
-	for _, req := range detached.m[detachedKey{t, id}] {
-		req.cancel()
+	for c := detached.m[detachedKey{t, id}]; c != nil; c = c.next {
+		c.cancel()
 	}
 }
 
@@ -218,7 +245,7 @@ func endDetached(t *session.Table, id string) {
 // (the TypeScript SDK answers a second one 409), and a client that opens
 // a new one instead of resuming has given the old one up.
 func replaceGoneGETs(t *session.Table, id string) {
-	endGone(t, id, func(_ *journalWriter, req journaledRequest) bool { return req.get })
+	endGone(t, id, func(c *journaledCall) bool { return c.get })
 }
 
 // endGoneStream ends the reading of stream of session id of t for a client
@@ -226,22 +253,25 @@ func replaceGoneGETs(t *session.Table, id string) {
 // replays a stream only once its first connection has closed (the
 // TypeScript SDK answers 409 while it is open).
 func endGoneStream(t *session.Table, id, stream string) {
-	endGone(t, id, func(jw *journalWriter, _ journaledRequest) bool {
-		p := jw.shared.Load()
+	endGone(t, id, func(c *journaledCall) bool {
+		p := c.jw.shared.Load()
 		return p != nil && *p == stream
 	})
 }
 
-// endGone cancels the journaled requests of session id of t whose client
+// endGone cancels the journaled calls of session id of t whose client
 // went away and that match, and waits for them to end, at most
 // replaceWait.
-func endGone(t *session.Table, id string, match func(*journalWriter, journaledRequest) bool) {
+func endGone(t *session.Table, id string, match func(*journaledCall) bool) {
 	detached.Lock()
 	var done []chan struct{}
-	for jw, req := range detached.m[detachedKey{t, id}] {
-		if jw.gone.Load() && match(jw, req) {
-			req.cancel()
-			done = append(done, req.done)
+	for c := detached.m[detachedKey{t, id}]; c != nil; c = c.next {
+		if c.jw.gone.Load() && match(c) {
+			c.cancel()
+			if c.done == nil {
+				c.done = make(chan struct{})
+			}
+			done = append(done, c.done)
 		}
 	}
 	detached.Unlock()

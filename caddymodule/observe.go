@@ -22,6 +22,7 @@ func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp
 	}
 	ex.serving, ex.ResponseWriter, ex.decision = true, w, decisionBalanced
 	defer func() { ex.serving = false }()
+	ex.mem.own()
 	defer ex.mem.release() // the request's body bytes, also when the handler panics
 	if timeout, err := liftWriteLimits(ex, r); err != nil {
 		h.warnWriteLimits(err, timeout)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/journal"
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -91,6 +92,28 @@ func BenchmarkHandlerServeHTTP(b *testing.B) {
 		run(b, map[string]string{"Mcp-Protocol-Version": ModernProtocolVersion, "Mcp-Method": "tools/call", "Mcp-Name": "render"})
 	})
 	b.Run("initialize", func(b *testing.B) { run(b, map[string]string{"Content-Type": "application/json"}, testInitBody) })
+	b.Run("pinned-journal", func(b *testing.B) {
+		jh := &Handler{Table: "bench/serve-journal", TableSettings: TableSettings{Journal: JournalOn}}
+		if err := jh.Provision(ctx); err != nil {
+			b.Fatal(err)
+		}
+		jh.setLogger(zap.NewNop())
+		jh.table.Learn(testSessionID, "10.0.0.1:8080")
+		limits := journal.Limits{}.WithDefaults() // the app, started already, configures new tables' journals at its next start
+		jh.table.SetJournal(journal.NewMemory(limits), limits)
+		json := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusOK)
+			_, err := w.Write([]byte(`{"jsonrpc":"2.0","id":1,"result":{}}`))
+			return err
+		})
+		w := &discardWriter{h: http.Header{}}
+		eachRequest(b, func() *http.Request { return caddyRequest(`{}`, map[string]string{HeaderSessionID: testSessionID}) }, func(r *http.Request) {
+			if err := jh.ServeHTTP(w, r, json); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
 }
 
 // benchBody is a tools/call as the MCP Go SDK client sends it at 2026-07-28 (312 bytes).

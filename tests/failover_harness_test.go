@@ -440,6 +440,7 @@ func failoverKeepsClientID(t *testing.T, srv []*testproc.Proc, sealed bool) {
 	}
 	srv[1].Kill()
 	<-srv[1].Done()
+	waitClosesRead(t, srv[1].Addr())
 	moved, others, leaked, echoed := 0, 0, 0, 0
 	for _, v := range vs {
 		v.resume(t, hc, 3, p.url())

@@ -129,6 +129,7 @@ func testFailoverReplicasConverge(t *testing.T, f *fleet) {
 	}
 	victim.Kill()
 	<-victim.Done()
+	waitClosesRead(t, victim.Addr())
 	for _, table := range tables {
 		agreed := 0
 		for _, id := range ids[table] {

@@ -354,6 +354,7 @@ func TestFailoverWithOthersPassiveDown(t *testing.T) {
 
 			srv[1].Kill()
 			<-srv[1].Done()
+			waitClosesRead(t, srv[1].Addr())
 			for i, n := range map[int]int{1: 4, 2: 5} {
 				for range n {
 					send(t, hc, http.MethodGet, "http://"+ps[1].addr+"/poke/"+srv[i].Name(), nil, "")
@@ -364,6 +365,10 @@ func TestFailoverWithOthersPassiveDown(t *testing.T) {
 			}
 			srv[0].Kill()
 			<-srv[0].Done()
+			// Else the call can go out on a kept-alive connection whose close
+			// the proxy has not read: EOF after the write, 502 as for a call in
+			// flight (see TestFailoverReplicasRedisDown).
+			waitClosesRead(t, srv[0].Addr())
 
 			id, err := whoami(ctx, cs)
 			moved, failed := failoversOf(t, table)

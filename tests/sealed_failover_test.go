@@ -120,6 +120,7 @@ func TestFailoverSealedReplicas(t *testing.T) {
 	}
 	srv[2].Kill()
 	<-srv[2].Done()
+	waitClosesRead(t, srv[2].Addr())
 	for _, f := range fleets {
 		f.rs[1].start(t)
 	}
@@ -168,6 +169,7 @@ func TestFailoverSealedReplicasTS(t *testing.T) {
 	ss := openRawSessions(t, hc, f.rs[0].url(), 12, rawPlain)
 	srv[1].Kill()
 	<-srv[1].Done()
+	waitClosesRead(t, srv[1].Addr())
 	for _, s := range ss {
 		s.resume(t, hc, 2, f.urls()...)
 	}

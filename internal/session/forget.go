@@ -140,8 +140,8 @@ func storeIfChanged(p *atomic.Pointer[string], v string) {
 		return
 	}
 	if cur := p.Load(); cur == nil || *cur != v {
-		v = strings.Clone(v) // not the request's buffer
-		p.Store(&v)
+		c := strings.Clone(v) // not the request's buffer; c, not v, escapes
+		p.Store(&c)
 	}
 }
 
