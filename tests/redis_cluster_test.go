@@ -13,11 +13,14 @@ import (
 // three masters with a replica each. Under load, no replica takes the
 // cluster for restarted (each master's run_id is compared with its own:
 // before, the once-a-second INFO reached a random node and every replica
-// wrote its table back 8–11 times a run); then the master of the table's
-// slot is killed (SIGKILL): sessions every replica had seen, called
-// through random replicas, and sessions learned meanwhile, used on their
-// replica, lose no call and get no 5xx; afterwards drains, evictions and
-// live counts work across the replicas.
+// wrote its table back 8–11 times a run), and the sessions' keys lie on
+// every master (each hashes on its own tag). Two slots move to another
+// master under load: one holding sessions, and the table's, which holds
+// the upstreams' sets and flags. Then the master of the table's slot is
+// killed (SIGKILL): sessions every replica had seen, called through
+// random replicas, and sessions learned meanwhile, used on their replica,
+// lose no call and get no 5xx; afterwards drains, evictions and live
+// counts work across the replicas.
 func TestReplicasRedisCluster(t *testing.T) {
 	t.Parallel()
 	nodes := redistest.StartCluster(t, 3, 1)
@@ -37,28 +40,47 @@ func TestReplicasRedisCluster(t *testing.T) {
 	if wb != 0 || len(steady.failures) != 0 || steady.fiveXX != 0 {
 		t.Errorf("a steady cluster: %.0f write-backs (want 0), failures %v", wb, steady.failures)
 	}
-	perNode := make([]string, 3)
+	perNode := make([]int, 3)
+	total, sessionKey := 0, ""
 	for i, n := range nodes[:3] {
-		perNode[i] = n.Do("DBSIZE")
+		keys := n.Keys("caddy-mcp:shared:s:*")
+		perNode[i] = len(keys)
+		total += len(keys)
+		if sessionKey == "" && len(keys) > 0 {
+			sessionKey = keys[0]
+		}
 	}
-	t.Logf("keys per master: %v (a table's keys share one hash tag, so one slot)", perNode)
+	t.Logf("session keys per master: %v of %d", perNode, total)
+	for i, n := range perNode {
+		if n == 0 || n > total*2/3 {
+			t.Errorf("master %s holds %d of the %d session keys; want them spread over the masters", nodes[i].Addr, n, total)
+		}
+	}
+	if sessionKey == "" {
+		t.Fatal("no master holds a session key")
+	}
 
-	// The table's slot moves to another master under load.
-	owner := redistest.SlotOwner(t, nodes, "{caddy-mcp:shared}")
-	if owner == nil {
-		t.Fatal("no master owns the table's slot")
-	}
-	target := nodes[0]
-	if owner == target {
-		target = nodes[1]
-	}
+	// Two slots move to another master under load: a session's, then the
+	// table's.
 	migrated := make(chan *troubleLoad)
-	go func() { migrated <- runTroubleLoad(t, rs, known, 6*time.Second) }()
+	go func() { migrated <- runTroubleLoad(t, rs, known, 8*time.Second) }()
 	time.Sleep(time.Second)
-	moved := redistest.MigrateSlot(t, nodes, "{caddy-mcp:shared}", target, 5, 100*time.Millisecond)
+	var owner, target *redistest.Server
+	for _, key := range []string{sessionKey, "{caddy-mcp:shared}"} {
+		owner = redistest.SlotOwner(t, nodes, key)
+		if owner == nil {
+			t.Fatalf("no master owns the slot of %s", key)
+		}
+		target = nodes[0]
+		if owner == target {
+			target = nodes[1]
+		}
+		moved := redistest.MigrateSlot(t, nodes, key, target, 5, 100*time.Millisecond)
+		t.Logf("slot of %s: %d keys moved from %s to %s, 5 keys every 100 ms, under load", key, moved, owner.Addr, target.Addr)
+	}
 	mload := <-migrated
-	t.Logf("slot migration of %d keys from %s to %s, 5 keys every 100 ms, under load: %d requests, %d failed (%v), %d 5xx, slowest %s",
-		moved, owner.Addr, target.Addr, mload.requests, len(mload.failures), mload.failures, mload.fiveXX, mload.slowest.Round(time.Millisecond))
+	t.Logf("load during the slot migrations: %d requests, %d failed (%v), %d 5xx, slowest %s",
+		mload.requests, len(mload.failures), mload.failures, mload.fiveXX, mload.slowest.Round(time.Millisecond))
 	if mload.fiveXX != 0 || len(mload.failures) != 0 {
 		t.Errorf("requests failed during the slot migration: %v", mload.failures)
 	}

@@ -152,7 +152,7 @@ func TestReplicasRedisFlood(t *testing.T) {
 			res := flood(rs[0].addr, "/flood/mcp", floodSize, 8, "", nil)
 			close(stop)
 			load := <-loadDone
-			sessionKeys := srv.Do("EVAL", "return #redis.call('KEYS', ARGV[1])", "0", "{caddy-mcp:fl}:s:*")
+			sessionKeys := srv.Do("EVAL", "return #redis.call('KEYS', ARGV[1])", "0", "caddy-mcp:fl:s:*")
 			peak := srv.Info("memory", "used_memory_peak")
 			t.Logf("%s: flood of %d in %s (%d learned, %d failed); Redis then holds %s session keys, used_memory %s -> peak %s (maxmemory +1 MiB); live load: %d requests, %d failed, %d 5xx",
 				policy, floodSize, res.took.Round(time.Millisecond), res.learned, res.failed, sessionKeys, base, peak, load.requests, len(load.failures), load.fiveXX)

@@ -232,28 +232,40 @@ func (c *Conn) Get(id string) session.Stored {
 }
 
 // read reads session id, whose key hash is h, and its tombstone, in one
-// round trip. A tombstone wins over a value (which a touch of an instance
-// that missed the end may have written back).
+// round trip: its own keys and its layout-1 keys (legacy.go), which count
+// only when its own are both absent. A tombstone wins over a value (which
+// a touch of an instance that missed the end may have written back).
 func (l *layout) read(ctx context.Context, id string, h keyHash) (session.Stored, session.StoreState, error) {
-	vals, err := l.client.MGet(ctx, l.ks.session(h), l.ks.tomb(h)).Result()
-	if err != nil || len(vals) != 2 {
+	pipe := l.client.Pipeline()
+	own := pipe.MGet(ctx, l.ks.session(h), l.ks.tomb(h)) // one slot: the session's
+	old := pipe.MGet(ctx, l.ks.legacySession(h.String()), l.ks.legacyTomb(h.String()))
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return session.Stored{}, session.StoreUnknown, err
 	}
-	if reason, ok := vals[1].(string); ok {
-		return session.Stored{Ended: cmp.Or(session.ReasonNamed(reason), session.EvictDelete)}, session.StoreEnded, nil
+	for _, cmd := range [...]*redis.SliceCmd{own, old} {
+		vals := cmd.Val()
+		if len(vals) != 2 {
+			return session.Stored{}, session.StoreUnknown, errors.New("redis store: MGET answered " + strconv.Itoa(len(vals)) + " values, want 2")
+		}
+		if reason, ok := vals[1].(string); ok {
+			return session.Stored{Ended: cmp.Or(session.ReasonNamed(reason), session.EvictDelete)}, session.StoreEnded, nil
+		}
+		if v, ok := vals[0].(string); ok {
+			return l.Parse(id, v), session.StoreHolds, nil
+		}
 	}
-	v, ok := vals[0].(string)
-	if !ok {
-		return session.Stored{}, session.StoreAbsent, nil
-	}
-	return l.Parse(id, v), session.StoreHolds, nil
+	return session.Stored{}, session.StoreAbsent, nil
 }
 
 // Peek is get without remembering the session: for the admin API.
 func (c *Conn) Peek(id string) (string, session.PrincipalSum) {
 	ctx, cancel := c.call()
 	defer cancel()
-	v, err := c.client.Get(ctx, c.ks.session(c.ks.hash(id))).Result()
+	h := c.ks.hash(id)
+	v, err := c.client.Get(ctx, c.ks.session(h)).Result()
+	if errors.Is(err, redis.Nil) {
+		v, err = c.client.Get(ctx, c.ks.legacySession(h.String())).Result() // a replica of the older version learned it
+	}
 	if err != nil && !errors.Is(err, redis.Nil) {
 		c.fail(opGet, err)
 	}
@@ -347,6 +359,9 @@ func (l *layout) writeSessionFor(ctx context.Context, pipe redis.Pipeliner, h ke
 	}
 	dial, _, _ := session.ParseValue(v)
 	set := pipe.SetArgs(ctx, l.ks.session(h), v, args)
+	if l.t.Reclaiming() {
+		pipe.PExpire(ctx, l.ks.record(h), l.recordLife()) // the record outlives the value (reclaim.go)
+	}
 	pipe.ZAdd(ctx, l.ks.upstream(dial), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: h.String()})
 	pipe.ZAddGT(ctx, l.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
 	return set
@@ -449,7 +464,7 @@ func (c *Conn) endNow(h keyHash, e pendingEnd) bool {
 		c.failWrite(opFlush, orErr(err, refusal))
 		return false
 	}
-	c.reclaimEnded(map[*redis.Cmd]*session.Forgotten{cmd: e.reclaim})
+	c.reclaimEnded(map[endCmds]*session.Forgotten{cmd: e.reclaim})
 	return true
 }
 

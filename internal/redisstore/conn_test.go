@@ -254,8 +254,15 @@ func sharedTableKey(t testing.TB, addr, name, hashKey string, timeout time.Durat
 // module (caddymodule/redis.go) with its default key prefix.
 func attachStore(t testing.TB, tbl *session.Table, addr, name, hashKey string, timeout time.Duration) {
 	t.Helper()
+	attachStoreAt(t, tbl, []string{addr}, name, hashKey, timeout)
+}
+
+// attachStoreAt is attachStore with Redis at addrs: with more than one, a
+// Redis Cluster.
+func attachStoreAt(t testing.TB, tbl *session.Table, addrs []string, name, hashKey string, timeout time.Duration) {
+	t.Helper()
 	opts := &redis.UniversalOptions{
-		Addrs: []string{addr}, ClientName: "caddy-mcp-affinity",
+		Addrs: addrs, IsClusterMode: len(addrs) > 1, ClientName: "caddy-mcp-affinity",
 		DialTimeout: time.Second, DialerRetries: 1,
 		ReadTimeout: timeout, WriteTimeout: timeout, PoolTimeout: timeout,
 		MaxRetries: -1, MinIdleConns: 2, ContextTimeoutEnabled: true,

@@ -3,7 +3,9 @@
 //
 // Per table, Redis holds each session's value under a keyed hash of its ID
 // (HMAC-SHA256 under hash_key, never the ID; keys.go), with the table's
-// idle TTL; per upstream, the sessions it owns and its draining flag; the
+// idle TTL, under a Redis Cluster hash tag of its own so that a cluster's
+// masters share the table (legacy.go reads the older one-slot layout); per
+// upstream, the sessions it owns and its draining flag; the
 // tombstones of sessions that ended for good; and, with failover, each
 // session's sealed failover record (AES-256-GCM, record.go). A [Conn]
 // answers the table's misses, writes what the table learns and ends,

@@ -145,21 +145,19 @@ func (l *layout) confirmWrites(ctx context.Context, pipe redis.Pipeliner, confir
 
 // dropScript removes an unconfirmed session from Redis unless an instance
 // confirmed it meanwhile (its TTL is then longer than an unconfirmed one's),
-// with its reclaim record (reclaim.go). It returns 0 when it kept the
-// session; else the reclaim record it removed, or 1 without one.
+// with its reclaim record (reclaim.go): keys of the session's slot only. It
+// returns 0 when it kept the session; else the reclaim record it removed,
+// or 1 without one. dropTable then removes the member from the upstream's
+// set.
 //
-//	KEYS: the session, its upstream's set, the reclaim hash
-//	ARGV: the unconfirmed TTL (ms), the session's member
+//	KEYS: the session, its reclaim record
+//	ARGV: the unconfirmed TTL (ms)
 var dropScript = redis.NewScript(`
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl > tonumber(ARGV[1]) then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[2])
-local rec = redis.call('HGET', KEYS[3], ARGV[2])
-if rec then
-  redis.call('HDEL', KEYS[3], ARGV[2])
-  return rec
-end
+local rec = redis.call('GETDEL', KEYS[2])
+if rec then return rec end
 return 1`)
 
 // dropWrites queues, in a flush's pipeline, the removal of each session the
@@ -170,8 +168,26 @@ func (l *layout) dropWrites(ctx context.Context, pipe redis.Pipeliner, drops map
 	life := l.unconfirmedLife().Milliseconds()
 	out := make(map[*redis.Cmd]takenEnd, len(drops))
 	for h, dial := range drops {
-		cmd := dropScript.Eval(ctx, pipe, []string{l.ks.session(h), l.ks.upstream(dial), l.ks.reclaims()}, life, h.String())
+		cmd := dropScript.Eval(ctx, pipe, []string{l.ks.session(h), l.ks.record(h)}, life)
 		out[cmd] = takenEnd{member: h.String(), f: session.Forgotten{Dial: dial, Reason: session.EvictUnconfirmed}}
 	}
 	return out
+}
+
+// dropTable removes, after a flush, the members of the sessions its
+// dropScripts removed from their upstreams' sets; a kept session keeps its
+// member. A crash (or a failed call) between the two leaves the member
+// with its unconfirmed expiry score: counted as live for at most
+// unconfirmedTTL, then removed by the reap, which finds the value gone.
+func (l *layout) dropTable(ctx context.Context, drops map[*redis.Cmd]takenEnd) {
+	pipe := l.client.Pipeline()
+	for cmd, te := range drops {
+		if n, ok := cmd.Val().(int64); cmd.Err() != nil || ok && n == 0 {
+			continue
+		}
+		pipe.ZRem(ctx, l.ks.upstream(te.f.Dial), te.member)
+	}
+	if pipe.Len() > 0 {
+		_, _ = exec(ctx, pipe) // the reap removes what this leaves
+	}
 }

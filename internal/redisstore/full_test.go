@@ -137,7 +137,7 @@ func TestRedisStoreUnconfirmedFlood(t *testing.T) {
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rc.Close()
 	sessions := func() int64 {
-		keys, _ := rc.Keys(context.Background(), "{caddy-mcp:flood}:s:*").Result()
+		keys, _ := rc.Keys(context.Background(), "caddy-mcp:flood:s:*").Result()
 		return int64(len(keys))
 	}
 	if !testproc.Until(5*time.Second, func() bool { return sessions() <= bound+2 }) {

@@ -24,18 +24,23 @@ func parseKeyHash(s string) (keyHash, bool) {
 	return h, err == nil && n == len(h)
 }
 
-// keyspace names the keys of one table in Redis. Every key of a table
-// shares the hash tag {<prefix>:<table>}, so that in a Redis Cluster they
-// live in one slot and a script may touch several.
+// keyspace names the keys of one table in Redis. A session's own keys
+// share a hash tag of their own, its key hash {<hash>}, so that in a Redis
+// Cluster the table's sessions spread over the slots (and the masters),
+// while the keys a script changes together (a session's value, tombstone
+// and reclaim record) share a slot. The table's few shared keys share the
+// tag {<prefix>:<table>}: the upstreams' sets, the flags, the marker.
 //
-//	{p:t}:s:<hash>      string  the session's upstream (dial address), then, for a session
+//	<p>:<t>:s:{<hash>}  string  the session's upstream (dial address), then, for a session
 //	                            bound to a principal, a space and the principal's keyed hash
 //	                            (hex), then, with failover reinitialize, a space, "~" and the
 //	                            session's sealed failover record (record.go); with the
 //	                            idle TTL
-//	{p:t}:x:<hash>      string  the tombstone of a session that ended for good (DELETE, admin
+//	<p>:<t>:x:{<hash>}  string  the tombstone of a session that ended for good (DELETE, admin
 //	                            eviction): the eviction reason, with the ID's remaining natural
 //	                            life as TTL (session tombstones); no replica adopts or fails it over
+//	<p>:<t>:r:{<hash>}  string  the session's sealed reclaim record, while its table reclaims (reclaim.go),
+//	                            with the value's TTL and a minute more
 //	{p:t}:u:<dial>      zset    the upstream's sessions: member <hash>, score the expiry (Unix ms)
 //	{p:t}:upstreams     zset    upstreams known to any instance: member <dial>, score last seen (Unix ms)
 //	{p:t}:draining      hash    draining upstreams: field <dial>
@@ -44,8 +49,16 @@ func parseKeyHash(s string) (keyHash, bool) {
 //	{p:t}:alive         string  the table's marker: a random token, no TTL; gone or changed, it
 //	                            tells the instances that Redis lost keys while running (lost.go)
 //	{p:t}:events        channel what instances tell each other (see redisConn.apply)
+//
+// Before the sessions had tags of their own (layout 1, legacy.go), their
+// keys were {p:t}:s:<hash> and {p:t}:x:<hash>, and the reclaim records
+// fields of the hash {p:t}:r. This layout reads them while replicas of the
+// older version may still write them: a session's own key first, else its
+// layout-1 key; it writes only its own keys, and removes the layout-1 ones
+// when the session ends.
 type keyspace struct {
-	tag         string
+	tag         string // {<prefix>:<table>}: the tag of the table's shared keys
+	base        string // <prefix>:<table>: how a session's own keys begin
 	hmacs       sync.Pool
 	principal   []byte      // the key of principal hashes, derived from hash_key
 	records     cipher.AEAD // seals failover records, under a key derived from hash_key
@@ -53,7 +66,7 @@ type keyspace struct {
 }
 
 func newKeyspace(prefix, table string, hashKey []byte) *keyspace {
-	ks := &keyspace{tag: "{" + prefix + ":" + table + "}"}
+	ks := &keyspace{tag: "{" + prefix + ":" + table + "}", base: prefix + ":" + table}
 	ks.hmacs.New = func() any { return hmac.New(sha256.New, hashKey) }
 	// HMAC as a key-derivation function (RFC 2104 keyed with the secret,
 	// over a fixed label): session keys and principal hashes use separate
@@ -80,11 +93,15 @@ func (ks *keyspace) hash(id string) keyHash {
 	return h
 }
 
-func (ks *keyspace) session(h keyHash) string    { return ks.tag + ":s:" + h.String() }
-func (ks *keyspace) tomb(h keyHash) string       { return ks.tag + ":x:" + h.String() }
-func (ks *keyspace) upstream(dial string) string { return ks.tag + ":u:" + dial }
-func (ks *keyspace) upstreams() string           { return ks.tag + ":upstreams" }
-func (ks *keyspace) draining() string            { return ks.tag + ":draining" }
-func (ks *keyspace) events() string              { return ks.tag + ":events" }
-func (ks *keyspace) hashKeys() string            { return ks.tag + ":hashkeys" }
-func (ks *keyspace) alive() string               { return ks.tag + ":alive" }
+func (ks *keyspace) session(h keyHash) string       { return ks.sessionOf(h.String()) }
+func (ks *keyspace) tomb(h keyHash) string          { return ks.tombOf(h.String()) }
+func (ks *keyspace) record(h keyHash) string        { return ks.recordOf(h.String()) }
+func (ks *keyspace) sessionOf(member string) string { return ks.base + ":s:{" + member + "}" }
+func (ks *keyspace) tombOf(member string) string    { return ks.base + ":x:{" + member + "}" }
+func (ks *keyspace) recordOf(member string) string  { return ks.base + ":r:{" + member + "}" }
+func (ks *keyspace) upstream(dial string) string    { return ks.tag + ":u:" + dial }
+func (ks *keyspace) upstreams() string              { return ks.tag + ":upstreams" }
+func (ks *keyspace) draining() string               { return ks.tag + ":draining" }
+func (ks *keyspace) events() string                 { return ks.tag + ":events" }
+func (ks *keyspace) hashKeys() string               { return ks.tag + ":hashkeys" }
+func (ks *keyspace) alive() string                  { return ks.tag + ":alive" }

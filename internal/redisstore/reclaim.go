@@ -16,14 +16,14 @@ import (
 // eviction, an upstream gone) runs endScript, which reports whether it
 // removed the session or its reclaim record: only then does the instance
 // reclaim it. A session that expires in Redis (idle on every instance for
-// session_ttl) is found by reapScript, which each instance runs in its
-// sync: the instance whose script removes its member from the upstream's
-// set gets its reclaim record, and reclaims it.
+// session_ttl) is found by the reap, which each instance runs in its
+// sync: the instance whose reapScript takes the session's reclaim record
+// (GETDEL, in the session's own slot) reclaims it.
 //
 // Redis holds the session's key only as a keyed hash, so the instance that
-// learned the session keeps its key, sealed, in the table's reclaim hash
-// ({p:t}:r, field <hash>) while it has a forget hook (reclaim on): what a
-// reaping instance needs to name the session upstream.
+// learned the session keeps its key, sealed, in the session's reclaim
+// record (<p>:<t>:r:{<hash>}) while it has a forget hook (reclaim on): what
+// a reaping instance needs to name the session upstream.
 
 // reclaimVersion is the first byte of a sealed reclaim record and, with
 // the session's key hash, its associated data.
@@ -31,6 +31,15 @@ const reclaimVersion byte = 2
 
 // reapBatch is the most expired sessions of one upstream one sync reaps.
 const reapBatch = 512
+
+// recordGrace is how much longer than its session's value a reclaim
+// record lives in Redis: long enough for a sync's reap to find the value
+// gone and take the record, and a bound on what a record nobody takes
+// holds (a member lost between two commands, an older replica's reap).
+const recordGrace = time.Minute
+
+// recordLife is the TTL of a reclaim record, refreshed with its session's.
+func (l *layout) recordLife() time.Duration { return l.ttl() + recordGrace }
 
 // sealReclaim returns the reclaim record of the session whose table key
 // is key and whose key hash is h.
@@ -51,43 +60,55 @@ func (ks *keyspace) openReclaim(h keyHash, rec string) (string, bool) {
 	return strings.Clone(f[0]), true
 }
 
-func (ks *keyspace) reclaims() string { return ks.tag + ":r" }
-
 // endScript removes an ended session from Redis, with its reclaim record,
-// leaves its tombstone if it has one, and tells the instances. It returns
-// 1 when it removed the session's value or its reclaim record, which
-// makes the caller the one instance whose write ended the session; else 0.
+// leaves its tombstone if it has one, and tells the instances: keys of the
+// session's slot only (a channel is no key). It returns 1 when it removed
+// the session's value or its reclaim record, which makes the caller the one
+// instance whose write ended the session; else 0. The member in the
+// upstream's set goes in endTableScript (legacy.go), in the same pipeline:
+// on another master, in either order. A crash (or a failed call) between
+// them leaves the member: the upstream counts the session as live until
+// its expiry score passes, and the reap then removes it (the record is
+// gone, so it reclaims nothing). A session written by a replica of the
+// older version (layout 1) has its value and record in the table's slot:
+// endTableScript removes them, and its 1 makes this instance reclaim. A
+// session held in both layouts, ended by two instances at once, may so be
+// reclaimed by both: a second DELETE of a session the upstream ended
+// already, answered 404, during a rolling upgrade only.
 //
-//	KEYS: the session, the reclaim hash, its tombstone, its upstream's set
-//	ARGV: the session's member, the tombstone's reason, its life (ms; 0: none), the channel, the message
+//	KEYS: the session, its reclaim record, its tombstone
+//	ARGV: the tombstone's reason, its life (ms; 0: none), the channel, the message
 var endScript = redis.NewScript(`
-if tonumber(ARGV[3]) > 0 then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
+if tonumber(ARGV[2]) > 0 then redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2]) end
 local del = redis.call('DEL', KEYS[1])
-local rec = redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+local rec = redis.call('DEL', KEYS[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
 if del + rec > 0 then return 1 end
 return 0`)
 
-// reapScript removes from an upstream's set the members whose session
-// expired (its value is gone), with their reclaim records, and returns
-// member and record of each it removed that had one.
+// reapScript takes the reclaim record of a session whose upstream's set
+// holds it with an expiry past: in the session's slot, it returns 0 while
+// the session's value lives (the member stays), else the record it took
+// (GETDEL), or 1 without one. The instance that takes the record reclaims
+// the session: GETDEL gives it to one instance only.
 //
-//	KEYS: the upstream's set, the reclaim hash, then the session of each member
-//	ARGV: the members, in the order of their sessions in KEYS
+//	KEYS: the session, its reclaim record
 var reapScript = redis.NewScript(`
-local out = {}
-for i, m in ipairs(ARGV) do
-  if redis.call('EXISTS', KEYS[i + 2]) == 0 and redis.call('ZREM', KEYS[1], m) == 1 then
-    local rec = redis.call('HGET', KEYS[2], m)
-    if rec then
-      redis.call('HDEL', KEYS[2], m)
-      table.insert(out, m)
-      table.insert(out, rec)
-    end
-  end
-end
-return out`)
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local rec = redis.call('GETDEL', KEYS[2])
+if rec then return rec end
+return 1`)
+
+// endCmds are the commands of one end: endScript's, in the session's slot,
+// and endTableScript's, in the table's.
+type endCmds struct{ own, table *redis.Cmd }
+
+// ended reports whether the end's writes ended the session in Redis.
+func (e endCmds) ended() bool {
+	own, err := e.own.Int()
+	table, err2 := e.table.Int()
+	return err == nil && own == 1 || err2 == nil && table == 1
+}
 
 // takenEnd is a session whose reclaim record a script (dropScript) may
 // take: its member, and what the table reclaims but its key, which the
@@ -118,16 +139,16 @@ func (l *layout) reclaimTaken(taken map[*redis.Cmd]takenEnd) {
 // writeEndScript queues the end e of the session whose key hash is h, and
 // returns its command: 1 when this write ended the session.
 func (l *layout) writeEndScript(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) *redis.Cmd {
-	keys := []string{l.ks.session(h), l.ks.reclaims(), l.ks.tomb(h), l.ks.upstream(e.dial)}
-	return endScript.Eval(ctx, pipe, keys, h.String(), e.reason.String(), e.tomb.Milliseconds(),
+	keys := []string{l.ks.session(h), l.ks.record(h), l.ks.tomb(h)}
+	return endScript.Eval(ctx, pipe, keys, e.reason.String(), e.tomb.Milliseconds(),
 		l.ks.events(), msgEnded+" "+e.reason.String()+" "+h.String())
 }
 
 // reclaimEnded hands the table the sessions whose end this instance's
 // write made, once the pipeline ran.
-func (l *layout) reclaimEnded(cmds map[*redis.Cmd]*session.Forgotten) {
+func (l *layout) reclaimEnded(cmds map[endCmds]*session.Forgotten) {
 	for cmd, f := range cmds {
-		if n, err := cmd.Int(); err == nil && n == 1 && f != nil {
+		if f != nil && cmd.ended() {
 			l.t.Reclaim(*f)
 		}
 	}
@@ -137,7 +158,7 @@ func (l *layout) reclaimEnded(cmds map[*redis.Cmd]*session.Forgotten) {
 // whose key hash is h, when the table reclaims sessions.
 func (l *layout) queueReclaimRecord(ctx context.Context, pipe redis.Pipeliner, h keyHash, id string) {
 	if l.t.Reclaiming() {
-		pipe.HSet(ctx, l.ks.reclaims(), h.String(), l.ks.sealReclaim(h, id))
+		pipe.Set(ctx, l.ks.record(h), l.ks.sealReclaim(h, id), l.recordLife())
 	}
 }
 
@@ -152,33 +173,78 @@ func (l *layout) expiredMembers(ctx context.Context, pipe redis.Pipeliner, dials
 }
 
 // reap removes the expired members read by expiredMembers, and reclaims
-// the sessions whose member this instance removed.
+// the sessions whose reclaim record this instance took. Per member,
+// reapScript runs in the session's slot; then, for the members whose value
+// is gone, reapTableScript removes them from the upstream's set in the
+// table's slot (and takes the records of layout-1 sessions). A crash (or a
+// failed call) between the two leaves the member, whose record is taken:
+// the next sync's reap finds it again, takes nothing, and removes it.
 func (l *layout) reap(ctx context.Context, expired map[string]*redis.StringSliceCmd) error {
+	pipe := l.client.Pipeline()
+	taken := map[string][]*redis.Cmd{}
 	for dial, cmd := range expired {
-		members := cmd.Val()
-		if len(members) == 0 {
-			continue
+		for _, m := range cmd.Val() {
+			taken[dial] = append(taken[dial], reapScript.Eval(ctx, pipe, []string{l.ks.sessionOf(m), l.ks.recordOf(m)}))
 		}
-		keys := make([]string, 0, len(members)+2)
-		keys = append(keys, l.ks.upstream(dial), l.ks.reclaims())
-		args := make([]any, len(members))
-		for i, m := range members {
-			keys = append(keys, l.ks.tag+":s:"+m)
-			args[i] = m
+	}
+	if pipe.Len() == 0 {
+		return nil
+	}
+	if err, _ := exec(ctx, pipe); err != nil {
+		return err
+	}
+	for dial, cmds := range taken {
+		members := expired[dial].Val()
+		gone := make([]string, 0, len(members))
+		for i, cmd := range cmds {
+			switch v := cmd.Val().(type) {
+			case int64:
+				if v == 0 {
+					continue // the session lives
+				}
+			case string:
+				l.reclaimRecord(members[i], v, dial)
+			}
+			gone = append(gone, members[i])
 		}
-		got, err := reapScript.Run(ctx, l.client, keys, args...).StringSlice()
-		if err != nil {
+		if err := l.reapTable(ctx, dial, gone); err != nil {
 			return err
-		}
-		for i := 0; i+1 < len(got); i += 2 {
-			h, ok := parseKeyHash(got[i])
-			if !ok {
-				continue
-			}
-			if key, ok := l.ks.openReclaim(h, got[i+1]); ok {
-				l.t.Reclaim(session.Forgotten{Key: key, Dial: dial, Reason: session.EvictTTL})
-			}
 		}
 	}
 	return nil
+}
+
+// reapTable runs reapTableScript for the members of dial's set whose
+// value is gone, and reclaims the layout-1 sessions whose record it took.
+func (l *layout) reapTable(ctx context.Context, dial string, members []string) error {
+	if len(members) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(members)+2)
+	keys = append(keys, l.ks.upstream(dial), l.ks.legacyReclaims())
+	args := make([]any, len(members))
+	for i, m := range members {
+		keys = append(keys, l.ks.legacySession(m))
+		args[i] = m
+	}
+	got, err := reapTableScript.Run(ctx, l.client, keys, args...).StringSlice()
+	if err != nil {
+		return err
+	}
+	for i := 0; i+1 < len(got); i += 2 {
+		l.reclaimRecord(got[i], got[i+1], dial)
+	}
+	return nil
+}
+
+// reclaimRecord reclaims the expired session of dial whose member is m and
+// whose reclaim record is rec.
+func (l *layout) reclaimRecord(m, rec, dial string) {
+	h, ok := parseKeyHash(m)
+	if !ok {
+		return
+	}
+	if key, ok := l.ks.openReclaim(h, rec); ok {
+		l.t.Reclaim(session.Forgotten{Key: key, Dial: dial, Reason: session.EvictTTL})
+	}
 }

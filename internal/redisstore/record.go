@@ -112,21 +112,19 @@ func (c *Conn) Current(id string) (session.Stored, session.StoreState) {
 // caller failed over from (or is gone, without a tombstone), and tells
 // every instance; else it returns the value another instance wrote, or
 // movedEnded for a session that ended for good meanwhile, and changes
-// nothing.
+// nothing. It touches the session's slot only (a channel is no key); the
+// upstreams' sets follow in moveTable.
 //
-//	KEYS: the session, its old upstream's set, its new upstream's set, the upstreams, its tombstone
-//	ARGV: the old value, the new value, the TTL (ms), the session's member,
-//	      its expiry (Unix ms), now (Unix ms), the new dial, the channel, the message
+//	KEYS: the session, its tombstone, its reclaim record
+//	ARGV: the old value, the new value, the TTL (ms), the channel, the message, the record's TTL (ms)
 var moveScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then return cur end
-local tomb = redis.call('GET', KEYS[5])
+local tomb = redis.call('GET', KEYS[2])
 if not cur and tomb then return '` + movedEnded + `' .. tomb end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-redis.call('ZREM', KEYS[2], ARGV[4])
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[4])
-redis.call('ZADD', KEYS[4], 'GT', ARGV[6], ARGV[7])
-redis.call('PUBLISH', ARGV[8], ARGV[9])
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 return ''`)
 
 // movedEnded begins what moveScript returns for a session that ended for
@@ -165,15 +163,36 @@ func (c *Conn) moveValue(id, old, new string) (string, error) {
 	now := time.Now()
 	ctx, cancel := c.call()
 	defer cancel()
-	keys := []string{c.ks.session(h), c.ks.upstream(from), c.ks.upstream(to), c.ks.upstreams(), c.ks.tomb(h)}
-	cur, err := moveScript.Run(ctx, c.client, keys, old, new, c.ttl().Milliseconds(), h.String(),
-		now.Add(c.ttl()).UnixMilli(), now.UnixMilli(), to, c.ks.events(), msgMoved+" "+h.String()+" "+new).Text()
+	cur, err := moveScript.Run(ctx, c.client, []string{c.ks.session(h), c.ks.tomb(h), c.ks.record(h)}, old, new, c.ttl().Milliseconds(),
+		c.ks.events(), msgMoved+" "+h.String()+" "+new, c.recordLife().Milliseconds()).Text()
 	if err != nil {
 		c.failWrite(OpMove, err)
 		c.queueMove(h, pendingMove{id, old, new})
 		return "", err
 	}
+	if cur == "" {
+		c.moveTable(ctx, h, from, to, now)
+	}
 	return cur, nil
+}
+
+// moveTable moves the member of session h, which moveScript moved from
+// upstream from to upstream to, between the upstreams' sets: in the
+// table's slot, so after the script and apart from it. What a crash (or a
+// failed call) between the two leaves is harmless: the member stays in
+// the old upstream's set, counted there until its expiry score passes,
+// then removed by the reap once the session is gone (its record, if any,
+// is taken by the end or the reap as usual); the new upstream's set lacks
+// it until the first touch of the session, which adds it, so that the new
+// upstream's live count is one short meanwhile.
+func (c *Conn) moveTable(ctx context.Context, h keyHash, from, to string, now time.Time) {
+	pipe := c.client.Pipeline()
+	pipe.ZRem(ctx, c.ks.upstream(from), h.String())
+	pipe.ZAdd(ctx, c.ks.upstream(to), redis.Z{Score: float64(now.Add(c.ttl()).UnixMilli()), Member: h.String()})
+	pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: to})
+	if err, refusal := exec(ctx, pipe); err != nil || refusal != nil {
+		c.errs[opIndex(OpMove)].Add(1) // the session moved; its counts catch up (above)
+	}
 }
 
 // pendingMove is a failover this instance recorded while Redis did not
@@ -232,39 +251,67 @@ func (c *Conn) flushMoves() bool {
 // touchScript refreshes a session's TTL, as a touch does, unless another
 // instance changed its value (moved it), or the session ended for good (a
 // tombstone): a touch of an instance that has not yet heard of a move or
-// an end must not undo it.
+// an end must not undo it. It touches the session's slot only: the
+// upstream's set follows in touchTable, for the touches it took.
 //
-//	KEYS: the session, its upstream's set, the upstreams, its tombstone
-//	ARGV: the value, the TTL (ms), the session's member, its expiry (Unix ms), now (Unix ms), the dial
+//	KEYS: the session, its tombstone, its reclaim record
+//	ARGV: the value, the TTL (ms), the record's TTL (ms)
 var touchScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then return 0 end
-if not cur and redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
+if not cur and redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
-redis.call('ZADD', KEYS[3], 'GT', ARGV[5], ARGV[6])
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
 return 1`)
 
 // writeTouch queues the refresh of session h, whose value is v: as
 // writeSession, or, for a value with a failover record, by touchScript,
 // whose command it returns (nil for the other).
 func (l *layout) writeTouch(ctx context.Context, pipe redis.Pipeliner, h keyHash, v string) *redis.Cmd {
-	dial, _, rec := session.ParseValue(v)
+	_, _, rec := session.ParseValue(v)
 	if rec == "" {
 		l.writeSession(ctx, pipe, h, v, false)
 		return nil
 	}
+	return touchScript.Eval(ctx, pipe, []string{l.ks.session(h), l.ks.tomb(h), l.ks.record(h)}, v, l.ttl().Milliseconds(), l.recordLife().Milliseconds())
+}
+
+// touched is a touch by touchScript queued in a flush: the session's ID,
+// its value, and the script's command.
+type touched struct {
+	v   string
+	cmd *redis.Cmd
+}
+
+// touchTable refreshes, after a flush, the upstream's set and record of
+// each session whose touchScript took the touch; those it did not take
+// are left out, so that a touch that lost to a move or an end puts no
+// member back. A crash (or a failed call) between the flush and this
+// leaves the member's expiry score older than the session's TTL: the
+// session counts as live until that score passes, and the reap keeps its
+// member while its value lives; the next touch refreshes it.
+func (l *layout) touchTable(ctx context.Context, cmds map[string]touched) {
+	pipe := l.client.Pipeline()
 	now := time.Now()
-	keys := []string{l.ks.session(h), l.ks.upstream(dial), l.ks.upstreams(), l.ks.tomb(h)}
-	return touchScript.Eval(ctx, pipe, keys, v, l.ttl().Milliseconds(), h.String(), now.Add(l.ttl()).UnixMilli(), now.UnixMilli(), dial)
+	for id, tc := range cmds {
+		if n, err := tc.cmd.Int(); err != nil || n != 1 {
+			continue
+		}
+		dial, _, _ := session.ParseValue(tc.v)
+		pipe.ZAdd(ctx, l.ks.upstream(dial), redis.Z{Score: float64(now.Add(l.ttl()).UnixMilli()), Member: l.ks.hash(id).String()})
+		pipe.ZAddGT(ctx, l.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
+	}
+	if pipe.Len() > 0 {
+		_, _ = exec(ctx, pipe) // the next touch writes it again
+	}
 }
 
 // followTouched makes the sessions whose touch found another value in
 // Redis follow it: another instance moved them, and this one missed the
 // message; or ended them for good, and then they end here too.
-func (c *Conn) followTouched(cmds map[string]*redis.Cmd) {
-	for id, cmd := range cmds {
-		if n, err := cmd.Int(); err == nil && n == 0 {
+func (c *Conn) followTouched(cmds map[string]touched) {
+	for id, tc := range cmds {
+		if n, err := tc.cmd.Int(); err == nil && n == 0 {
 			switch s, st := c.Current(id); st {
 			case session.StoreHolds:
 				c.t.Follow(id, s)

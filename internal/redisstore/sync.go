@@ -121,13 +121,13 @@ func (c *Conn) Flush() {
 	for h, v := range q.puts {
 		c.writeSession(ctx, pipe, h, v, false)
 	}
-	touched := map[string]*redis.Cmd{}
+	touches := map[string]touched{}
 	for id, v := range q.touches {
 		if cmd := c.writeTouch(ctx, pipe, c.ks.hash(id), v); cmd != nil {
-			touched[id] = cmd
+			touches[id] = touched{v, cmd}
 		}
 	}
-	ended := make(map[*redis.Cmd]*session.Forgotten, len(q.ends))
+	ended := make(map[endCmds]*session.Forgotten, len(q.ends))
 	for h, e := range q.ends {
 		ended[c.writeEnd(ctx, pipe, h, e)] = e.reclaim
 	}
@@ -146,7 +146,9 @@ func (c *Conn) Flush() {
 		return
 	}
 	c.accepted()
-	c.followTouched(touched)
+	c.touchTable(ctx, touches)
+	c.dropTable(ctx, dropped)
+	c.followTouched(touches)
 	c.reclaimEnded(ended)
 	c.reclaimTaken(taken)
 	c.reclaimTaken(dropped)
@@ -154,9 +156,10 @@ func (c *Conn) Flush() {
 
 // writeEnd queues the removal of an ended session, with its reclaim
 // record, and its tombstone if it has one, and tells the instances
-// (endScript). Its command says whether this write ended the session.
-func (l *layout) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) *redis.Cmd {
-	return l.writeEndScript(ctx, pipe, h, e)
+// (endScript), and its removal from its upstream's set (endTableScript).
+// Its commands say whether this write ended the session.
+func (l *layout) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) endCmds {
+	return endCmds{l.writeEndScript(ctx, pipe, h, e), l.writeEndTable(ctx, pipe, h, e.dial)}
 }
 
 // writeDrains queues the drain flags and tells the instances.
@@ -188,11 +191,16 @@ func (l *layout) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, di
 			return nil, err
 		}
 		for _, m := range members {
+			// A session's keys share its slot, so its node runs these
+			// in order: the tombstone first, so that a reader never
+			// finds neither value nor tombstone.
 			if tomb > 0 {
-				pipe.Set(ctx, l.ks.tag+":x:"+m, session.EvictAdmin.String(), tomb)
+				pipe.Set(ctx, l.ks.tombOf(m), session.EvictAdmin.String(), tomb)
 			}
-			pipe.Del(ctx, l.ks.tag+":s:"+m)
-			pipe.HDel(ctx, l.ks.reclaims(), m)
+			pipe.Del(ctx, l.ks.sessionOf(m))
+			pipe.Del(ctx, l.ks.recordOf(m))
+			pipe.Del(ctx, l.ks.legacySession(m))
+			pipe.HDel(ctx, l.ks.legacyReclaims(), m)
 		}
 		pipe.Del(ctx, l.ks.upstream(dial))
 		pipe.Publish(ctx, l.ks.events(), msgUpstream+" "+dial)

@@ -25,27 +25,30 @@ import (
 // set holds then and reclaims none: some may have been learned after the
 // eviction, and their upstreams must keep them.
 
-// upEndScript ends one session of an evicted upstream, unless its value
-// names another upstream (a failover moved it): it leaves the session's
-// tombstone if it has one, removes its value, its member and its reclaim
-// record, and tells the instances. It returns the reclaim record it
-// removed; nil when there was none, or the session moved.
+// upEndScript ends one session of an evicted upstream, in the session's
+// slot, unless its value names another upstream (a failover moved it): it
+// leaves the session's tombstone if it has one, removes its value and its
+// reclaim record, and tells the instances (a channel is no key). It
+// returns the reclaim record it removed; nil when there was none, or the
+// session moved. The member in the upstream's set, in the table's slot,
+// goes in endTableScript (legacy.go) in the same pipeline, also for a
+// session that moved (its member in this set is stale). A crash between
+// the two leaves the member, which the next reap removes (the record is
+// gone: it reclaims nothing). A session only a replica of the older
+// version wrote (layout 1) is ended by endTableScript without its DELETE:
+// during a rolling upgrade only.
 //
-//	KEYS: the session, the reclaim hash, its tombstone, the upstream's set
-//	ARGV: the session's member, the upstream's dial address, the tombstone's reason, its life (ms; 0: none), the channel, the message
+//	KEYS: the session, its tombstone, its reclaim record
+//	ARGV: the upstream's dial address, the tombstone's reason, its life (ms; 0: none), the channel, the message
 var upEndScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
-if v and v ~= ARGV[2] and string.sub(v, 1, #ARGV[2] + 1) ~= ARGV[2] .. ' ' then
-  redis.call('ZREM', KEYS[4], ARGV[1])
+if v and v ~= ARGV[1] and string.sub(v, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ' then
   return false
 end
-if tonumber(ARGV[4]) > 0 then redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4]) end
+if tonumber(ARGV[3]) > 0 then redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3]) end
 redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('PUBLISH', ARGV[5], ARGV[6])
-local rec = redis.call('HGET', KEYS[2], ARGV[1])
-if rec then redis.call('HDEL', KEYS[2], ARGV[1]) end
-return rec`)
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return redis.call('GETDEL', KEYS[3])`)
 
 // upEndBatch is the most sessions of an evicted upstream one pipeline ends.
 const upEndBatch = 512
@@ -101,11 +104,18 @@ func (c *Conn) endMembers(dial string, tomb time.Duration, batch []string) bool 
 	return true
 }
 
-// writeUpEnd queues upEndScript for member m of dial's set.
+// writeUpEnd queues upEndScript for member m of dial's set, and the
+// removal of m from the set (endTableScript).
 func (l *layout) writeUpEnd(ctx context.Context, pipe redis.Pipeliner, dial, m string, reason session.EvictReason, tomb time.Duration) *redis.Cmd {
-	keys := []string{l.ks.tag + ":s:" + m, l.ks.reclaims(), l.ks.tag + ":x:" + m, l.ks.upstream(dial)}
-	return upEndScript.Eval(ctx, pipe, keys, m, dial, reason.String(), tomb.Milliseconds(),
+	keys := []string{l.ks.sessionOf(m), l.ks.tombOf(m), l.ks.recordOf(m)}
+	cmd := upEndScript.Eval(ctx, pipe, keys, dial, reason.String(), tomb.Milliseconds(),
 		l.ks.events(), msgEnded+" "+reason.String()+" "+m)
+	if h, ok := parseKeyHash(m); ok {
+		l.writeEndTable(ctx, pipe, h, dial)
+	} else {
+		pipe.ZRem(ctx, l.ks.upstream(dial), m)
+	}
+	return cmd
 }
 
 // upEndReason is why the sessions of an evicted upstream ended: an

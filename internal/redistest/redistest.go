@@ -139,3 +139,14 @@ func (s *Server) Info(section, field string) string {
 	}
 	return ""
 }
+
+// Keys returns the keys of the server that match pattern (KEYS), nil on
+// error.
+func (s *Server) Keys(pattern string) []string {
+	rc := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer rc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	keys, _ := rc.Keys(ctx, pattern).Result()
+	return keys
+}
