@@ -137,7 +137,10 @@ func TestFailoverConcurrentMoves(t *testing.T) {
 	ts[0].LearnInit(testSessionID, "10.0.0.1:80", session.Origin{}, testInit())
 	storeOf(ts[0]).Flush() // the write is queued; under load it may land after the others look
 	for i, tbl := range ts[1:] {
-		if !testproc.Until(5*time.Second, func() bool { _, init := tbl.InitOf(testSessionID); return tbl.Lookup(testSessionID) != nil && init != nil }) {
+		if !testproc.Until(5*time.Second, func() bool {
+			_, init := tbl.InitOf(testSessionID)
+			return tbl.Lookup(testSessionID) != nil && init != nil
+		}) {
 			t.Fatalf("setup: instance %d does not find the session and its kept initialize in Redis", i+1)
 		}
 	}
