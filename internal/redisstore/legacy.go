@@ -38,9 +38,9 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 if del + rec > 0 then return 1 end
 return 0`)
 
-// writeEndTable queues endTableScript for the session h of dial.
-func (l *layout) writeEndTable(ctx context.Context, pipe redis.Pipeliner, h keyHash, dial string) *redis.Cmd {
-	m := h.String()
+// writeEndTable queues endTableScript for the session of dial whose
+// member (its key hash as written) is m.
+func (l *layout) writeEndTable(ctx context.Context, pipe redis.Pipeliner, m, dial string) *redis.Cmd {
 	return endTableScript.Eval(ctx, pipe, []string{l.ks.legacySession(m), l.ks.legacyReclaims(), l.ks.upstream(dial)}, m)
 }
 

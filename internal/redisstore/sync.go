@@ -159,7 +159,7 @@ func (c *Conn) Flush() {
 // (endScript), and its removal from its upstream's set (endTableScript).
 // Its commands say whether this write ended the session.
 func (l *layout) writeEnd(ctx context.Context, pipe redis.Pipeliner, h keyHash, e pendingEnd) endCmds {
-	return endCmds{l.writeEndScript(ctx, pipe, h, e), l.writeEndTable(ctx, pipe, h, e.dial)}
+	return endCmds{l.writeEndScript(ctx, pipe, h, e), l.writeEndTable(ctx, pipe, h.String(), e.dial)}
 }
 
 // writeDrains queues the drain flags and tells the instances.

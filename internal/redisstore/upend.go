@@ -110,11 +110,7 @@ func (l *layout) writeUpEnd(ctx context.Context, pipe redis.Pipeliner, dial, m s
 	keys := []string{l.ks.sessionOf(m), l.ks.tombOf(m), l.ks.recordOf(m)}
 	cmd := upEndScript.Eval(ctx, pipe, keys, dial, reason.String(), tomb.Milliseconds(),
 		l.ks.events(), msgEnded+" "+reason.String()+" "+m)
-	if h, ok := parseKeyHash(m); ok {
-		l.writeEndTable(ctx, pipe, h, dial)
-	} else {
-		pipe.ZRem(ctx, l.ks.upstream(dial), m)
-	}
+	l.writeEndTable(ctx, pipe, m, dial)
 	return cmd
 }
 
