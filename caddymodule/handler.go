@@ -72,6 +72,12 @@ const (
 // | a handle whose upstream fails active health checks, within the grace | 503 with Retry-After; the handle is kept |
 // | a handle whose upstream is gone, with `unknown_handle reject` | 404, and the handle is dropped (with `forward`: dropped, and the request balanced) |
 //
+// When reverse_proxy ends a request with 502, 503 or 504 before any
+// response (no upstream answered, none available, a timeout), and when the
+// mcp_sessions app did not start (503), it answers with the same status
+// and a JSON-RPC error body instead of Caddy's empty one, and logs the
+// cause; handle_errors routes do not see these errors (gateway.go).
+//
 // An initialize request carrying a session the table does not hold, or
 // whose upstream is gone, starts a new session: the stale Mcp-Session-Id
 // is dropped and the request balanced (reinit.go).
