@@ -104,7 +104,9 @@
 //   - The request path, the one cycle by design (the handler and the
 //     branches it takes): handler.go (Provision, ServeHTTP, serving each
 //     route), route.go (the one decision of where a request goes, from the
-//     request and the table), observe.go (the exchange kept around serving), frozen.go and open.go
+//     request and the table), observe.go (the exchange kept around serving),
+//     gateway.go (the JSON-RPC answers to reverse_proxy's 502, 503 and 504,
+//     and to an app that did not start), frozen.go and open.go
 //     (bounded waits for upstream answers), refusal.go (a refused
 //     initialize sent elsewhere), reinit.go (a stale initialize),
 //     failover.go, sealed.go (sealing responses, over internal/seal),

@@ -263,10 +263,7 @@ func (h *Handler) writePinnedTimeout(w http.ResponseWriter, r *http.Request, id 
 // writeTimeout answers 504 with a JSON-RPC error carrying the request's
 // id when the proxy read it.
 func writeTimeout(w http.ResponseWriter, r *http.Request, why string) error {
-	f := &fault{status: http.StatusGatewayTimeout, code: CodeUpstreamTimeout, message: "Gateway Timeout: " + why}
-	if ex := exchangeOf(r); ex.body != nil {
-		f.id = ex.body.ID
-	}
+	f := &fault{status: http.StatusGatewayTimeout, code: CodeUpstreamTimeout, message: "Gateway Timeout: " + why, id: exchangeOf(r).requestID()}
 	return f.write(w)
 }
 

@@ -139,7 +139,7 @@ func TestPinnedTimeout(t *testing.T) {
 			}
 			continue
 		}
-		checkTimeout(t, rec, `null`, "pinned_timeout") // the proxy does not read the body of a pinned request
+		checkTimeout(t, rec, `1`, "pinned_timeout") // the id of the body the proxy read whole to send
 		if h.table.Lookup(testSessionID) == nil {
 			t.Error("the session was dropped")
 		}

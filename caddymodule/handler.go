@@ -72,6 +72,12 @@ const (
 // | a handle whose upstream fails active health checks, within the grace | 503 with Retry-After; the handle is kept |
 // | a handle whose upstream is gone, with `unknown_handle reject` | 404, and the handle is dropped (with `forward`: dropped, and the request balanced) |
 //
+// When reverse_proxy ends a request with 502, 503 or 504 before any
+// response (no upstream answered, none available, a timeout), and when the
+// mcp_sessions app did not start (503), it answers with the same status
+// and a JSON-RPC error body instead of Caddy's empty one, and logs the
+// cause; handle_errors routes do not see these errors (gateway.go).
+//
 // An initialize request carrying a session the table does not hold, or
 // whose upstream is gone, starts a new session: the stale Mcp-Session-Id
 // is dropped and the request balanced (reinit.go).
@@ -374,8 +380,11 @@ func badQueryName(name string) bool {
 // ServeHTTP pins the request to its session's upstream, or lets it be
 // balanced and learns the session its response creates. The proxy's own
 // answers (403, 400, 404 with a JSON-RPC error, see docs/behaviour.md "What happens
-// when") are written, not returned; it returns the error of the next
-// handler (reverse_proxy), or of writing the proxy's own answer.
+// when") are written, not returned, and so are the 502, 503 and 504 the
+// next handler (reverse_proxy) returns before any response, and the 503
+// of an mcp_sessions app that did not start: Caddy's handle_errors routes
+// do not see them (gateway.go). It returns the other errors of the next
+// handler, and those of writing the proxy's own answer.
 // It sets the {mcp.*} placeholders and counts the request by method
 // (placeholders.go).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
@@ -383,7 +392,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// The http app can serve before Caddy starts the mcp_sessions
 		// app (see App.Start): the table gets its settings and store first.
 		if err := h.app.Start(); err != nil {
-			return caddyhttp.Error(http.StatusServiceUnavailable, err)
+			return h.answerStartFailure(w, r, err) // gateway.go
 		}
 	}
 	if h.reclaim != nil {

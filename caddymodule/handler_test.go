@@ -736,19 +736,21 @@ func TestPinnedUpstreamGone(t *testing.T) {
 }
 
 // TestPinnedErrors checks that errors of the proxy other than a gone
-// upstream pass through and keep the session.
+// upstream keep the session: one before any header is answered with the
+// proxy's JSON-RPC 502 (gateway.go), one after the header passes through.
 func TestPinnedErrors(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		next func(w http.ResponseWriter) error
+		name     string
+		next     func(w http.ResponseWriter) error
+		answered bool // the handler writes the proxy's 502 and returns nil
 	}{
 		{"502 before any header", func(http.ResponseWriter) error {
 			return caddyhttp.Error(http.StatusBadGateway, errors.New("read: connection reset by peer"))
-		}},
+		}, true},
 		{"error after the header", func(w http.ResponseWriter) error {
 			w.WriteHeader(200)
 			return caddyhttp.Error(http.StatusBadGateway, errors.New("stream cut"))
-		}},
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newAffinityFixture(t)
@@ -759,10 +761,16 @@ func TestPinnedErrors(t *testing.T) {
 				}
 				return tc.next(w)
 			})
-			err := f.h.ServeHTTP(httptest.NewRecorder(), newRequest(http.MethodPost, testSessionID), next)
+			rec := httptest.NewRecorder()
+			err := f.h.ServeHTTP(rec, newRequest(http.MethodPost, testSessionID), next)
 			var he caddyhttp.HandlerError
-			if !errors.As(err, &he) || he.StatusCode != http.StatusBadGateway {
-				t.Errorf("ServeHTTP = %v, want the proxy's 502", err)
+			switch {
+			case tc.answered && err != nil:
+				t.Errorf("ServeHTTP = %v, want nil: the handler answers the 502 itself", err)
+			case tc.answered && (rec.Code != http.StatusBadGateway || !strings.Contains(rec.Body.String(), `"code":-32003`)):
+				t.Errorf("answer %d %s, want the proxy's 502 with JSON-RPC -32003", rec.Code, rec.Body)
+			case !tc.answered && (!errors.As(err, &he) || he.StatusCode != http.StatusBadGateway):
+				t.Errorf("ServeHTTP = %v, want reverse_proxy's 502", err)
 			}
 			if f.h.table.Len() != 1 {
 				t.Errorf("Len() = %d, want the session kept", f.h.table.Len())

@@ -38,7 +38,8 @@ func (h *Handler) observe(w http.ResponseWriter, r *http.Request, next caddyhttp
 }
 
 // serveChecked answers a faulty request, or serves it and answers the
-// fault of a matcher evaluated inside.
+// fault of a matcher evaluated inside, or the 502, 503 or 504 the next
+// handler ended it with before any response (gateway.go).
 func (h *Handler) serveChecked(ex *exchange, r *http.Request, next caddyhttp.Handler) error {
 	if ex.fault != nil {
 		ex.decision = decisionRejected
@@ -51,6 +52,9 @@ func (h *Handler) serveChecked(ex *exchange, r *http.Request, next caddyhttp.Han
 	if f := asFault(err); f != nil {
 		ex.decision = decisionRejected
 		return f.write(ex)
+	}
+	if f := gatewayAnswer(err, r.Context().Err() != nil); f != nil { // gateway.go
+		return h.answerGateway(ex, r, f, err)
 	}
 	return err
 }

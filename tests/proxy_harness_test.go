@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -557,4 +558,85 @@ func waitForHTTP3(t testing.TB, h3 *http.Client, url string) {
 	if !testproc.Until(10*time.Second, answers) {
 		t.Fatalf("no HTTP/3 answer from %s: %v", url, err)
 	}
+}
+
+// gatewayConfig returns a Caddyfile whose default log goes to logFile (at
+// INFO, where Caddy and the plugin log errors) and which serves two sites
+// in front of the upstreams dials: mcpSite through `mcp_proxy` (table
+// table), stockSite through stock `reverse_proxy`, the negative control.
+func gatewayConfig(logFile string, mcpSite, stockSite proxy, table, dials string) string {
+	return fmt.Sprintf(`{
+	admin %s
+	log {
+		output file %s
+	}
+	auto_https off
+	persist_config off
+	servers {
+		protocols h1 h2c
+	}
+}
+
+http://:%d {
+	bind 127.0.0.1
+	mcp_proxy %s {
+		table %s
+	}
+}
+
+http://:%d {
+	bind 127.0.0.1
+	reverse_proxy %s
+}
+`, adminAddr, logFile, mcpSite.port(), dials, table, stockSite.port(), dials)
+}
+
+// newSites returns n sites on ports nothing listens on yet, for a config
+// the test writes itself.
+func newSites(n int) []proxy {
+	ps := make([]proxy, n)
+	for i := range ps {
+		ps[i] = proxy{addr: fmt.Sprintf("127.0.0.1:%d", mustFreePort())}
+	}
+	return ps
+}
+
+// checkGatewayError asserts that ex is the proxy's JSON-RPC answer to an
+// upstream failure (gateway.go): status, application/json, JSON-RPC
+// error code, the request's id (as JSON text), and a message that names
+// none of hidden (the upstreams' addresses) and says where the cause is.
+func checkGatewayError(t testing.TB, ex exchange, status, code int, id string, hidden ...string) {
+	t.Helper()
+	var e struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	err := json.Unmarshal([]byte(ex.body), &e)
+	if ex.status != status || ex.header.Get("Content-Type") != "application/json" || err != nil || e.JSONRPC != "2.0" ||
+		e.Error.Code != code || string(e.ID) != id || !strings.Contains(e.Error.Message, "the proxy's log has the cause") {
+		t.Fatalf("%s: want the proxy's %d (application/json, JSON-RPC %d, id %s, the log named); got %d %v %q",
+			ex.step, status, code, id, ex.status, ex.header, ex.body)
+	}
+	for _, h := range append(hidden, "127.0.0.1") {
+		if strings.Contains(e.Error.Message, h) {
+			t.Errorf("%s: the message %q names %q, an address the client has no use for", ex.step, e.Error.Message, h)
+		}
+	}
+}
+
+// logLinesWith returns the lines of the JSON log file whose logger is
+// logger and whose msg contains msg.
+func logLinesWith(t testing.TB, file, logger, msg string) []map[string]any {
+	t.Helper()
+	var hits []map[string]any
+	for _, l := range readLogLines(t, file) {
+		if l["logger"] == logger && strings.Contains(fmt.Sprint(l["msg"]), msg) {
+			hits = append(hits, l)
+		}
+	}
+	return hits
 }

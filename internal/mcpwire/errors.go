@@ -13,6 +13,9 @@ const (
 	// CodeInvalidRequest is JSON-RPC 2.0's "Invalid Request" (JSON-RPC 2.0
 	// §5.1), used for a malformed Mcp-Session-Id or message.
 	CodeInvalidRequest = -32600
+	// CodeInternalError is JSON-RPC 2.0's "Internal error" (JSON-RPC 2.0
+	// §5.1), used when the proxy itself cannot serve a request.
+	CodeInternalError = -32603
 	// CodeSessionNotFound is the code the MCP TypeScript SDK answers an
 	// unknown session with, in the implementation-defined server error
 	// range (JSON-RPC 2.0 §5.1).
