@@ -59,14 +59,24 @@ func TestReplicasRedisCluster(t *testing.T) {
 	if sessionKey == "" {
 		t.Fatal("no master holds a session key")
 	}
+	bucketKey := ""
+	for _, n := range nodes[:3] {
+		if keys := n.Keys("{caddy-mcp:shared:*}:u:*"); len(keys) > 0 {
+			bucketKey = keys[0]
+			break
+		}
+	}
+	if bucketKey == "" {
+		t.Fatal("no master holds a bucket of an upstream's sessions")
+	}
 
-	// Two slots move to another master under load: a session's, then the
-	// table's.
+	// Three slots move to another master under load: a session's, a bucket
+	// of an upstream's sessions, then the table's.
 	migrated := make(chan *troubleLoad)
 	go func() { migrated <- runTroubleLoad(t, rs, known, 8*time.Second) }()
 	time.Sleep(time.Second)
 	var owner, target *redistest.Server
-	for _, key := range []string{sessionKey, "{caddy-mcp:shared}"} {
+	for _, key := range []string{sessionKey, bucketKey, "{caddy-mcp:shared}"} {
 		owner = redistest.SlotOwner(t, nodes, key)
 		if owner == nil {
 			t.Fatalf("no master owns the slot of %s", key)

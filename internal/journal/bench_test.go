@@ -65,7 +65,7 @@ func BenchmarkRedisPerEvent(b *testing.B) {
 	srv := redistest.Start(b)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer c.Close()
-	j := NewRedis(c, "{t}:j:", func(s string) string { return "h" + s }, Limits{}, 0)
+	j := NewRedis(c, "{t}:j:", func(s string) string { return "{t}:j:h" + s }, Limits{}, 0)
 	j.timeout = 5e9
 	evs := callEvents()
 	ctx := context.Background()

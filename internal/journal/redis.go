@@ -23,11 +23,12 @@ import (
 // bound is the stream's last recorded event (the writer is told by
 // [ErrFull]); the rest of the stream passes unrecorded.
 //
-// Keys, under prefix: `<prefix><session key>:<stream>` (a stream),
-// `<prefix><session key>:streams` (the session's streams),
-// `<prefix><session key>:b:<slice>` and `<prefix>b:<slice>` (bytes
-// counters). The session key is what sessionKey gives: a hash, never the
-// session ID itself.
+// Keys: `<session key>:<stream>` (a stream), `<session key>:streams` (the
+// session's streams), `<session key>:b:<slice>` and `<prefix>b:<slice>`
+// (bytes counters). The session key is what sessionKey gives: built from
+// a hash, never the session ID itself; with a Redis Cluster hash tag of
+// its own, the sessions' streams spread over a cluster's masters, while
+// the journal's counters share prefix's.
 type Redis struct {
 	client     redis.UniversalClient
 	prefix     string
@@ -45,8 +46,9 @@ type Redis struct {
 // events are not to be.
 var ErrFull = errors.New("journal: byte bound reached; the rest of the stream is not recorded")
 
-// NewRedis returns a journal in Redis through client, with its keys under
-// prefix, sessions named by sessionKey, each call bounded by timeout.
+// NewRedis returns a journal in Redis through client, with its byte
+// counters under prefix, each session's keys under what sessionKey
+// returns for its ID, each call bounded by timeout.
 func NewRedis(client redis.UniversalClient, prefix string, sessionKey func(string) string, l Limits, timeout time.Duration) *Redis {
 	r := &Redis{client: client, prefix: prefix, sessionKey: sessionKey, timeout: timeout, now: time.Now}
 	r.SetLimits(l)
@@ -67,7 +69,7 @@ const slices = 6
 func sliceOf(window time.Duration) time.Duration { return max(window/(slices-1), time.Second) }
 
 func (r *Redis) streamKey(session, stream string) string {
-	return r.prefix + r.sessionKey(session) + ":" + stream
+	return r.sessionKey(session) + ":" + stream
 }
 
 // Append records ev with XADD, trimming the stream to the window. It
@@ -79,7 +81,7 @@ func (r *Redis) Append(ctx context.Context, session, stream string, ev Event) er
 	now := r.now()
 	width := sliceOf(l.Window)
 	cur := now.UnixMilli() / width.Milliseconds()
-	sk := r.prefix + r.sessionKey(session)
+	sk := r.sessionKey(session)
 	key := sk + ":" + stream
 	size := ev.size()
 	ttl := l.Window + width
@@ -95,17 +97,17 @@ func (r *Redis) Append(ctx context.Context, session, stream string, ev Event) er
 	}
 	sessionNow := countBytes(ctx, pipe, sk+":b:", cur, size, ttl)
 	totalNow := countBytes(ctx, pipe, r.prefix+"b:", cur, size, ttl)
-	older := pipe.MGet(ctx, append(olderSlices(sk+":b:", cur), olderSlices(r.prefix+"b:", cur)...)...)
+	olderSession := pipe.MGet(ctx, olderSlices(sk+":b:", cur)...) // one slot each
+	olderTotal := pipe.MGet(ctx, olderSlices(r.prefix+"b:", cur)...)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return err
 	}
 	r.appended.Add(1)
-	vals := older.Val()
 	switch {
-	case sessionNow.Val()+sum(vals[:slices-1]) > l.SessionBytes:
+	case sessionNow.Val()+sum(olderSession.Val()) > l.SessionBytes:
 		r.fullSession.Add(1)
 		return ErrFull
-	case totalNow.Val()+sum(vals[slices-1:]) > l.TotalBytes:
+	case totalNow.Val()+sum(olderTotal.Val()) > l.TotalBytes:
 		r.fullTotal.Add(1)
 		return ErrFull
 	}
@@ -153,7 +155,7 @@ func (r *Redis) End(ctx context.Context, session, stream string) error {
 func (r *Redis) Drop(ctx context.Context, session string) error {
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	sk := r.prefix + r.sessionKey(session)
+	sk := r.sessionKey(session)
 	streams, err := r.client.SMembers(ctx, sk+":streams").Result()
 	if err != nil {
 		return err

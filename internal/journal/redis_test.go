@@ -19,7 +19,7 @@ func newRedis(t *testing.T, l Limits) (*Redis, *Redis) {
 	mk := func() *Redis {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		t.Cleanup(func() { c.Close() })
-		return NewRedis(c, "{t}:j:", func(s string) string { return "h" + s }, l, 2*time.Second)
+		return NewRedis(c, "{t}:j:", func(s string) string { return "{t}:j:h" + s }, l, 2*time.Second)
 	}
 	return mk(), mk()
 }

@@ -3,13 +3,17 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/redistest"
 	"github.com/caddy-mcp-affinity/caddy-mcp-affinity/internal/session"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 )
 
 // TestClusterSpreadsSessions: on a Redis Cluster of three masters, the
@@ -150,5 +154,116 @@ func TestClusterSpreadsSessions(t *testing.T) {
 				t.Errorf("table %s: %d errors on %s (a cross-slot script?)", tbl.Name(), n, op)
 			}
 		})
+	}
+}
+
+// TestClusterSpreadsMemory: on a Redis Cluster of three masters, each
+// master holds about a third of the memory a table's sessions take, their
+// upstream's set included (split in buckets, buckets.go); negative control
+// in the same cluster: a table whose upstream's set is one key (the layout
+// before the buckets) puts about half its memory on one master. The bucket
+// tags' slots, computed here, are the cluster's; the live count reads
+// every bucket; members an older replica wrote to the one set move into
+// their buckets and are counted once.
+func TestClusterSpreadsMemory(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3, 0)
+	addrs := make([]string, len(nodes))
+	for i, n := range nodes {
+		addrs[i] = n.Addr
+	}
+	const dial, learned = "10.0.0.1:80", 5000
+	used := func() []int {
+		out := make([]int, len(nodes))
+		for i, n := range nodes {
+			out[i], _ = strconv.Atoi(n.Info("memory", "used_memory"))
+		}
+		return out
+	}
+	shares := func(name string, tbl *session.Table) ([]float64, int) {
+		before := used()
+		for i := range learned {
+			tbl.Learn(fmt.Sprintf("%s-%05d", name, i), dial)
+		}
+		after, total := used(), 0
+		grew := make([]int, len(nodes))
+		for i := range nodes {
+			grew[i] = after[i] - before[i]
+			total += grew[i]
+		}
+		out := make([]float64, len(nodes))
+		for i := range nodes {
+			out[i] = float64(grew[i]) / float64(total)
+		}
+		t.Logf("%s: %d sessions took %d bytes of Redis memory (%d per session), per master %v: shares %.2f", name, learned, total, total/learned, grew, out)
+		return out, total
+	}
+	newTable := func(name string) *session.Table {
+		tbl, err := session.NewTable(name, 1<<20, time.Hour, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tbl
+	}
+
+	spread := newTable("buckets")
+	attachStoreAt(t, spread, addrs, "buckets", testHashKey, time.Second)
+	cs := storeOf(spread)
+	if !cs.ks.bucketed() {
+		t.Fatal("a cluster connection does not split the upstreams' sets")
+	}
+	for k, tag := range cs.ks.buckets {
+		inner := strings.Trim(tag, "{}")
+		got, _ := strconv.Atoi(nodes[0].Do("CLUSTER", "KEYSLOT", tag+":u:"+dial))
+		if got != keySlot(inner) || got/(clusterSlots/upstreamBuckets) != k {
+			t.Errorf("bucket %d (%s): Redis puts it in slot %d, computed %d, want in the %d-th sixteenth", k, tag, got, keySlot(inner), k)
+		}
+	}
+	sharesSpread, _ := shares("buckets", spread)
+
+	// The control: the same cluster, one set for the upstream.
+	control := newTable("onetag")
+	opts := &redis.UniversalOptions{Addrs: addrs, IsClusterMode: true, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: -1}
+	cc := newConn(control, redis.NewUniversalClient(opts), newKeyspace("caddy-mcp", "onetag", []byte(testHashKey)), time.Second, zap.NewNop())
+	t.Cleanup(func() { _ = cc.Destruct() })
+	control.SetStore(cc)
+	sharesControl, _ := shares("onetag", control)
+
+	for i, s := range sharesSpread {
+		if s < 0.27 || s > 0.40 {
+			t.Errorf("master %s holds %.2f of the bucketed table's memory, want about a third", nodes[i].Addr, s)
+		}
+	}
+	if slices.Max(sharesControl) < 0.45 {
+		t.Errorf("control: with one set per upstream the fullest master holds %.2f of the memory; want at least 0.45 (what the buckets fix)", slices.Max(sharesControl))
+	}
+
+	// The live count reads every bucket: another instance counts them all.
+	other := newTable("buckets")
+	attachStoreAt(t, other, addrs, "buckets", testHashKey, time.Second)
+	up := other.StoreUpstream(dial)
+	if !waitFor(5*time.Second, func() bool { return other.ClusterSessions(up) == learned }) {
+		t.Errorf("another instance counts %d live sessions of %s, want %d", other.ClusterSessions(up), dial, learned)
+	}
+
+	// An older replica's writes: members of live sessions in the one set
+	// move into their buckets (counted once), a layout-1 session's stays.
+	ctx := context.Background()
+	legacy := cs.ks.legacyUpstream(dial)
+	for i := range 40 {
+		m := cs.ks.hash(fmt.Sprintf("buckets-%05d", i)).String()
+		cs.client.ZAdd(ctx, legacy, redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: m})
+	}
+	onlyOld := cs.ks.hash("layout1-only").String()
+	cs.client.Set(ctx, cs.ks.legacySession(onlyOld), dial, time.Hour)
+	cs.client.ZAdd(ctx, legacy, redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: onlyOld})
+	if !waitFor(5*time.Second, func() bool { return cs.client.ZCard(ctx, legacy).Val() == 1 }) {
+		t.Errorf("the older replicas' set holds %d members after the syncs, want 1 (the layout-1 session's)", cs.client.ZCard(ctx, legacy).Val())
+	}
+	if ok, _ := cs.client.ZScore(ctx, legacy, onlyOld).Result(); ok == 0 {
+		t.Errorf("the layout-1 session's member left the older replicas' set")
+	}
+	time.Sleep(2 * syncEvery)
+	if n := other.ClusterSessions(up); n != learned+1 {
+		t.Errorf("after the move into buckets, %d live sessions counted, want %d (each once, and the layout-1 one)", n, learned+1)
 	}
 }

@@ -101,10 +101,11 @@ type Conn struct {
 // layout is a table's keys in Redis and the commands on them that need
 // nothing of the connection's state.
 type layout struct {
-	t       *session.Table
-	client  redis.UniversalClient
-	ks      *keyspace
-	timeout time.Duration
+	t        *session.Table
+	client   redis.UniversalClient
+	ks       *keyspace
+	timeout  time.Duration
+	recorded *sync.Map // dial -> when this instance last wrote the upstream's record (Unix ms, int64)
 }
 
 // health is what a connection knows of Redis from its answers.
@@ -147,7 +148,11 @@ type queue struct {
 // connection's background work. It does not wait for Redis. Each wait for
 // a reply is bounded by timeout. Destruct stops it.
 func New(t *session.Table, opts *redis.UniversalOptions, prefix, table string, hashKey []byte, timeout time.Duration, logger *zap.Logger) *Conn {
-	return newConn(t, opts, newKeyspace(prefix, table, hashKey), timeout, logger)
+	client, ks := redis.NewUniversalClient(opts), newKeyspace(prefix, table, hashKey)
+	if _, ok := client.(*redis.ClusterClient); ok {
+		ks.inCluster()
+	}
+	return newConn(t, client, ks, timeout, logger)
 }
 
 // Events returns the name of the table's events channel, on which the
@@ -157,11 +162,11 @@ func (l *layout) Events() string { return l.ks.events() }
 // SessionKey returns the Redis key of session id's value.
 func (l *layout) SessionKey(id string) string { return l.ks.session(l.ks.hash(id)) }
 
-// newConn connects table t to Redis and starts the connection's
-// background work. It does not wait for Redis.
-func newConn(t *session.Table, opts *redis.UniversalOptions, ks *keyspace, timeout time.Duration, logger *zap.Logger) *Conn {
+// newConn connects table t to Redis through client, under the keys of ks,
+// and starts the connection's background work. It does not wait for Redis.
+func newConn(t *session.Table, client redis.UniversalClient, ks *keyspace, timeout time.Duration, logger *zap.Logger) *Conn {
 	c := &Conn{
-		layout: layout{t: t, client: redis.NewUniversalClient(opts), ks: ks, timeout: timeout},
+		layout: layout{t: t, client: client, ks: ks, timeout: timeout, recorded: &sync.Map{}},
 		health: health{logger: logger.With(zap.String("table", t.Name()))},
 		queue: queue{
 			keys:   ks,
@@ -313,7 +318,7 @@ func (c *Conn) Put(id, dial string, bound session.PrincipalSum, record string) {
 	default:
 		c.accepted()
 	}
-	c.applyCounts(counts)
+	c.applyCounts(counts, dial)
 }
 
 // Rekey makes id, the key the table now holds a session by (see
@@ -362,29 +367,85 @@ func (l *layout) writeSessionFor(ctx context.Context, pipe redis.Pipeliner, h ke
 	if l.t.Reclaiming() {
 		pipe.PExpire(ctx, l.ks.record(h), l.recordLife()) // the record outlives the value (reclaim.go)
 	}
-	pipe.ZAdd(ctx, l.ks.upstream(dial), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: h.String()})
-	pipe.ZAddGT(ctx, l.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
+	m := h.String()
+	pipe.ZAdd(ctx, l.ks.upstream(dial, m), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: m})
+	l.recordUpstream(ctx, pipe, dial, now)
 	return set
 }
 
+// recordUpstream queues the refresh of dial's record in the table's set of
+// upstreams, at most once per syncEvery per upstream: every sync refreshes
+// the records of the upstreams in use here (syncUpstreams), so a write
+// needs it only for an upstream this instance has not recorded lately.
+// Per write, it would send every learn and touch to the master of the
+// table's slot too.
+func (l *layout) recordUpstream(ctx context.Context, pipe redis.Pipeliner, dial string, now time.Time) {
+	ms := now.UnixMilli()
+	if last, ok := l.recorded.Load(dial); ok && ms-last.(int64) < syncEvery.Milliseconds() {
+		return
+	}
+	l.recorded.Store(dial, ms)
+	pipe.ZAddGT(ctx, l.ks.upstreams(), redis.Z{Score: float64(ms), Member: dial})
+}
+
 // countSessions queues a count of the live sessions of each of ups (at most
-// maxCounted) and returns the counts' commands, by dial.
-func (l *layout) countSessions(ctx context.Context, pipe redis.Pipeliner, ups []*session.Upstream) map[string]*redis.IntCmd {
-	cmds := make(map[string]*redis.IntCmd, min(len(ups), maxCounted))
+// maxCounted) and returns the counts' commands, by dial. In a cluster it
+// queues none: a count there reads every bucket of every upstream
+// (buckets.go), which a sync does once a second; a put adds its session to
+// the count read last (applyCounts).
+func (l *layout) countSessions(ctx context.Context, pipe redis.Pipeliner, ups []*session.Upstream) map[string]liveCount {
+	if l.ks.bucketed() {
+		return nil
+	}
+	cmds := make(map[string]liveCount, min(len(ups), maxCounted))
 	now := time.Now().UnixMilli()
 	for _, u := range ups {
 		if len(cmds) == maxCounted {
 			break
 		}
-		cmds[u.Dial()] = pipe.ZCount(ctx, l.ks.upstream(u.Dial()), itoa(now), "+inf")
+		cmds[u.Dial()] = l.countLive(ctx, pipe, u.Dial(), itoa(now))
 	}
 	return cmds
 }
 
-// applyCounts sets the cluster-wide live sessions of upstreams from counts.
-func (c *Conn) applyCounts(counts map[string]*redis.IntCmd) {
-	for dial, cmd := range counts {
-		if n, err := cmd.Result(); err == nil {
+// liveCount is the count of an upstream's live sessions: one ZCOUNT per
+// set of the upstream.
+type liveCount []*redis.IntCmd
+
+// countLive queues the count of dial's sessions whose expiry is at least
+// from (a ZCOUNT bound: Unix ms, "(" before it for after).
+func (l *layout) countLive(ctx context.Context, pipe redis.Pipeliner, dial, from string) liveCount {
+	sets := l.ks.upstreamSets(dial)
+	cmds := make(liveCount, len(sets))
+	for i, set := range sets {
+		cmds[i] = pipe.ZCount(ctx, set, from, "+inf")
+	}
+	return cmds
+}
+
+// result returns the count, or the first set's error.
+func (lc liveCount) result() (int64, error) {
+	var n int64
+	for _, cmd := range lc {
+		v, err := cmd.Result()
+		if err != nil {
+			return 0, err
+		}
+		n += v
+	}
+	return n, nil
+}
+
+// applyCounts sets the cluster-wide live sessions of upstreams from
+// counts; without counts (a cluster's put), it adds the session put to
+// dial's count until the next sync reads it.
+func (c *Conn) applyCounts(counts map[string]liveCount, dial string) {
+	if counts == nil {
+		c.t.StoreUpstream(dial).AddClusterSessions(1)
+		return
+	}
+	for dial, lc := range counts {
+		if n, err := lc.result(); err == nil {
 			c.t.StoreUpstream(dial).SetClusterSessions(n)
 		}
 	}

@@ -139,7 +139,8 @@ func (l *layout) confirmWrites(ctx context.Context, pipe redis.Pipeliner, confir
 	expiry := float64(time.Now().Add(ttl).UnixMilli())
 	for h, dial := range confirms {
 		pipe.PExpire(ctx, l.ks.session(h), ttl)
-		pipe.ZAddXX(ctx, l.ks.upstream(dial), redis.Z{Score: expiry, Member: h.String()})
+		m := h.String()
+		pipe.ZAddXX(ctx, l.ks.upstream(dial, m), redis.Z{Score: expiry, Member: m})
 	}
 }
 
@@ -185,7 +186,7 @@ func (l *layout) dropTable(ctx context.Context, drops map[*redis.Cmd]takenEnd) {
 		if n, ok := cmd.Val().(int64); cmd.Err() != nil || ok && n == 0 {
 			continue
 		}
-		pipe.ZRem(ctx, l.ks.upstream(te.f.Dial), te.member)
+		pipe.ZRem(ctx, l.ks.upstream(te.f.Dial, te.member), te.member)
 	}
 	if pipe.Len() > 0 {
 		_, _ = exec(ctx, pipe) // the reap removes what this leaves

@@ -14,11 +14,12 @@ type journalOnce struct {
 
 // Journal returns the connection's event journal in Redis, bounded by l:
 // one per connection, so that it outlives config reloads as the
-// connection does. Its keys share the table's hash tag, and name sessions
-// by the same keyed hash as the table's keys do, never by their IDs.
+// connection does. Each session's keys share the session's hash tag, its
+// keyed hash, as its table keys do (journalOf), never its ID; the
+// journal's byte counters share the table's tag.
 func (c *Conn) Journal(l journal.Limits) journal.Journal {
 	c.journal.once.Do(func() {
-		c.journal.j = journal.NewRedis(c.client, c.ks.tag+":j:", func(id string) string { return c.ks.hash(id).String() }, l, c.timeout)
+		c.journal.j = journal.NewRedis(c.client, c.ks.tag+":j:", c.ks.journalOf, l, c.timeout)
 	})
 	c.journal.j.SetLimits(l)
 	return c.journal.j

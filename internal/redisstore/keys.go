@@ -41,7 +41,11 @@ func parseKeyHash(s string) (keyHash, bool) {
 //	                            life as TTL (session tombstones); no replica adopts or fails it over
 //	<p>:<t>:r:{<hash>}  string  the session's sealed reclaim record, while its table reclaims (reclaim.go),
 //	                            with the value's TTL and a minute more
-//	{p:t}:u:<dial>      zset    the upstream's sessions: member <hash>, score the expiry (Unix ms)
+//	<p>:<t>:j:{<hash>}:…        the session's event journal, with journal on (internal/journal)
+//	{p:t}:j:b:<slice>   string  the journal's bytes appended in a slice of its window
+//	{p:t}:u:<dial>      zset    the upstream's sessions: member <hash>, score the expiry (Unix ms);
+//	                            in a Redis Cluster, split in upstreamBuckets sets {p:t:<k>.<n>}:u:<dial>
+//	                            (buckets.go), so that they spread over the masters too
 //	{p:t}:upstreams     zset    upstreams known to any instance: member <dial>, score last seen (Unix ms)
 //	{p:t}:draining      hash    draining upstreams: field <dial>
 //	{p:t}:hashkeys      zset    fingerprints of the hash_keys instances use: member <fingerprint>,
@@ -63,10 +67,12 @@ type keyspace struct {
 	principal   []byte      // the key of principal hashes, derived from hash_key
 	records     cipher.AEAD // seals failover records, under a key derived from hash_key
 	fingerprint string      // names hash_key without revealing it, derived from hash_key
+	buckets     []string    // the tags of an upstream's sets: the table's alone, or a cluster's buckets (buckets.go)
 }
 
 func newKeyspace(prefix, table string, hashKey []byte) *keyspace {
 	ks := &keyspace{tag: "{" + prefix + ":" + table + "}", base: prefix + ":" + table}
+	ks.buckets = []string{ks.tag}
 	ks.hmacs.New = func() any { return hmac.New(sha256.New, hashKey) }
 	// HMAC as a key-derivation function (RFC 2104 keyed with the secret,
 	// over a fixed label): session keys and principal hashes use separate
@@ -99,7 +105,7 @@ func (ks *keyspace) record(h keyHash) string        { return ks.recordOf(h.Strin
 func (ks *keyspace) sessionOf(member string) string { return ks.base + ":s:{" + member + "}" }
 func (ks *keyspace) tombOf(member string) string    { return ks.base + ":x:{" + member + "}" }
 func (ks *keyspace) recordOf(member string) string  { return ks.base + ":r:{" + member + "}" }
-func (ks *keyspace) upstream(dial string) string    { return ks.tag + ":u:" + dial }
+func (ks *keyspace) journalOf(id string) string     { return ks.base + ":j:{" + ks.hash(id).String() + "}" }
 func (ks *keyspace) upstreams() string              { return ks.tag + ":upstreams" }
 func (ks *keyspace) draining() string               { return ks.tag + ":draining" }
 func (ks *keyspace) events() string                 { return ks.tag + ":events" }

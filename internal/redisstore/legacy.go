@@ -25,7 +25,8 @@ func (ks *keyspace) legacyTomb(member string) string    { return ks.tag + ":x:" 
 func (ks *keyspace) legacyReclaims() string             { return ks.tag + ":r" }
 
 // endTableScript is the part of an end in the table's slot: it removes
-// the session's member from its upstream's set, and its layout-1 value
+// the session's member from its upstream's set (the one outside a
+// cluster, the older replicas' in one: buckets.go), and its layout-1 value
 // and reclaim record. It returns 1 when it removed the layout-1 value or
 // record (a session a replica of the older version learned), else 0.
 //
@@ -39,9 +40,13 @@ if del + rec > 0 then return 1 end
 return 0`)
 
 // writeEndTable queues endTableScript for the session of dial whose
-// member (its key hash as written) is m.
+// member (its key hash as written) is m, and, in a cluster, the removal of
+// m from its bucket of dial's sets.
 func (l *layout) writeEndTable(ctx context.Context, pipe redis.Pipeliner, m, dial string) *redis.Cmd {
-	return endTableScript.Eval(ctx, pipe, []string{l.ks.legacySession(m), l.ks.legacyReclaims(), l.ks.upstream(dial)}, m)
+	if l.ks.bucketed() {
+		pipe.ZRem(ctx, l.ks.upstream(dial, m), m)
+	}
+	return endTableScript.Eval(ctx, pipe, []string{l.ks.legacySession(m), l.ks.legacyReclaims(), l.ks.legacyUpstream(dial)}, m)
 }
 
 // reapTableScript removes from an upstream's set the members whose

@@ -22,7 +22,7 @@ func TestLayoutOneSessionsRead(t *testing.T) {
 	h := c.ks.hash(id).String()
 	old := c.ks.legacySession(h)
 	srv.Do("SET", old, "10.0.0.9:80", "PX", "3600000")
-	srv.Do("ZADD", c.ks.upstream("10.0.0.9:80"), "9999999999999", h)
+	srv.Do("ZADD", c.ks.legacyUpstream("10.0.0.9:80"), "9999999999999", h)
 	if up := tbl.Lookup(id); up == nil || up.Dial() != "10.0.0.9:80" {
 		t.Fatalf("a session in layout 1 is %v here, want 10.0.0.9:80", up)
 	}
@@ -40,9 +40,9 @@ func TestLayoutOneSessionsRead(t *testing.T) {
 	tbl.Evict(id, session.EvictDelete)
 	if !waitFor(2*time.Second, func() bool {
 		return srv.Do("EXISTS", c.SessionKey(id)) == "0" && srv.Do("EXISTS", old) == "0" &&
-			srv.Do("ZSCORE", c.ks.upstream("10.0.0.9:80"), h) == "-1" // nil
+			srv.Do("ZSCORE", c.ks.legacyUpstream("10.0.0.9:80"), h) == "-1" // nil
 	}) {
 		t.Errorf("after the end, this layout's key exists: %s, layout 1's: %s, the member's score: %q",
-			srv.Do("EXISTS", c.SessionKey(id)), srv.Do("EXISTS", old), srv.Do("ZSCORE", c.ks.upstream("10.0.0.9:80"), h))
+			srv.Do("EXISTS", c.SessionKey(id)), srv.Do("EXISTS", old), srv.Do("ZSCORE", c.ks.legacyUpstream("10.0.0.9:80"), h))
 	}
 }

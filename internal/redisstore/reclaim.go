@@ -162,12 +162,17 @@ func (l *layout) queueReclaimRecord(ctx context.Context, pipe redis.Pipeliner, h
 	}
 }
 
-// expiredMembers queues, per upstream, the read of its set's members
-// whose expiry is past at now.
-func (l *layout) expiredMembers(ctx context.Context, pipe redis.Pipeliner, dials map[string]int64, now time.Time) map[string]*redis.StringSliceCmd {
-	out := make(map[string]*redis.StringSliceCmd, len(dials))
+// upstreamSet names one set of an upstream's sessions (buckets.go).
+type upstreamSet struct{ dial, key string }
+
+// expiredMembers queues, per set of each upstream, the read of its
+// members whose expiry is past at now.
+func (l *layout) expiredMembers(ctx context.Context, pipe redis.Pipeliner, dials map[string]int64, now time.Time) map[upstreamSet]*redis.StringSliceCmd {
+	out := make(map[upstreamSet]*redis.StringSliceCmd, len(dials)*len(l.ks.buckets))
 	for dial := range dials {
-		out[dial] = pipe.ZRangeByScore(ctx, l.ks.upstream(dial), &redis.ZRangeBy{Min: "-inf", Max: itoa(now.UnixMilli()), Count: reapBatch})
+		for _, key := range l.ks.upstreamSets(dial) {
+			out[upstreamSet{dial, key}] = pipe.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "-inf", Max: itoa(now.UnixMilli()), Count: reapBatch})
+		}
 	}
 	return out
 }
@@ -176,15 +181,16 @@ func (l *layout) expiredMembers(ctx context.Context, pipe redis.Pipeliner, dials
 // the sessions whose reclaim record this instance took. Per member,
 // reapScript runs in the session's slot; then, for the members whose value
 // is gone, reapTableScript removes them from the upstream's set in the
-// table's slot (and takes the records of layout-1 sessions). A crash (or a
-// failed call) between the two leaves the member, whose record is taken:
-// the next sync's reap finds it again, takes nothing, and removes it.
-func (l *layout) reap(ctx context.Context, expired map[string]*redis.StringSliceCmd) error {
+// table's slot (and takes the records of layout-1 sessions), or, from a
+// cluster's bucket, a ZREM. A crash (or a failed call) between the two
+// leaves the member, whose record is taken: the next sync's reap finds it
+// again, takes nothing, and removes it.
+func (l *layout) reap(ctx context.Context, expired map[upstreamSet]*redis.StringSliceCmd) error {
 	pipe := l.client.Pipeline()
-	taken := map[string][]*redis.Cmd{}
-	for dial, cmd := range expired {
+	taken := map[upstreamSet][]*redis.Cmd{}
+	for set, cmd := range expired {
 		for _, m := range cmd.Val() {
-			taken[dial] = append(taken[dial], reapScript.Eval(ctx, pipe, []string{l.ks.sessionOf(m), l.ks.recordOf(m)}))
+			taken[set] = append(taken[set], reapScript.Eval(ctx, pipe, []string{l.ks.sessionOf(m), l.ks.recordOf(m)}))
 		}
 	}
 	if pipe.Len() == 0 {
@@ -193,8 +199,8 @@ func (l *layout) reap(ctx context.Context, expired map[string]*redis.StringSlice
 	if err, _ := exec(ctx, pipe); err != nil {
 		return err
 	}
-	for dial, cmds := range taken {
-		members := expired[dial].Val()
+	for set, cmds := range taken {
+		members := expired[set].Val()
 		gone := make([]string, 0, len(members))
 		for i, cmd := range cmds {
 			switch v := cmd.Val().(type) {
@@ -203,25 +209,34 @@ func (l *layout) reap(ctx context.Context, expired map[string]*redis.StringSlice
 					continue // the session lives
 				}
 			case string:
-				l.reclaimRecord(members[i], v, dial)
+				l.reclaimRecord(members[i], v, set.dial)
 			}
 			gone = append(gone, members[i])
 		}
-		if err := l.reapTable(ctx, dial, gone); err != nil {
+		if err := l.reapTable(ctx, set, gone); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// reapTable runs reapTableScript for the members of dial's set whose
-// value is gone, and reclaims the layout-1 sessions whose record it took.
-func (l *layout) reapTable(ctx context.Context, dial string, members []string) error {
-	if len(members) == 0 {
+// reapTable removes from set the members whose value is gone: from a
+// cluster's bucket with ZREM, from the table's set with reapTableScript,
+// reclaiming the layout-1 sessions whose record it took.
+func (l *layout) reapTable(ctx context.Context, set upstreamSet, members []string) error {
+	switch {
+	case len(members) == 0:
 		return nil
+	case set.key != l.ks.legacyUpstream(set.dial):
+		args := make([]any, len(members))
+		for i, m := range members {
+			args[i] = m
+		}
+		return l.client.ZRem(ctx, set.key, args...).Err()
 	}
+	dial := set.dial
 	keys := make([]string, 0, len(members)+2)
-	keys = append(keys, l.ks.upstream(dial), l.ks.legacyReclaims())
+	keys = append(keys, set.key, l.ks.legacyReclaims())
 	args := make([]any, len(members))
 	for i, m := range members {
 		keys = append(keys, l.ks.legacySession(m))

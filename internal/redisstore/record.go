@@ -178,7 +178,8 @@ func (c *Conn) moveValue(id, old, new string) (string, error) {
 
 // moveTable moves the member of session h, which moveScript moved from
 // upstream from to upstream to, between the upstreams' sets: in the
-// table's slot, so after the script and apart from it. What a crash (or a
+// sets' slot (the table's, or in a cluster the session's bucket's), so
+// after the script and apart from it. What a crash (or a
 // failed call) between the two leaves is harmless: the member stays in
 // the old upstream's set, counted there until its expiry score passes,
 // then removed by the reap once the session is gone (its record, if any,
@@ -187,9 +188,13 @@ func (c *Conn) moveValue(id, old, new string) (string, error) {
 // upstream's live count is one short meanwhile.
 func (c *Conn) moveTable(ctx context.Context, h keyHash, from, to string, now time.Time) {
 	pipe := c.client.Pipeline()
-	pipe.ZRem(ctx, c.ks.upstream(from), h.String())
-	pipe.ZAdd(ctx, c.ks.upstream(to), redis.Z{Score: float64(now.Add(c.ttl()).UnixMilli()), Member: h.String()})
-	pipe.ZAddGT(ctx, c.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: to})
+	m := h.String()
+	pipe.ZRem(ctx, c.ks.upstream(from, m), m)
+	if c.ks.bucketed() {
+		pipe.ZRem(ctx, c.ks.legacyUpstream(from), m) // an older replica may have written it there
+	}
+	pipe.ZAdd(ctx, c.ks.upstream(to, m), redis.Z{Score: float64(now.Add(c.ttl()).UnixMilli()), Member: m})
+	c.recordUpstream(ctx, pipe, to, now)
 	if err, refusal := exec(ctx, pipe); err != nil || refusal != nil {
 		c.errs[opIndex(OpMove)].Add(1) // the session moved; its counts catch up (above)
 	}
@@ -298,8 +303,9 @@ func (l *layout) touchTable(ctx context.Context, cmds map[string]touched) {
 			continue
 		}
 		dial, _, _ := session.ParseValue(tc.v)
-		pipe.ZAdd(ctx, l.ks.upstream(dial), redis.Z{Score: float64(now.Add(l.ttl()).UnixMilli()), Member: l.ks.hash(id).String()})
-		pipe.ZAddGT(ctx, l.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: dial})
+		m := l.ks.hash(id).String()
+		pipe.ZAdd(ctx, l.ks.upstream(dial, m), redis.Z{Score: float64(now.Add(l.ttl()).UnixMilli()), Member: m})
+		l.recordUpstream(ctx, pipe, dial, now)
 	}
 	if pipe.Len() > 0 {
 		_, _ = exec(ctx, pipe) // the next touch writes it again

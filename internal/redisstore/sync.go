@@ -186,7 +186,7 @@ func (l *layout) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains m
 // DELETEd upstream.
 func (l *layout) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) (map[*redis.Cmd]takenEnd, error) {
 	for dial, tomb := range dials {
-		members, err := l.client.ZRange(ctx, l.ks.upstream(dial), 0, -1).Result()
+		members, err := l.upstreamMembers(ctx, dial)
 		if err != nil {
 			return nil, err
 		}
@@ -202,7 +202,9 @@ func (l *layout) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, di
 			pipe.Del(ctx, l.ks.legacySession(m))
 			pipe.HDel(ctx, l.ks.legacyReclaims(), m)
 		}
-		pipe.Del(ctx, l.ks.upstream(dial))
+		for _, set := range l.ks.upstreamSets(dial) {
+			pipe.Del(ctx, set)
+		}
 		pipe.Publish(ctx, l.ks.events(), msgUpstream+" "+dial)
 	}
 	return nil, nil
@@ -348,11 +350,12 @@ func (l *layout) syncUpstreams(ctx context.Context, records []redis.Z) error {
 		}
 	}
 	pipe := l.client.Pipeline()
-	counts := map[string]*redis.IntCmd{}
+	counts := map[string]liveCount{}
 	expired := l.expiredMembers(ctx, pipe, seen, now)
 	for dial := range seen {
-		counts[dial] = pipe.ZCount(ctx, l.ks.upstream(dial), "("+itoa(now.UnixMilli()), "+inf")
+		counts[dial] = l.countLive(ctx, pipe, dial, "("+itoa(now.UnixMilli()))
 	}
+	legacy := l.legacyMembers(ctx, pipe, seen)
 	for _, u := range l.t.Upstreams() {
 		if l.t.InUse(u) {
 			pipe.ZAddGT(ctx, l.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: u.Dial()})
@@ -364,6 +367,9 @@ func (l *layout) syncUpstreams(ctx context.Context, records []redis.Z) error {
 	if err := l.reap(ctx, expired); err != nil {
 		return err
 	}
+	if err := l.moveLegacyMembers(ctx, legacy); err != nil {
+		return err
+	}
 	return l.applyRecords(ctx, seen, counts, now)
 }
 
@@ -371,11 +377,11 @@ func (l *layout) syncUpstreams(ctx context.Context, records []redis.Z) error {
 // last use by other instances; and drops from Redis the records of
 // upstreams that own no session and that no instance used within the
 // upstream TTL (this instance's janitor then drops its own record).
-func (l *layout) applyRecords(ctx context.Context, seen map[string]int64, counts map[string]*redis.IntCmd, now time.Time) error {
+func (l *layout) applyRecords(ctx context.Context, seen map[string]int64, counts map[string]liveCount, now time.Time) error {
 	stale := now.Add(-l.t.UpstreamTTL()).UnixMilli()
 	pipe := l.client.Pipeline()
 	for dial, ms := range seen {
-		n := counts[dial].Val()
+		n, _ := counts[dial].result()
 		u := l.t.KnownUpstream(dial)
 		if n == 0 && ms != 0 && ms <= stale && (u == nil || !l.t.InUse(u)) {
 			pipe.ZRem(ctx, l.ks.upstreams(), dial)

@@ -69,7 +69,7 @@ func (c *Conn) EndUpstream(dial string, tomb time.Duration) {
 // batches, and reports whether Redis took every batch.
 func (c *Conn) endUpstreamNow(dial string, tomb time.Duration) bool {
 	ctx, cancel := c.call()
-	members, err := c.client.ZRange(ctx, c.ks.upstream(dial), 0, -1).Result()
+	members, err := c.upstreamMembers(ctx, dial)
 	cancel()
 	if err != nil {
 		c.fail(opFlush, err)

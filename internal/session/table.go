@@ -212,6 +212,11 @@ func (u *Upstream) MarkServedStream() {
 // every instance sharing the table's store, as the store counted them.
 func (u *Upstream) SetClusterSessions(n int64) { u.cluster.Store(n) }
 
+// AddClusterSessions adds n to the upstream's live sessions on every
+// instance: a store that does not count them on each write adds what it
+// wrote, until its next count.
+func (u *Upstream) AddClusterSessions(n int64) { u.cluster.Add(n) }
+
 // entry is the table's value for one session. It is kept small (40 bytes):
 // it is stored inline in the LRU's list element, one per live session.
 type entry struct {
