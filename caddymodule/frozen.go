@@ -30,11 +30,6 @@ const DefaultInitializeTimeout = 5 * time.Second
 // is sent to.
 const maxOpenAttempts = 3
 
-// CodeUpstreamTimeout answers a request whose upstream sent no response
-// headers within the proxy's bound (HTTP 504), in the implementation-defined
-// server error range (JSON-RPC 2.0 §5.1).
-const CodeUpstreamTimeout = -32004
-
 // errHeaderTimeout is the cause of the cancelled context of a request whose
 // upstream sent no response headers in time.
 var errHeaderTimeout = errors.New("the upstream sent no response headers in time")

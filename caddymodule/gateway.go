@@ -55,7 +55,7 @@ func gatewayAnswer(err error, clientGone bool) *fault {
 // answerGateway writes f, the answer of [gatewayAnswer] to err, on ex with
 // the request's id, and logs err: the answer does not name the cause,
 // and Caddy, which would have logged the error, no longer sees it.
-func (h *Handler) answerGateway(ex *exchange, r *http.Request, f *fault, err error) error {
+func answerGateway(logger *zap.Logger, ex *exchange, r *http.Request, f *fault, err error) error {
 	f.id = ex.requestID()
 	fields := append(errorFields(err), zap.Int("status", f.status), zap.String("method", ex.method()),
 		zap.String("path", r.URL.Path), zap.String("decision", string(ex.decision)))
@@ -65,7 +65,7 @@ func (h *Handler) answerGateway(ex *exchange, r *http.Request, f *fault, err err
 	if ex.sessionID != "" {
 		fields = append(fields, zap.String("session", fingerprint(ex.sessionID)))
 	}
-	h.logger.Error("no upstream answered; the client got a JSON-RPC error", fields...)
+	logger.Error("no upstream answered; the client got a JSON-RPC error", fields...)
 	return f.write(ex)
 }
 
@@ -83,11 +83,11 @@ func errorFields(err error) []zap.Field {
 // because the mcp_sessions app failed to start with err: 503 with a
 // JSON-RPC error, the cause logged. For a client that went away, err goes
 // to Caddy as before.
-func (h *Handler) answerStartFailure(w http.ResponseWriter, r *http.Request, err error) error {
+func answerStartFailure(logger *zap.Logger, w http.ResponseWriter, r *http.Request, err error) error {
 	if r.Context().Err() != nil {
 		return caddyhttp.Error(http.StatusServiceUnavailable, err)
 	}
-	h.logger.Error("the mcp_sessions app did not start; the client got 503", append(errorFields(err), zap.String("path", r.URL.Path))...)
+	logger.Error("the mcp_sessions app did not start; the client got 503", append(errorFields(err), zap.String("path", r.URL.Path))...)
 	return mcpwire.WriteError(w, http.StatusServiceUnavailable, exchangeOf(r).requestID(), CodeInternalError,
 		"Service Unavailable: the proxy's session table did not start; the proxy's log has the cause")
 }
@@ -108,4 +108,22 @@ func (ex *exchange) requestID() json.RawMessage {
 		return head.ID
 	}
 	return nil
+}
+
+// asFault returns the fault err carries, if any.
+func asFault(err error) *fault {
+	var f *fault
+	if errors.As(err, &f) {
+		return f
+	}
+	return nil
+}
+
+// errorStatus returns the status Caddy answers err with.
+func errorStatus(err error) int {
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) && he.StatusCode != 0 {
+		return he.StatusCode
+	}
+	return http.StatusInternalServerError
 }

@@ -392,7 +392,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// The http app can serve before Caddy starts the mcp_sessions
 		// app (see App.Start): the table gets its settings and store first.
 		if err := h.app.Start(); err != nil {
-			return h.answerStartFailure(w, r, err) // gateway.go
+			return answerStartFailure(h.logger, w, r, err) // gateway.go
 		}
 	}
 	if h.reclaim != nil {

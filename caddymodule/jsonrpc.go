@@ -28,6 +28,10 @@ const (
 	CodeHeaderMismatch = mcpwire.CodeHeaderMismatch
 	// CodeParseError is JSON-RPC 2.0's "Parse error": the body is not JSON (JSON-RPC 2.0 §5.1).
 	CodeParseError = mcpwire.CodeParseError
+	// CodeUpstreamTimeout answers a request whose upstream sent no response
+	// headers within the proxy's bound (HTTP 504), in the implementation-defined
+	// server error range (JSON-RPC 2.0 §5.1).
+	CodeUpstreamTimeout = -32004
 )
 
 // writeSessionNotFound answers 404, which tells MCP clients to start a new

@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"errors"
 	"net/http"
 	"time"
 
@@ -54,18 +53,9 @@ func (h *Handler) serveChecked(ex *exchange, r *http.Request, next caddyhttp.Han
 		return f.write(ex)
 	}
 	if f := gatewayAnswer(err, r.Context().Err() != nil); f != nil { // gateway.go
-		return h.answerGateway(ex, r, f, err)
+		return answerGateway(h.logger, ex, r, f, err)
 	}
 	return err
-}
-
-// asFault returns the fault err carries, if any.
-func asFault(err error) *fault {
-	var f *fault
-	if errors.As(err, &f) {
-		return f
-	}
-	return nil
 }
 
 // answeredStatus returns the status of a response: the one written, else the
@@ -78,15 +68,6 @@ func answeredStatus(written int, err error) int {
 		return http.StatusOK
 	}
 	return errorStatus(err)
-}
-
-// errorStatus returns the status Caddy answers err with.
-func errorStatus(err error) int {
-	var he caddyhttp.HandlerError
-	if errors.As(err, &he) && he.StatusCode != 0 {
-		return he.StatusCode
-	}
-	return http.StatusInternalServerError
 }
 
 // warnWriteLimits logs once per handler that the server's write timeout

@@ -123,9 +123,9 @@ func keySlot(key string) int {
 }
 
 // upstreamMembers returns the members of every set of dial, each once.
-func (l *layout) upstreamMembers(ctx context.Context, dial string) ([]string, error) {
-	pipe := l.client.Pipeline()
-	sets := l.ks.upstreamSets(dial)
+func upstreamMembers(ctx context.Context, client redis.UniversalClient, ks *keyspace, dial string) ([]string, error) {
+	pipe := client.Pipeline()
+	sets := ks.upstreamSets(dial)
 	cmds := make([]*redis.StringSliceCmd, len(sets))
 	for i, set := range sets {
 		cmds[i] = pipe.ZRange(ctx, set, 0, -1)
@@ -151,13 +151,13 @@ func (l *layout) upstreamMembers(ctx context.Context, dial string) ([]string, er
 
 // legacyMembers queues, in a cluster, the read of a batch of each
 // upstream's members in the set older replicas write; nil outside one.
-func (l *layout) legacyMembers(ctx context.Context, pipe redis.Pipeliner, dials map[string]int64) map[string]*redis.ZSliceCmd {
-	if !l.ks.bucketed() {
+func (ks *keyspace) legacyMembers(ctx context.Context, pipe redis.Pipeliner, dials map[string]int64) map[string]*redis.ZSliceCmd {
+	if !ks.bucketed() {
 		return nil
 	}
 	out := make(map[string]*redis.ZSliceCmd, len(dials))
 	for dial := range dials {
-		out[dial] = pipe.ZRangeWithScores(ctx, l.ks.legacyUpstream(dial), 0, reapBatch-1)
+		out[dial] = pipe.ZRangeWithScores(ctx, ks.legacyUpstream(dial), 0, reapBatch-1)
 	}
 	return out
 }
@@ -168,8 +168,8 @@ func (l *layout) legacyMembers(ctx context.Context, pipe redis.Pipeliner, dials 
 // set, so that a crash between the two leaves the session counted twice
 // until the next sync, never lost. The members of sessions held only in
 // layout 1 stay, for the older replicas' reap (legacy.go).
-func (l *layout) moveLegacyMembers(ctx context.Context, legacy map[string]*redis.ZSliceCmd) error {
-	pipe := l.client.Pipeline()
+func moveLegacyMembers(ctx context.Context, client redis.UniversalClient, ks *keyspace, legacy map[string]*redis.ZSliceCmd) error {
+	pipe := client.Pipeline()
 	type read struct {
 		dial string
 		z    redis.Z
@@ -179,7 +179,7 @@ func (l *layout) moveLegacyMembers(ctx context.Context, legacy map[string]*redis
 	for dial, cmd := range legacy {
 		for _, z := range cmd.Val() {
 			m, _ := z.Member.(string)
-			reads = append(reads, read{dial, z, pipe.Exists(ctx, l.ks.sessionOf(m))})
+			reads = append(reads, read{dial, z, pipe.Exists(ctx, ks.sessionOf(m))})
 		}
 	}
 	if len(reads) == 0 {
@@ -188,12 +188,12 @@ func (l *layout) moveLegacyMembers(ctx context.Context, legacy map[string]*redis
 	if err, _ := exec(ctx, pipe); err != nil {
 		return err
 	}
-	pipe = l.client.Pipeline()
+	pipe = client.Pipeline()
 	moved := map[string][]any{}
 	for _, r := range reads {
 		if r.held.Val() == 1 {
 			m := r.z.Member.(string)
-			pipe.ZAddGT(ctx, l.ks.upstream(r.dial, m), r.z)
+			pipe.ZAddGT(ctx, ks.upstream(r.dial, m), r.z)
 			moved[r.dial] = append(moved[r.dial], m)
 		}
 	}
@@ -203,9 +203,9 @@ func (l *layout) moveLegacyMembers(ctx context.Context, legacy map[string]*redis
 	if err, _ := exec(ctx, pipe); err != nil {
 		return err
 	}
-	pipe = l.client.Pipeline()
+	pipe = client.Pipeline()
 	for dial, ms := range moved {
-		pipe.ZRem(ctx, l.ks.legacyUpstream(dial), ms...)
+		pipe.ZRem(ctx, ks.legacyUpstream(dial), ms...)
 	}
 	err, _ := exec(ctx, pipe)
 	return err

@@ -105,7 +105,7 @@ type layout struct {
 	client   redis.UniversalClient
 	ks       *keyspace
 	timeout  time.Duration
-	recorded *sync.Map // dial -> when this instance last wrote the upstream's record (Unix ms, int64)
+	recorded *upstreamRecords
 }
 
 // health is what a connection knows of Redis from its answers.
@@ -166,7 +166,7 @@ func (l *layout) SessionKey(id string) string { return l.ks.session(l.ks.hash(id
 // and starts the connection's background work. It does not wait for Redis.
 func newConn(t *session.Table, client redis.UniversalClient, ks *keyspace, timeout time.Duration, logger *zap.Logger) *Conn {
 	c := &Conn{
-		layout: layout{t: t, client: client, ks: ks, timeout: timeout, recorded: &sync.Map{}},
+		layout: layout{t: t, client: client, ks: ks, timeout: timeout, recorded: &upstreamRecords{}},
 		health: health{logger: logger.With(zap.String("table", t.Name()))},
 		queue: queue{
 			keys:   ks,
@@ -369,23 +369,27 @@ func (l *layout) writeSessionFor(ctx context.Context, pipe redis.Pipeliner, h ke
 	}
 	m := h.String()
 	pipe.ZAdd(ctx, l.ks.upstream(dial, m), redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: m})
-	l.recordUpstream(ctx, pipe, dial, now)
+	l.recorded.write(ctx, pipe, l.ks, dial, now)
 	return set
 }
 
-// recordUpstream queues the refresh of dial's record in the table's set of
+// upstreamRecords is when this instance last wrote each upstream's record
+// in the table's set of upstreams: dial -> Unix ms (int64).
+type upstreamRecords struct{ m sync.Map }
+
+// write queues the refresh of dial's record in the table's set of
 // upstreams, at most once per syncEvery per upstream: every sync refreshes
 // the records of the upstreams in use here (syncUpstreams), so a write
 // needs it only for an upstream this instance has not recorded lately.
 // Per write, it would send every learn and touch to the master of the
 // table's slot too.
-func (l *layout) recordUpstream(ctx context.Context, pipe redis.Pipeliner, dial string, now time.Time) {
+func (ur *upstreamRecords) write(ctx context.Context, pipe redis.Pipeliner, ks *keyspace, dial string, now time.Time) {
 	ms := now.UnixMilli()
-	if last, ok := l.recorded.Load(dial); ok && ms-last.(int64) < syncEvery.Milliseconds() {
+	if last, ok := ur.m.Load(dial); ok && ms-last.(int64) < syncEvery.Milliseconds() {
 		return
 	}
-	l.recorded.Store(dial, ms)
-	pipe.ZAddGT(ctx, l.ks.upstreams(), redis.Z{Score: float64(ms), Member: dial})
+	ur.m.Store(dial, ms)
+	pipe.ZAddGT(ctx, ks.upstreams(), redis.Z{Score: float64(ms), Member: dial})
 }
 
 // countSessions queues a count of the live sessions of each of ups (at most
@@ -403,7 +407,7 @@ func (l *layout) countSessions(ctx context.Context, pipe redis.Pipeliner, ups []
 		if len(cmds) == maxCounted {
 			break
 		}
-		cmds[u.Dial()] = l.countLive(ctx, pipe, u.Dial(), itoa(now))
+		cmds[u.Dial()] = l.ks.countLive(ctx, pipe, u.Dial(), itoa(now))
 	}
 	return cmds
 }
@@ -414,8 +418,8 @@ type liveCount []*redis.IntCmd
 
 // countLive queues the count of dial's sessions whose expiry is at least
 // from (a ZCOUNT bound: Unix ms, "(" before it for after).
-func (l *layout) countLive(ctx context.Context, pipe redis.Pipeliner, dial, from string) liveCount {
-	sets := l.ks.upstreamSets(dial)
+func (ks *keyspace) countLive(ctx context.Context, pipe redis.Pipeliner, dial, from string) liveCount {
+	sets := ks.upstreamSets(dial)
 	cmds := make(liveCount, len(sets))
 	for i, set := range sets {
 		cmds[i] = pipe.ZCount(ctx, set, from, "+inf")

@@ -194,7 +194,7 @@ func (c *Conn) moveTable(ctx context.Context, h keyHash, from, to string, now ti
 		pipe.ZRem(ctx, c.ks.legacyUpstream(from), m) // an older replica may have written it there
 	}
 	pipe.ZAdd(ctx, c.ks.upstream(to, m), redis.Z{Score: float64(now.Add(c.ttl()).UnixMilli()), Member: m})
-	c.recordUpstream(ctx, pipe, to, now)
+	c.recorded.write(ctx, pipe, c.ks, to, now)
 	if err, refusal := exec(ctx, pipe); err != nil || refusal != nil {
 		c.errs[opIndex(OpMove)].Add(1) // the session moved; its counts catch up (above)
 	}
@@ -305,7 +305,7 @@ func (l *layout) touchTable(ctx context.Context, cmds map[string]touched) {
 		dial, _, _ := session.ParseValue(tc.v)
 		m := l.ks.hash(id).String()
 		pipe.ZAdd(ctx, l.ks.upstream(dial, m), redis.Z{Score: float64(now.Add(l.ttl()).UnixMilli()), Member: m})
-		l.recordUpstream(ctx, pipe, dial, now)
+		l.recorded.write(ctx, pipe, l.ks, dial, now)
 	}
 	if pipe.Len() > 0 {
 		_, _ = exec(ctx, pipe) // the next touch writes it again

@@ -186,7 +186,7 @@ func (l *layout) writeDrains(ctx context.Context, pipe redis.Pipeliner, drains m
 // DELETEd upstream.
 func (l *layout) writeUpstreamEnds(ctx context.Context, pipe redis.Pipeliner, dials map[string]time.Duration) (map[*redis.Cmd]takenEnd, error) {
 	for dial, tomb := range dials {
-		members, err := l.upstreamMembers(ctx, dial)
+		members, err := upstreamMembers(ctx, l.client, l.ks, dial)
 		if err != nil {
 			return nil, err
 		}
@@ -353,9 +353,9 @@ func (l *layout) syncUpstreams(ctx context.Context, records []redis.Z) error {
 	counts := map[string]liveCount{}
 	expired := l.expiredMembers(ctx, pipe, seen, now)
 	for dial := range seen {
-		counts[dial] = l.countLive(ctx, pipe, dial, "("+itoa(now.UnixMilli()))
+		counts[dial] = l.ks.countLive(ctx, pipe, dial, "("+itoa(now.UnixMilli()))
 	}
-	legacy := l.legacyMembers(ctx, pipe, seen)
+	legacy := l.ks.legacyMembers(ctx, pipe, seen)
 	for _, u := range l.t.Upstreams() {
 		if l.t.InUse(u) {
 			pipe.ZAddGT(ctx, l.ks.upstreams(), redis.Z{Score: float64(now.UnixMilli()), Member: u.Dial()})
@@ -367,7 +367,7 @@ func (l *layout) syncUpstreams(ctx context.Context, records []redis.Z) error {
 	if err := l.reap(ctx, expired); err != nil {
 		return err
 	}
-	if err := l.moveLegacyMembers(ctx, legacy); err != nil {
+	if err := moveLegacyMembers(ctx, l.client, l.ks, legacy); err != nil {
 		return err
 	}
 	return l.applyRecords(ctx, seen, counts, now)

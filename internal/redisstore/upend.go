@@ -69,7 +69,7 @@ func (c *Conn) EndUpstream(dial string, tomb time.Duration) {
 // batches, and reports whether Redis took every batch.
 func (c *Conn) endUpstreamNow(dial string, tomb time.Duration) bool {
 	ctx, cancel := c.call()
-	members, err := c.upstreamMembers(ctx, dial)
+	members, err := upstreamMembers(ctx, c.client, c.ks, dial)
 	cancel()
 	if err != nil {
 		c.fail(opFlush, err)
