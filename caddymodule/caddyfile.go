@@ -472,7 +472,17 @@ func unmarshalFallback(d *caddyfile.Dispenser) (json.RawMessage, error) {
 	if name == "mcp_session" {
 		return nil, d.Err("the fallback policy cannot be mcp_session itself")
 	}
-	modID := "http.reverse_proxy.selection_policies." + name
+	const ns = "http.reverse_proxy.selection_policies"
+	modID := ns + "." + name
+	if _, err := caddy.GetModule(modID); err != nil {
+		var names []string
+		for _, m := range caddy.GetModules(ns) {
+			if n := m.ID.Name(); n != "mcp_session" {
+				names = append(names, n)
+			}
+		}
+		return nil, d.Errf("fallback %q: no such selection policy; use one of %s", name, strings.Join(names, ", "))
+	}
 	unm, err := caddyfile.UnmarshalModule(d, modID)
 	if err != nil {
 		return nil, err
@@ -536,6 +546,10 @@ func parseMCPProxy(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) 
 	}
 	d := h.NewFromNextSegment()
 	used := subdirectives(d)
+	d.Reset()
+	if err := checkUpstreamTokens(d); err != nil {
+		return nil, err
+	}
 	d.Reset()
 	handler, policy, err := extractAffinityOptions(d)
 	if err != nil {
@@ -665,6 +679,51 @@ func subdirectives(d *caddyfile.Dispenser) map[string]bool {
 		}
 	}
 	return used
+}
+
+// checkUpstreamTokens refuses an upstream of the directive's line or of
+// its `to` with a path, such as the URL an MCP server prints
+// (127.0.0.1:9001/mcp): reverse_proxy would take it for the network
+// "127.0.0.1:9001" and fail every dial, while the proxy keeps the path
+// the client asked for. (A URL with a scheme and a path reverse_proxy
+// refuses itself.)
+func checkUpstreamTokens(d *caddyfile.Dispenser) error {
+	d.Next() // the segment's empty first token
+	d.Next() // the directive
+	check := func() error {
+		for d.NextArg() {
+			if host, path, ok := upstreamPath(d.Val()); ok {
+				return d.Errf("upstream %q has a path: give %s; the proxy sends each request to the path the client asked for, "+
+					"so clients use the proxy's URL with /%s", d.Val(), host, path)
+			}
+		}
+		return nil
+	}
+	if err := check(); err != nil {
+		return err
+	}
+	for d.NextBlock(0) {
+		if d.Nesting() == 1 && d.Val() == "to" {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// upstreamPath splits an upstream token without a scheme into its host
+// and a path, if it has one: not a socket (unix/…), a placeholder, a
+// network-qualified address (tcp/…) or a URL.
+func upstreamPath(token string) (host, path string, ok bool) {
+	if strings.Contains(token, "{") || strings.Contains(token, "://") {
+		return "", "", false
+	}
+	host, path, ok = strings.Cut(token, "/")
+	if !ok || !strings.ContainsAny(host, ".:[") && host != "localhost" {
+		return "", "", false // unix/…, tcp/…, or no slash
+	}
+	return host, path, true
 }
 
 // adjustHostForTLS removes mcp_proxy's default Host from a proxy to HTTPS
