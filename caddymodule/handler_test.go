@@ -243,6 +243,10 @@ func TestHandlerValidate(t *testing.T) {
 		{Handler{TableSettings: TableSettings{SessionTTL: caddy.Duration(999 * time.Millisecond)}}, "session_ttl 999ms is below the minimum of 1s"},
 		{Handler{MaxSessionIDLength: -5}, "max_session_id_length must be positive, got -5"},
 		{Handler{UnknownSession: "maybe"}, `unknown_session must be "reject" or "forward", got "maybe"`},
+		{Handler{TableSettings: TableSettings{Journal: JournalOn, JournalSessionBytes: 8 << 20, JournalTotalBytes: 1 << 20}},
+			"journal_session_bytes 8388608 is above journal_total_bytes 1048576"},
+		{Handler{TableSettings: TableSettings{Journal: JournalOn, JournalSessionBytes: 256 << 20}},
+			"journal_session_bytes 268435456 is above journal_total_bytes 134217728"}, // the total's default
 	} {
 		h := tc.h
 		h.Table = "validate/" + t.Name()

@@ -55,6 +55,11 @@ func (s TableSettings) validateJournal() error {
 		return fmt.Errorf("journal_window, journal_session_bytes and journal_total_bytes must be positive, got %s, %d, %d",
 			time.Duration(s.JournalWindow), s.JournalSessionBytes, s.JournalTotalBytes)
 	}
+	l := journal.Limits{SessionBytes: int64(s.JournalSessionBytes), TotalBytes: int64(s.JournalTotalBytes)}.WithDefaults()
+	if l.SessionBytes > l.TotalBytes {
+		return fmt.Errorf("journal_session_bytes %d is above journal_total_bytes %d: no session can keep more than the total; "+
+			"lower journal_session_bytes or raise journal_total_bytes", l.SessionBytes, l.TotalBytes)
+	}
 	return nil
 }
 

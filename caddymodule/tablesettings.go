@@ -131,8 +131,8 @@ type TableSettings struct {
 	JournalWindow caddy.Duration `json:"journal_window,omitempty"`
 
 	// The most bytes of events the journal keeps per session, the oldest
-	// pushed out first; each event counts its bytes plus 64. Default:
-	// 4194304 (4 MiB).
+	// pushed out first; each event counts its bytes plus 64. At most
+	// journal_total_bytes. Default: 4194304 (4 MiB).
 	JournalSessionBytes int `json:"journal_session_bytes,omitempty"`
 
 	// The most bytes of events the journal keeps for the whole table, the
