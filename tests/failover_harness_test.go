@@ -281,6 +281,7 @@ func killUnderLoad(t *testing.T, srv []*testproc.Proc, label string) {
 	killed = time.Now()
 	srv[1].Kill()
 	<-srv[1].Done()
+	waitClosesRead(t, srv[1].Addr()) // else a call may go out on a kept-alive connection to it: 502, not a failover
 	dead = time.Now()
 	close(kill)
 	wg.Wait()

@@ -60,6 +60,7 @@ func testFailoverReplicasKill(t *testing.T, f *fleet) {
 	killed := time.Now()
 	f.srv[1].Kill()
 	<-f.srv[1].Done()
+	waitClosesRead(t, f.srv[1].Addr()) // else a call may go out on a kept-alive connection to it: 502, not a failover
 	dead := time.Now()
 	close(kill)
 	wg.Wait()

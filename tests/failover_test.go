@@ -292,6 +292,7 @@ func TestFailoverRestartedUpstream(t *testing.T) {
 	srv[0].Kill()
 	<-srv[0].Done()
 	addr := srv[0].Addr()
+	waitClosesRead(t, addr) // before a new server takes the address: a kept-alive connection to the old one gets 502
 	again := launch(t, "s1-restarted", addr, exec.Command(whoamiBin, "-name", "s1-restarted", "-listen", addr, "-json"))
 	ready(t, whoamiTimeout, []*testproc.Proc{again}, testproc.Listening())
 	for i, p := range ps {

@@ -66,6 +66,7 @@ func TestFailoverSealedReplicas(t *testing.T) {
 	killed := time.Now()
 	srv[1].Kill()
 	<-srv[1].Done()
+	waitClosesRead(t, srv[1].Addr()) // else a call may go out on a kept-alive connection to it: 502, not a failover
 	deadAt := time.Now()
 	close(kill)
 	<-done
