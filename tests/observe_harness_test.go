@@ -572,6 +572,17 @@ func spreadRun(t *testing.T, fallback string, schedule []int) (mean float64, wor
 	return float64(total) / float64(len(schedule)), worst
 }
 
+// waitLogLines returns the JSON log lines of file once done accepts them,
+// or after 5 s: Caddy writes a request's access log line after the
+// client has its response, so a test that counts lines right after its
+// last call may read one short.
+func waitLogLines(t testing.TB, file string, done func([]map[string]any) bool) []map[string]any {
+	t.Helper()
+	var lines []map[string]any
+	waitFor(5*time.Second, func() bool { lines = readLogLines(t, file); return done(lines) })
+	return lines
+}
+
 // readLogLines returns the JSON log lines of file (none if it does not exist).
 func readLogLines(t testing.TB, file string) []map[string]any {
 	t.Helper()

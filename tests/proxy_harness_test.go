@@ -463,11 +463,30 @@ func checkRoutingLog(t *testing.T, logFile string, pool1, pool2 []*testproc.Proc
 	for _, r := range legacy {
 		fingerprints[sessionFingerprint(r.session)] = true
 	}
-	lines := readLogLines(t, logFile)
+	want := map[string]int{
+		"modern_sessionless tools/call whoami balanced": len(modern) * calls,
+		"modern_sessionless tools/call echo balanced":   len(modern) * calls,
+		"other_sessionless initialize  learned":         len(legacy), // the matcher's body read tells its method
+	}
+	key := func(f map[string]string) string {
+		return f["mcp_era"] + " " + f["mcp_method"] + " " + f["mcp_name"] + " " + f["mcp_decision"]
+	}
+	lines := waitLogLines(t, logFile, func(lines []map[string]any) bool {
+		counts := map[string]int{}
+		for _, l := range lines {
+			counts[key(logFields(l))]++
+		}
+		for k, n := range want {
+			if counts[k] < n {
+				return false
+			}
+		}
+		return true
+	})
 	counts := map[string]int{}
 	for _, l := range lines {
 		f := logFields(l)
-		key := f["mcp_era"] + " " + f["mcp_method"] + " " + f["mcp_name"] + " " + f["mcp_decision"]
+		key := key(f)
 		counts[key]++
 		whoamiCall := f["mcp_era"] == "modern_sessionless" && f["mcp_method"] == "tools/call" && f["mcp_name"] == "whoami"
 		switch {
@@ -480,11 +499,6 @@ func checkRoutingLog(t *testing.T, logFile string, pool1, pool2 []*testproc.Proc
 		case f["mcp_decision"] == "learned" && f["mcp_pinned_upstream"] != f["upstream"]:
 			t.Errorf("initialize logged as %v", f)
 		}
-	}
-	want := map[string]int{
-		"modern_sessionless tools/call whoami balanced": len(modern) * calls,
-		"modern_sessionless tools/call echo balanced":   len(modern) * calls,
-		"other_sessionless initialize  learned":         len(legacy), // the matcher's body read tells its method
 	}
 	for k, n := range want {
 		if counts[k] != n {

@@ -100,11 +100,15 @@ func TestRoutingThatSplitsSessions(t *testing.T) {
 			t.Errorf("matcher %q: the session's first whoami call succeeded (%v, err %v); want it sent to the other pool and refused", tc.eras, rep.servers, rep.err)
 		}
 		var gone []map[string]any
-		for _, l := range readLogLines(t, logFile) {
-			if l["mcp_decision"] == "gone" {
-				gone = append(gone, l)
+		waitLogLines(t, logFile, func(lines []map[string]any) bool {
+			gone = nil
+			for _, l := range lines {
+				if l["mcp_decision"] == "gone" {
+					gone = append(gone, l)
+				}
 			}
-		}
+			return len(gone) > 0
+		})
 		if len(gone) != 1 || gone[0]["status"] != 404.0 || logFields(gone[0])["mcp_method"] != "tools/call" {
 			t.Errorf("matcher %q: %d requests logged as gone (%v), want the whoami call answered 404 by the proxy", tc.eras, len(gone), gone)
 		}
