@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -243,9 +244,12 @@ func (f proxyFlags) check() error {
 			}
 		}
 	}
-	for _, to := range f.to {
+	for i, to := range f.to {
 		if err := checkUpstream(to); err != nil {
 			return fmt.Errorf("invalid --to %q: %v", to, err)
+		}
+		if slices.Contains(f.to[:i], to) {
+			return fmt.Errorf("--to %s is given twice: each upstream once", to)
 		}
 	}
 	return nil

@@ -164,6 +164,7 @@ func TestProxyCommandRefusesBadFlags(t *testing.T) {
 		want string
 	}{
 		{"no upstream", func(f *proxyFlags) { f.to = nil }, "--to is required"},
+		{"an upstream twice", func(f *proxyFlags) { f.to = []string{"127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9001"} }, "--to 127.0.0.1:9001 is given twice"},
 		{"a space would add an option", func(f *proxyFlags) { f.to = []string{"127.0.0.1:9001 {"} }, `invalid --to "127.0.0.1:9001 {"`},
 		{"a newline would add a directive", func(f *proxyFlags) { f.sealKey = "k\n}\nrespond 200" }, "invalid --seal-key"},
 		{"a brace token", func(f *proxyFlags) { f.redis = []string{"}"} }, "invalid --redis"},
